@@ -1,0 +1,41 @@
+# One entry point for people and CI. `make test` and `make demo` work on a fresh clone:
+# they create .venv/, install the CPU torch wheel first (so no CUDA build is pulled),
+# then the package with its extras, then run.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# GPU machines: make install TORCH_SPEC='torch==2.13.0' EXTRAS=dev,gpu (a CUDA index in pip.conf)
+TORCH_SPEC ?= torch==2.13.0
+EXTRAS ?= dev,alfworld
+STAMP := $(VENV)/.sdar-installed
+# the official ALFWorld evaluation games live outside the repo
+SHARED_ALFWORLD ?= $(abspath ../shared/data/alfworld)
+export SDAR_ALFWORLD_DATA ?= $(if $(wildcard $(SHARED_ALFWORLD)),$(SHARED_ALFWORLD),)
+PYTEST_ARGS ?=
+DEMO ?= full
+
+.PHONY: install test demo bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet "$(TORCH_SPEC)"
+
+$(STAMP): $(PY) pyproject.toml
+	$(PIP) install --quiet -e ".[$(EXTRAS)]"
+	touch $@
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	$(VENV)/bin/sdar demo --mode $(DEMO)
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_loss.py
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache

@@ -1,0 +1,54 @@
+"""The `sdar` command line. Each area adds its subcommands through a `register(subparsers)`
+function in its own `cli` module, so this file stays a thin dispatcher."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# modules that contribute subcommands; a module that does not exist yet is skipped
+_COMMAND_MODULES = (
+    "sdar.algos.cli",
+    "sdar.envs.cli",
+    "sdar.train.cli",
+    "sdar.pipeline_cli",
+    "sdar.plan",
+    "sdar.demo",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sdar",
+        description="Agentic RL with gated self-distillation: GRPO, GRPO+OPSD and SDAR side by side.",
+    )
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and (exc.name == name or name.startswith(exc.name + ".")):
+                continue  # that area is not built yet
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.version:
+        from sdar import __version__
+
+        print(__version__)
+        return 0
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

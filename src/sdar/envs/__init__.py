@@ -1,0 +1,24 @@
+"""Multi-turn text environments: one protocol, several families, served over HTTP.
+
+Families register themselves with `register_env`; `make_env(name, **kwargs)` builds one.
+"""
+
+from sdar.envs.base import (
+    METADATA_KEYS,
+    EnvStep,
+    TextEnv,
+    available_envs,
+    make_env,
+    register_env,
+)
+from sdar.envs.skills import SkillLibrary
+
+__all__ = [
+    "METADATA_KEYS",
+    "EnvStep",
+    "SkillLibrary",
+    "TextEnv",
+    "available_envs",
+    "make_env",
+    "register_env",
+]
