@@ -13,6 +13,11 @@ from sdar.envs.base import (
 )
 from sdar.envs.skills import SkillLibrary
 
+# families, imported lazily so that serving one family never loads another's engine
+register_env("household", "sdar.envs.household:HouseholdEnv")
+register_env("shop", "sdar.envs.shop:ShopEnv")
+register_env("searchqa", "sdar.envs.searchqa:SearchQAEnv")
+
 __all__ = [
     "METADATA_KEYS",
     "EnvStep",

@@ -9,7 +9,10 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from sdar.envs.skills import SkillLibrary
 
 # Keys every step's metadata carries. `error_kind` and `hint_template_key` are set (non-empty)
 # only on a failed action; they drive the hint-distillation channel.
@@ -106,6 +109,33 @@ class TextEnv(ABC):
     def task_ids(self, split: str = "test") -> list[str]:
         """Stable ids of the tasks of a split (families with fixed task sets override)."""
         raise NotImplementedError(f"{type(self).__name__} has no fixed task list")
+
+    @property
+    def task_text(self) -> str:
+        """The goal of the current episode in words (e.g. 'put a clean apple in fridge')."""
+        raise NotImplementedError(f"{type(self).__name__} does not expose its task text")
+
+    @property
+    def task_type(self) -> str:
+        """The task type of the current episode (also in every step's metadata)."""
+        raise NotImplementedError(f"{type(self).__name__} does not expose its task type")
+
+    def expert_action(self) -> str:
+        """The gold next action from the current state (drives expert trajectories)."""
+        raise NotImplementedError(f"{type(self).__name__} has no expert policy")
+
+    def skills_key(self) -> str | None:
+        """Rule-based retrieval key of the current task into the family's skill library."""
+        return None
+
+    @classmethod
+    def skill_library(cls) -> "SkillLibrary":
+        """The family's privileged skills (general, per key, common mistakes)."""
+        raise NotImplementedError(f"{cls.__name__} has no skill library")
+
+    def privileged_skills(self) -> str:
+        """The skills text the privileged teacher gets for the current task."""
+        return self.skill_library().render(self.skills_key())
 
     # ---- helpers ----------------------------------------------------------------------
     @staticmethod
