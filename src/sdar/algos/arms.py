@@ -1,0 +1,223 @@
+"""Arms as named loss configurations, and the one function that composes any arm's loss.
+
+`L = pg_coef*L_pg + kl_coef*KL - entropy_coef*H + sdar_coef*L_sdar
+     + hint_distill_coef*JSD_hint + replay_coef*L_dpo`; every component is returned for logging.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, fields
+
+import torch
+
+from sdar.algos.dpo import dpo_loss
+from sdar.algos.jsd import generalized_jsd
+from sdar.algos.kl import entropy_per_token, kl_k3
+from sdar.algos._agg import aggregate, upcast
+from sdar.algos.policy import policy_loss
+from sdar.algos.sdar import sdar_distill_loss
+
+
+@dataclass(frozen=True)
+class ArmConfig:
+    """One arm of the comparison: the weights and knobs of the composed loss."""
+
+    name: str
+    description: str = ""
+    pg_coef: float = 1.0  # weight of the PPO-clip policy-gradient term (0 = no RL signal)
+    kl_coef: float = 0.01  # k3 KL to the reference; the paper uses 0.001 for search tasks
+    entropy_coef: float = 0.001  # entropy bonus (subtracted from the loss)
+    sdar_coef: float = 0.0  # lambda: weight of the teacher-distillation term (0 = off)
+    sdar_beta: float = 5.0  # gate sharpness; 0 gives the constant gate 0.5 (naive OPSD)
+    skills_in_student_prompt: bool = False  # the student itself sees the skills (skill_grpo)
+    hint_distill_coef: float = 0.0  # alpha: Composer channel 2, JSD at error sites
+    replay_coef: float = 0.0  # beta_r: Composer channel 3, DPO on N-teacher replay pairs
+    clip_low: float = 0.2  # PPO eps_low
+    clip_high: float = 0.2  # PPO eps_high (raise it for DAPO clip-higher)
+    dual_clip: float | None = 3.0  # dual-clip c for negative advantages; None disables
+    agg: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum | token-sum
+    jsd_beta: float = 0.5  # generalized-JSD interpolation for the hint channel
+    jsd_temperature: float = 1.0
+    jsd_top_k: int | None = None
+    dpo_beta: float = 0.1
+
+    @property
+    def needs_teacher(self) -> bool:
+        """Whether the privileged teacher must score the batch for the loss itself."""
+        return self.sdar_coef != 0.0
+
+    def with_overrides(self, **overrides) -> "ArmConfig":
+        """A copy with some fields changed; unknown field names are an error."""
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ValueError(f"unknown arm setting(s) {unknown}; valid settings: {', '.join(sorted(known))}")
+        return dataclasses.replace(self, **overrides)
+
+
+ARMS: dict[str, ArmConfig] = {}
+
+
+def register_arm(arm: ArmConfig) -> ArmConfig:
+    """Add an arm to the registry (a new variant is one call)."""
+    ARMS[arm.name] = arm
+    return arm
+
+
+register_arm(ArmConfig("grpo", "GRPO backbone: PPO-clip + k3 KL + entropy, no distillation"))
+register_arm(
+    ArmConfig(
+        "grpo_opsd",
+        "GRPO + naive on-policy self-distillation (constant gate 0.5)",
+        sdar_coef=0.01,
+        sdar_beta=0.0,
+    )
+)
+register_arm(
+    ArmConfig("sdar", "GRPO + sigmoid-gated self-distillation (SDAR)", sdar_coef=0.01, sdar_beta=5.0)
+)
+# With no policy-gradient term, lambda only sets distillation's scale against KL and
+# entropy; 1.0 makes it the dominant term, which is what this arm is meant to isolate.
+register_arm(
+    ArmConfig(
+        "opsd",
+        "Gated self-distillation alone (no policy gradient); KL and entropy kept",
+        pg_coef=0.0,
+        sdar_coef=1.0,
+        sdar_beta=5.0,
+    )
+)
+register_arm(
+    ArmConfig(
+        "skill_grpo",
+        "GRPO with the skills in the student's own prompt (paper baseline)",
+        skills_in_student_prompt=True,
+    )
+)
+
+
+def get_arm(name: str, **overrides) -> ArmConfig:
+    """The registered arm `name`, optionally with some settings overridden."""
+    if name not in ARMS:
+        raise ValueError(f"unknown arm {name!r}; choose one of {', '.join(ARMS)}")
+    arm = ARMS[name]
+    return arm.with_overrides(**overrides) if overrides else arm
+
+
+@dataclass
+class LossBatch:
+    """Everything one mini-batch can feed the composed loss. Shapes: B sequences, T tokens.
+
+    logp: [B, T] current log-probs of the sampled tokens (with grad).
+    old_logp: [B, T] log-probs under the sampling policy.
+    advantages: [B] or [B, T].
+    mask: [B, T] response mask.
+    ref_logp: [B, T] under the frozen reference (needed when kl_coef != 0).
+    teacher_logp: [B, T] under theta_old with privileged skills (needed when sdar_coef != 0;
+        when given to any arm, the gate statistics are logged without entering the loss).
+    logits: [B, T, V] current logits, for the entropy term; or pass `entropy` [B, T].
+    hint_*: Composer channel 2 inputs; dpo_*: channel 3 inputs ([P] summed log-probs).
+    """
+
+    logp: torch.Tensor
+    old_logp: torch.Tensor
+    advantages: torch.Tensor
+    mask: torch.Tensor
+    ref_logp: torch.Tensor | None = None
+    teacher_logp: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
+    hint_student_logits: torch.Tensor | None = None
+    hint_teacher_logits: torch.Tensor | None = None
+    hint_mask: torch.Tensor | None = None
+    dpo_chosen_logp: torch.Tensor | None = None
+    dpo_rejected_logp: torch.Tensor | None = None
+    dpo_ref_chosen_logp: torch.Tensor | None = None
+    dpo_ref_rejected_logp: torch.Tensor | None = None
+    extras: dict = field(default_factory=dict)
+
+
+def _require(batch: LossBatch, arm: ArmConfig, names: tuple[str, ...], why: str) -> None:
+    missing = [n for n in names if getattr(batch, n) is None]
+    if missing:
+        raise ValueError(f"arm {arm.name!r} needs {', '.join(missing)} in the batch ({why}); compute it or set that weight to 0")
+
+
+def compose_loss(arm: ArmConfig | str, batch: LossBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The total loss of `batch` under `arm`, and every component under its own name.
+
+    Returns (total, metrics): metrics holds `loss/total`, `loss/pg`, `loss/kl`,
+    `loss/entropy` (the entropy H itself), `loss/sdar`, `loss/hint_jsd`, `loss/replay_dpo`
+    for the terms that were computed, plus `pg/*`, `sdar/*` and `replay/*` statistics.
+    All metrics are detached scalars. A term whose weight is 0 is not added (so a
+    NaN in an unused input cannot leak into the total).
+    """
+    if isinstance(arm, str):
+        arm = get_arm(arm)
+    metrics: dict[str, torch.Tensor] = {}
+    total = torch.zeros((), dtype=upcast(batch.logp).dtype, device=batch.logp.device)
+
+    pg, pg_stats = policy_loss(
+        batch.logp, batch.old_logp, batch.advantages, batch.mask,
+        clip_low=arm.clip_low, clip_high=arm.clip_high, dual_clip=arm.dual_clip, agg=arm.agg,
+    )
+    metrics["loss/pg"] = pg.detach()
+    metrics.update({f"pg/{k}": v for k, v in pg_stats.items()})
+    if arm.pg_coef != 0.0:
+        total = total + arm.pg_coef * pg
+
+    if arm.kl_coef != 0.0:
+        _require(batch, arm, ("ref_logp",), "kl_coef != 0")
+    if batch.ref_logp is not None:
+        kl = kl_k3(batch.logp, batch.ref_logp, batch.mask, agg=arm.agg)
+        metrics["loss/kl"] = kl.detach()
+        if arm.kl_coef != 0.0:
+            total = total + arm.kl_coef * kl
+
+    if arm.entropy_coef != 0.0 and batch.logits is None and batch.entropy is None:
+        raise ValueError(f"arm {arm.name!r} has entropy_coef != 0 but the batch has neither logits nor entropy; pass one or set entropy_coef=0")
+    if batch.logits is not None or batch.entropy is not None:
+        ent_tok = batch.entropy if batch.entropy is not None else entropy_per_token(batch.logits)
+        ent = aggregate(ent_tok, batch.mask, arm.agg)
+        metrics["loss/entropy"] = ent.detach()
+        if arm.entropy_coef != 0.0:
+            total = total - arm.entropy_coef * ent
+
+    if arm.sdar_coef != 0.0:
+        _require(batch, arm, ("teacher_logp",), "sdar_coef != 0")
+    if batch.teacher_logp is not None:
+        distill, sd_stats = sdar_distill_loss(
+            batch.logp, batch.teacher_logp, batch.mask, beta=arm.sdar_beta, agg=arm.agg
+        )
+        metrics["loss/sdar"] = distill.detach()
+        metrics.update({f"sdar/{k}": v for k, v in sd_stats.items()})
+        if arm.sdar_coef != 0.0:
+            total = total + arm.sdar_coef * distill
+
+    if arm.hint_distill_coef != 0.0:
+        _require(batch, arm, ("hint_student_logits", "hint_teacher_logits", "hint_mask"), "hint_distill_coef != 0")
+        jsd = generalized_jsd(
+            batch.hint_student_logits, batch.hint_teacher_logits, batch.hint_mask,
+            beta=arm.jsd_beta, temperature=arm.jsd_temperature, top_k=arm.jsd_top_k, agg=arm.agg,
+        )
+        metrics["loss/hint_jsd"] = jsd.detach()
+        total = total + arm.hint_distill_coef * jsd
+
+    if arm.replay_coef != 0.0:
+        names = ("dpo_chosen_logp", "dpo_rejected_logp", "dpo_ref_chosen_logp", "dpo_ref_rejected_logp")
+        _require(batch, arm, names, "replay_coef != 0")
+        dpo, dpo_stats = dpo_loss(*(getattr(batch, n) for n in names), beta=arm.dpo_beta)
+        metrics["loss/replay_dpo"] = dpo.detach()
+        metrics.update({f"replay/{k}": v for k, v in dpo_stats.items()})
+        total = total + arm.replay_coef * dpo
+
+    metrics["loss/total"] = total.detach()
+    return total, metrics
+
+
+def arms_table() -> list[dict[str, object]]:
+    """One row per registered arm with the settings that tell arms apart."""
+    cols = ("pg_coef", "kl_coef", "entropy_coef", "sdar_coef", "sdar_beta", "skills_in_student_prompt",
+            "hint_distill_coef", "replay_coef")
+    return [{"arm": a.name, **{c: getattr(a, c) for c in cols}, "description": a.description} for a in ARMS.values()]

@@ -1,0 +1,44 @@
+"""`sdar arms`: print the registered arms and the settings that tell them apart."""
+
+from __future__ import annotations
+
+import argparse
+
+
+_HEADERS = {
+    "pg_coef": "pg",
+    "kl_coef": "kl",
+    "entropy_coef": "ent",
+    "sdar_coef": "lambda",
+    "sdar_beta": "gate beta",
+    "skills_in_student_prompt": "skills in student",
+    "hint_distill_coef": "alpha",
+    "replay_coef": "beta_r",
+}
+
+
+def _cmd_arms(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from sdar.algos import arms_table
+
+    rows = arms_table()
+    if args.json:
+        import json
+
+        print(json.dumps(rows, indent=2))
+        return 0
+    table = Table(title="L = pg*L_pg + kl*KL - ent*H + lambda*L_sdar + alpha*JSD_hint + beta_r*DPO_replay")
+    for col in rows[0]:
+        table.add_column(_HEADERS.get(col, col), overflow="fold", no_wrap=col != "description")
+    for row in rows:
+        table.add_row(*(str(v) for v in row.values()))
+    Console(width=max(140, Console().width)).print(table)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("arms", help="print the arms table with their loss settings")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=_cmd_arms)
