@@ -1,0 +1,89 @@
+"""The household family (ALFWorld's six task types) as one `TextEnv` over two backends.
+
+backend="sim" is the fast generated-room simulator (local default); backend="alfworld" is
+the real ALFWorld/TextWorld engine on official games (imported only when asked for).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from sdar.envs.base import EnvStep, TextEnv
+from sdar.envs.household.backend import HouseholdBackend
+from sdar.envs.skills import SkillLibrary
+
+# backend name -> "module:attr"; imported lazily so the sim never loads TextWorld
+BACKENDS = {
+    "sim": "sdar.envs.household.sim:SimHousehold",
+    "alfworld": "sdar.envs.household.alfworld_backend:AlfworldHousehold",
+}
+
+
+def load_backend(name: str, **kwargs: Any) -> HouseholdBackend:
+    """Build the household backend `name` ("sim" or "alfworld") with its own kwargs."""
+    if name not in BACKENDS:
+        raise ValueError(
+            f"unknown household backend {name!r}; choose one of {', '.join(sorted(BACKENDS))}"
+        )
+    module, attr = BACKENDS[name].split(":")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except ImportError as exc:
+        raise ImportError(
+            f"household backend {name!r} could not be imported ({exc}); "
+            "install its engine (alfworld needs `pip install alfworld`) or use backend='sim'"
+        ) from exc
+    return cls(**kwargs)
+
+
+class HouseholdEnv(TextEnv):
+    """ALFWorld-style household tasks.
+
+    backend: "sim" (default; generated rooms, thousands of steps/s) or "alfworld" (the real
+        engine on official games). Remaining keyword arguments go to the backend, e.g.
+        `HouseholdEnv(backend="sim", difficulty="easy")` or a `SimDifficulty`.
+    """
+
+    family = "household"
+
+    def __init__(self, backend: str = "sim", **backend_kwargs: Any) -> None:
+        super().__init__()
+        self.backend_name = backend
+        self.backend = load_backend(backend, **backend_kwargs)
+
+    def _reset(self, task_id: str | None, seed: int | None) -> EnvStep:
+        self._task_id = task_id
+        out = self.backend.reset(task_id=task_id, seed=seed)
+        self._task_id = out.metadata.get("task_id", task_id)
+        return out
+
+    def _step(self, action: str) -> EnvStep:
+        return self.backend.step(action)
+
+    def task_ids(self, split: str = "test") -> list[str]:
+        return self.backend.task_ids(split)
+
+    @property
+    def task_text(self) -> str:
+        return self.backend.task_text
+
+    @property
+    def task_type(self) -> str:
+        return self.backend.task_type
+
+    def expert_action(self) -> str:
+        return self.backend.expert_action()
+
+    def skills_key(self) -> str | None:
+        # retrieval is rule-based: the task type selects the per-type skills
+        return self.backend.task_type
+
+    @classmethod
+    def skill_library(cls) -> SkillLibrary:
+        from sdar.envs.household.skills import household_skill_library
+
+        return household_skill_library()
+
+    def close(self) -> None:
+        self.backend.close()
