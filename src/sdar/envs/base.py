@@ -67,6 +67,8 @@ class TextEnv(ABC):
     def reset(self, task_id: str | None = None, seed: int | None = None) -> EnvStep:
         """Start an episode on `task_id` (or a task drawn with `seed`)."""
         out = self._reset(task_id=task_id, seed=seed)
+        # remote clients rebuild the privileged text from this key and the family's library
+        out.metadata.setdefault("skills_key", self.skills_key())
         self._check(out)
         self._observations = [out.observation]
         return out
@@ -157,8 +159,8 @@ def available_envs() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def make_env(name: str, **kwargs: Any) -> TextEnv:
-    """Build an environment by registered name, e.g. make_env('household', backend='sim')."""
+def env_class(name: str) -> Callable[..., TextEnv]:
+    """The registered factory (usually the TextEnv class) of family `name`."""
     if name not in _REGISTRY:
         raise ValueError(f"unknown environment {name!r}; choose one of {', '.join(available_envs()) or '(none registered)'}")
     factory = _REGISTRY[name]
@@ -166,4 +168,18 @@ def make_env(name: str, **kwargs: Any) -> TextEnv:
         module, attr = factory.split(":")
         factory = getattr(importlib.import_module(module), attr)
         _REGISTRY[name] = factory
-    return factory(**kwargs)
+    return factory
+
+
+def make_env(name: str, **kwargs: Any) -> TextEnv:
+    """Build an environment by registered name, e.g. make_env('household', backend='sim')."""
+    return env_class(name)(**kwargs)
+
+
+def privileged_skills_for(env: Any, family: str, metadata: dict[str, Any]) -> str:
+    """The privileged text of the episode `env` is playing: asked of the env when it is a
+    local TextEnv, else rendered from the family's library and the reset's `skills_key`."""
+    fn = getattr(env, "privileged_skills", None)
+    if fn is not None:
+        return fn()
+    return env_class(family).skill_library().render(metadata.get("skills_key") or metadata.get("task_type"))

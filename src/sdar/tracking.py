@@ -1,0 +1,530 @@
+"""A thin layer over MLflow for the trainer and the pipeline: runs, nested arm runs, resume, params, metrics.
+
+Default store: `sqlite:///<output_dir or cwd>/mlflow.db` (artifacts beside it) when MLFLOW_TRACKING_URI is unset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import sqlite3
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+DB_NAME = "mlflow.db"
+# artifacts of the default SQLite store live in <db dir>/mlartifacts/<experiment>/<run_id>/artifacts
+ARTIFACTS_DIR = "mlartifacts"
+NONFINITE_METRIC = "tracking/nonfinite_metrics"
+PARENT_TAG = "mlflow.parentRunId"
+RESUME_TAG = "sdar.resume_count"
+# MLflow's limits (mlflow.utils.validation): per log_batch call and per param value / key
+_MAX_METRICS_PER_BATCH = 1000
+_MAX_PARAMS_PER_BATCH = 100
+_MAX_PARAM_CHARS = 6000
+_MAX_KEY_CHARS = 250
+
+
+def cache_dir() -> Path:
+    """sdar's cache directory: SDAR_CACHE_DIR, else $XDG_CACHE_HOME/sdar, else ~/.cache/sdar."""
+    if os.environ.get("SDAR_CACHE_DIR"):
+        return Path(os.environ["SDAR_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "sdar"
+
+
+def default_tracking_uri(output_dir: str | os.PathLike | None = None) -> str:
+    """MLFLOW_TRACKING_URI when set, else `sqlite:///<output_dir or cwd>/mlflow.db` (absolute)."""
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    root = Path(output_dir if output_dir is not None else os.getcwd()).expanduser().resolve()
+    return f"sqlite:///{root / DB_NAME}"
+
+
+def sqlite_path(tracking_uri: str) -> Path | None:
+    """The database file of a `sqlite:///...` URI, or None for any other URI."""
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    return Path(tracking_uri[len("sqlite:///"):].split("?", 1)[0])
+
+
+def _schema_template() -> Path:
+    """An empty MLflow SQLite database at the current schema, built once per mlflow version.
+
+    Building runs all of MLflow's alembic migrations (5-10 s on a busy 2-core machine); copying the
+    template takes milliseconds, which matters for tests and for each fresh `output_dir`.
+    """
+    import mlflow
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    cache = cache_dir()
+    template = cache / f"mlflow-{mlflow.__version__}-empty.db"
+    if template.is_file():
+        return template
+    cache.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".mlflow-template-", suffix=".db", dir=cache)
+    os.close(fd)
+    os.unlink(tmp)  # SQLAlchemy creates the file itself
+    try:
+        store = SqlAlchemyStore(f"sqlite:///{tmp}", default_artifact_root=str(cache / "unused-artifacts"))
+        store.engine.dispose()
+        os.replace(tmp, template)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    return template
+
+
+def prepare_sqlite_store(db_path: str | os.PathLike) -> str:
+    """Create the SQLite MLflow database `db_path` if missing (from the schema template); returns its URI.
+
+    The 'Default' experiment of a new database stores artifacts in `<db dir>/mlartifacts/0`.
+    An existing database is left as it is (MLflow checks its schema when opened).
+    """
+    db_path = Path(db_path).expanduser().resolve()
+    uri = f"sqlite:///{db_path}"
+    if db_path.exists():
+        return uri
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        template = _schema_template()
+    except OSError as exc:  # an unwritable cache: MLflow builds the schema in place instead
+        log.warning("no MLflow schema template (%s); MLflow will create %s itself", exc, db_path)
+        return uri
+    fd, tmp = tempfile.mkstemp(prefix=f".{db_path.name}.", dir=db_path.parent)
+    os.close(fd)
+    try:
+        shutil.copyfile(template, tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp made it 0600; a shared store must be readable by `mlflow ui`
+        default_artifacts = (db_path.parent / ARTIFACTS_DIR / "0").as_uri()
+        with contextlib.closing(sqlite3.connect(tmp)) as con, con:
+            con.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0", (default_artifacts,))
+        with contextlib.suppress(FileExistsError):  # another process created it first: keep theirs
+            os.link(tmp, db_path)
+    finally:
+        os.unlink(tmp)
+    return uri
+
+
+def resolve_tracking_uri(tracking_uri: str | None = None, output_dir: str | os.PathLike | None = None) -> str:
+    """The tracking URI to use (argument, else `default_tracking_uri`), with a SQLite file made ready."""
+    uri = tracking_uri or default_tracking_uri(output_dir)
+    path = sqlite_path(uri)
+    if path is not None:
+        prepare_sqlite_store(path)
+    return uri
+
+
+def _plain(value: Any) -> Any:
+    """A nested dict for dataclasses / pydantic models / mappings; the value itself otherwise."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    if hasattr(value, "model_dump") and callable(value.model_dump):
+        return value.model_dump()
+    return value
+
+
+def flatten_params(params: Any, max_chars: int = 500, prefix: str = "") -> dict[str, str]:
+    """`params` (mapping, dataclass, pydantic model, nested freely) as {'a.b.c': str}, values cut to max_chars.
+
+    Lists become JSON; a cut value ends with '...'; an empty nested mapping is kept as '{}'.
+    """
+    if not 4 <= max_chars <= _MAX_PARAM_CHARS:
+        raise ValueError(f"max_chars must be in [4, {_MAX_PARAM_CHARS}] (MLflow's limit), got {max_chars}")
+    out: dict[str, str] = {}
+
+    def text(v: Any) -> str:
+        if isinstance(v, enum.Enum):
+            v = v.value
+        if isinstance(v, (list, tuple, set, frozenset)):
+            seq = sorted(v, key=str) if isinstance(v, (set, frozenset)) else list(v)
+            return json.dumps([_plain(x) for x in seq], default=str)
+        return str(v)
+
+    def walk(obj: Any, key: str) -> None:
+        obj = _plain(obj)
+        if isinstance(obj, Mapping):
+            if not obj and key:
+                out[key] = "{}"
+            for k, v in obj.items():
+                walk(v, f"{key}.{k}" if key else str(k))
+            return
+        if not key:
+            raise TypeError(f"params must be a mapping or a dataclass, got {type(obj).__name__}")
+        if len(key) > _MAX_KEY_CHARS:
+            raise ValueError(f"param key {key[:60]!r}... is {len(key)} chars; MLflow allows {_MAX_KEY_CHARS}")
+        s = text(obj)
+        out[key] = s if len(s) <= max_chars else s[: max_chars - 3] + "..."
+
+    walk(params, prefix)
+    return out
+
+
+def _metric_value(key: str, value: Any) -> float:
+    if hasattr(value, "item") and callable(value.item):  # torch / numpy scalars
+        value = value.item()
+    if isinstance(value, (bool, int, float)):
+        return float(value)
+    raise TypeError(f"metric {key!r} has a non-numeric value {value!r} ({type(value).__name__}); log numbers only")
+
+
+def _client(tracking_uri: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri)
+
+
+def _reader(tracking_uri: str | None, output_dir: str | os.PathLike | None) -> tuple[str, Any]:
+    """(uri, client) for reading; a SQLite file that does not exist is an error, never created."""
+    uri = tracking_uri or default_tracking_uri(output_dir)
+    db = sqlite_path(uri)
+    if db is not None and not db.is_file():
+        raise LookupError(
+            f"no MLflow database at {db.resolve()}; runs are logged there by Tracker(output_dir=...) "
+            "(check MLFLOW_TRACKING_URI / output_dir)"
+        )
+    return uri, _client(uri)
+
+
+def _bridge_s3_endpoint() -> None:
+    # MLflow's S3 artifact store reads only MLFLOW_S3_ENDPOINT_URL; sdar's storage reads
+    # SDAR_S3_ENDPOINT_URL, so MinIO set up for one works for both
+    if os.environ.get("SDAR_S3_ENDPOINT_URL") and not os.environ.get("MLFLOW_S3_ENDPOINT_URL"):
+        os.environ["MLFLOW_S3_ENDPOINT_URL"] = os.environ["SDAR_S3_ENDPOINT_URL"]
+
+
+def _safe_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "experiment"
+
+
+def _get_or_create_experiment(client, name: str, artifact_location: str | None) -> str:
+    from mlflow.exceptions import MlflowException
+
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        try:
+            return client.create_experiment(name, artifact_location=artifact_location)
+        except MlflowException:  # a parallel arm created it between our two calls
+            exp = client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+    if exp.lifecycle_stage == "deleted":
+        log.warning("experiment %r was deleted; restoring it to log into it", name)
+        client.restore_experiment(exp.experiment_id)
+    return exp.experiment_id
+
+
+class Tracker:
+    """One MLflow run, as a context manager; a no-op when `enabled` is False.
+
+    experiment: experiment name, created if missing. run_name: shown in the UI.
+    parent_run_id: make this a nested child run (one child per arm under a pipeline's parent run).
+    tags: extra run tags. tracking_uri: default `default_tracking_uri(output_dir)`.
+    output_dir: where the default SQLite store and its artifacts go (default: cwd).
+    artifact_location: for a newly created experiment only; default `<db dir>/mlartifacts/<experiment>`
+      for a SQLite store, the server's choice otherwise (e.g. s3://bucket/mlflow).
+    resume_run_id: continue this existing run (status back to RUNNING; params must keep their values).
+    enabled: False makes every method a no-op and never imports MLflow; None reads SDAR_TRACKING
+      ('0', 'false', 'off' disable). max_param_chars: longer param values are cut.
+    """
+
+    def __init__(
+        self,
+        experiment: str,
+        run_name: str | None = None,
+        *,
+        parent_run_id: str | None = None,
+        tags: Mapping[str, Any] | None = None,
+        tracking_uri: str | None = None,
+        output_dir: str | os.PathLike | None = None,
+        artifact_location: str | None = None,
+        resume_run_id: str | None = None,
+        enabled: bool | None = None,
+        max_param_chars: int = 500,
+    ):
+        if not experiment:
+            raise ValueError("Tracker needs an experiment name, e.g. Tracker('sdar-household', run_name='sdar')")
+        if enabled is None:
+            enabled = os.environ.get("SDAR_TRACKING", "1").strip().lower() not in ("0", "false", "off", "no")
+        self.experiment = experiment
+        self.run_name = run_name
+        self.parent_run_id = parent_run_id
+        self.tags = {str(k): str(v) for k, v in (tags or {}).items()}
+        self.output_dir = output_dir
+        self.artifact_location = artifact_location
+        self.resume_run_id = resume_run_id
+        self.enabled = enabled
+        self.max_param_chars = max_param_chars
+        self.tracking_uri: str | None = tracking_uri
+        self.run_id: str | None = None
+        self.experiment_id: str | None = None
+        self.nonfinite_total = 0
+        self.nonfinite_keys: set[str] = set()
+        self._params: dict[str, str] = {}
+        self._client = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> Tracker:
+        """Create (or resume) the run; returns self. Called by `with`."""
+        if not self.enabled or self.run_id is not None:
+            return self
+        from mlflow.exceptions import MlflowException
+
+        self.tracking_uri = resolve_tracking_uri(self.tracking_uri, self.output_dir)
+        _bridge_s3_endpoint()
+        client = _client(self.tracking_uri)
+        if self.resume_run_id:
+            try:
+                run = client.get_run(self.resume_run_id)
+            except MlflowException as exc:
+                raise LookupError(
+                    f"cannot resume run {self.resume_run_id}: not found in {self.tracking_uri}; "
+                    "point MLFLOW_TRACKING_URI/output_dir at the store the run was logged to, or start a new run"
+                ) from exc
+            exp = client.get_experiment(run.info.experiment_id)
+            if exp.name != self.experiment:
+                raise ValueError(
+                    f"run {self.resume_run_id} belongs to experiment {exp.name!r}, not {self.experiment!r}; "
+                    "resume it with its own experiment name"
+                )
+            if run.info.lifecycle_stage == "deleted":
+                raise ValueError(f"run {self.resume_run_id} was deleted; restore it (`mlflow runs restore`) or start a new run")
+            count = int(run.data.tags.get(RESUME_TAG, "0")) + 1
+            client.update_run(run.info.run_id, status="RUNNING")
+            client.set_tag(run.info.run_id, RESUME_TAG, str(count))
+            for k, v in self.tags.items():
+                client.set_tag(run.info.run_id, k, v)
+            self._params = dict(run.data.params)
+            self.nonfinite_total = int(run.data.metrics.get(NONFINITE_METRIC, 0))
+            self.experiment_id = run.info.experiment_id
+            self.run_name = run.info.run_name
+            self.parent_run_id = run.data.tags.get(PARENT_TAG)
+        else:
+            location = self.artifact_location
+            db = sqlite_path(self.tracking_uri)
+            if location is None and db is not None:
+                location = (db.resolve().parent / ARTIFACTS_DIR / _safe_name(self.experiment)).as_uri()
+            self.experiment_id = _get_or_create_experiment(client, self.experiment, location)
+            tags = dict(self.tags)
+            if self.parent_run_id:
+                try:
+                    client.get_run(self.parent_run_id)
+                except MlflowException as exc:
+                    raise LookupError(
+                        f"parent run {self.parent_run_id} not found in {self.tracking_uri}; "
+                        "create the parent with Tracker(...) first and pass its run_id"
+                    ) from exc
+                tags[PARENT_TAG] = self.parent_run_id
+            run = client.create_run(self.experiment_id, tags=tags, run_name=self.run_name)
+            self.run_name = run.info.run_name
+        self.run_id = run.info.run_id
+        self._client = client
+        return self
+
+    def end(self, status: str = "FINISHED") -> None:
+        """Mark the run FINISHED (or FAILED / KILLED)."""
+        if self._client is None or self.run_id is None:
+            return
+        self._client.set_terminated(self.run_id, status=status)
+        self._client = None
+
+    def __enter__(self):  # returns self, started
+        return self.start()
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            status = "FINISHED"
+        else:
+            status = "KILLED" if issubclass(exc_type, KeyboardInterrupt) else "FAILED"
+        try:
+            self.end(status)
+        except Exception:
+            if exc_type is None:
+                raise
+            log.exception("could not mark run %s %s", self.run_id, status)  # keep the original error
+
+    def _live(self):
+        if not self.enabled:
+            return None
+        if self._client is None:
+            raise RuntimeError("the tracker has no open run; use `with Tracker(...) as t:` or call start() first")
+        return self._client
+
+    @property
+    def artifact_uri(self) -> str | None:
+        """Where this run's artifacts go (None when disabled or not started)."""
+        if self._client is None:
+            return None
+        return self._client.get_run(self.run_id).info.artifact_uri
+
+    # -- logging -----------------------------------------------------------------------------
+    def log_params(self, params: Any, prefix: str = "") -> dict[str, str]:
+        """Log a (nested) mapping or dataclass as flat 'a.b' params; returns what was logged.
+
+        Re-logging a param with the same value is a no-op (so a resumed run may log its config again);
+        a different value raises, because a run's config must not change under it.
+        """
+        client = self._live()
+        if client is None:
+            return {}
+        from mlflow.entities import Param
+
+        flat = flatten_params(params, self.max_param_chars, prefix)
+        changed = {k: (self._params[k], v) for k, v in flat.items() if k in self._params and self._params[k] != v}
+        if changed:
+            k, (old, new) = next(iter(changed.items()))
+            raise ValueError(
+                f"param {k!r} is {old!r} in run {self.run_id} but now {new!r} ({len(changed)} changed); "
+                "a run's config is fixed: start a new run for a new config, or log it under another prefix"
+            )
+        new = [Param(k, v) for k, v in flat.items() if k not in self._params]
+        for i in range(0, len(new), _MAX_PARAMS_PER_BATCH):
+            client.log_batch(self.run_id, params=new[i : i + _MAX_PARAMS_PER_BATCH])
+        self._params.update(flat)
+        return flat
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> int:
+        """Log numeric metrics at `step`; returns how many were logged.
+
+        NaN/inf values are skipped (MLflow charts break on them); the run's running count of skipped
+        values is logged as `tracking/nonfinite_metrics` at the same step, and `nonfinite_keys` names them.
+        """
+        client = self._live()
+        if client is None:
+            return 0
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        step = int(step) if step is not None else 0
+        batch, skipped = [], 0
+        for key, value in metrics.items():
+            v = _metric_value(key, value)
+            if math.isfinite(v):
+                batch.append(Metric(str(key), v, ts, step))
+            else:
+                skipped += 1
+                if key not in self.nonfinite_keys:
+                    log.warning("metric %r is %s at step %d; skipped (counted in %s)", key, v, step, NONFINITE_METRIC)
+                self.nonfinite_keys.add(str(key))
+        if skipped:
+            self.nonfinite_total += skipped
+            batch.append(Metric(NONFINITE_METRIC, float(self.nonfinite_total), ts, step))
+        for i in range(0, len(batch), _MAX_METRICS_PER_BATCH):
+            client.log_batch(self.run_id, metrics=batch[i : i + _MAX_METRICS_PER_BATCH])
+        return len(batch) - (1 if skipped else 0)
+
+    def log_metric(self, key: str, value: Any, step: int | None = None) -> int:
+        return self.log_metrics({key: value}, step)
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        client = self._live()
+        if client is None:
+            return
+        from mlflow.entities import RunTag
+
+        client.log_batch(self.run_id, tags=[RunTag(str(k), str(v)) for k, v in tags.items()])
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        """Save `text` as the artifact `artifact_file` (e.g. 'samples/step-10.txt')."""
+        client = self._live()
+        if client is not None:
+            client.log_text(self.run_id, text, artifact_file)
+
+    def log_dict(self, dictionary: Mapping[str, Any], artifact_file: str) -> None:
+        """Save a dict as a JSON (or .yaml/.yml) artifact."""
+        client = self._live()
+        if client is not None:
+            client.log_dict(self.run_id, dict(dictionary), artifact_file)
+
+    def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
+        """Copy one local file into the run's artifacts (under `artifact_path`)."""
+        client = self._live()
+        if client is None:
+            return
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"cannot log artifact {path}: not a file (use log_artifacts for a directory)")
+        client.log_artifact(self.run_id, str(path), artifact_path)
+
+    def log_artifacts(self, local_dir: str | os.PathLike, artifact_path: str | None = None) -> None:
+        """Copy a local directory's contents into the run's artifacts (under `artifact_path`)."""
+        client = self._live()
+        if client is None:
+            return
+        if not Path(local_dir).is_dir():
+            raise NotADirectoryError(f"cannot log artifacts from {local_dir}: not a directory")
+        client.log_artifacts(self.run_id, str(local_dir), artifact_path)
+
+
+@dataclass
+class RunRecord:
+    """One run as `find_runs` returns it: ids, status and the latest value of each metric."""
+
+    run_id: str
+    run_name: str
+    status: str
+    parent_run_id: str | None = None
+    start_time: int | None = None  # ms since epoch
+    end_time: int | None = None
+    params: dict[str, str] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+def find_runs(
+    experiment: str,
+    filter_string: str = "",
+    *,
+    tracking_uri: str | None = None,
+    output_dir: str | os.PathLike | None = None,
+    order_by: list[str] | None = None,
+    max_results: int = 10_000,
+) -> list[RunRecord]:
+    """Runs of `experiment` matching an MLflow filter (e.g. "tags.mlflow.parentRunId = 'abc'"
+    or "params.arm = 'sdar'"), newest first unless `order_by` says otherwise."""
+    uri, client = _reader(tracking_uri, output_dir)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        raise LookupError(
+            f"experiment {experiment!r} not found in {uri}; runs are created by Tracker(experiment={experiment!r}) "
+            "(check MLFLOW_TRACKING_URI / output_dir)"
+        )
+    out: list[RunRecord] = []
+    token = None
+    while len(out) < max_results:
+        page = client.search_runs(
+            [exp.experiment_id], filter_string, max_results=min(1000, max_results - len(out)),
+            order_by=order_by, page_token=token,
+        )
+        for run in page:
+            out.append(RunRecord(
+                run_id=run.info.run_id, run_name=run.info.run_name, status=run.info.status,
+                parent_run_id=run.data.tags.get(PARENT_TAG), start_time=run.info.start_time,
+                end_time=run.info.end_time, params=dict(run.data.params), metrics=dict(run.data.metrics),
+                tags=dict(run.data.tags),
+            ))
+        token = page.token
+        if not token:
+            break
+    return out
+
+
+def metric_history(
+    run_id: str, key: str, *, tracking_uri: str | None = None, output_dir: str | os.PathLike | None = None
+) -> list[tuple[int, float]]:
+    """(step, value) of every logged value of metric `key` in a run, by step (for curves in reports)."""
+    _, client = _reader(tracking_uri, output_dir)
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))

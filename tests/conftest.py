@@ -1,0 +1,121 @@
+"""Shared test fixtures: a real S3-API server (moto) on loopback, and a hermetic sdar cache directory.
+
+`s3_server` is for any test that needs S3/MinIO; `mlflow_uri` gives a ready SQLite MLflow store.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+# env vars that could point boto3 at real accounts or other endpoints; cleared inside `s3_server`
+_AWS_VARS = (
+    "AWS_PROFILE",
+    "AWS_DEFAULT_PROFILE",
+    "AWS_SESSION_TOKEN",
+    "AWS_SECURITY_TOKEN",
+    "AWS_ROLE_ARN",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "MLFLOW_S3_ENDPOINT_URL",
+)
+
+
+@dataclass
+class S3Server:
+    """A moto S3 server on 127.0.0.1 (see the `s3_server` fixture).
+
+    endpoint_url: 'http://127.0.0.1:<port>'; region: the region the dummy credentials use.
+    """
+
+    endpoint_url: str
+    region: str = "us-east-1"
+
+    def client(self):
+        """A boto3 S3 client for this server (uses the fixture's dummy credentials)."""
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint_url, region_name=self.region)
+
+    def make_bucket(self, name: str | None = None) -> str:
+        """Create a bucket (a fresh unique name by default: the server is shared by the whole session)."""
+        name = name or f"test-{uuid.uuid4().hex[:12]}"
+        self.client().create_bucket(Bucket=name)
+        return name
+
+
+@pytest.fixture(scope="session")
+def _moto_endpoint():
+    """One moto server for the session, in a thread of the test process, on a free loopback port."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3_server(_moto_endpoint, monkeypatch, tmp_path) -> S3Server:
+    """A real S3 API (moto server mode) on 127.0.0.1, shared by the session; yields an `S3Server`.
+
+    For the duration of the test the environment holds dummy credentials (AWS_ACCESS_KEY_ID=testing,
+    AWS_SECRET_ACCESS_KEY=testing, AWS_DEFAULT_REGION=us-east-1), no profile or role settings, and
+    SDAR_S3_ENDPOINT_URL pointing at the server, so `sdar.storage.open_store('s3://bucket/...')` and
+    subprocesses started by the test reach it. Buckets persist across tests: create your own with
+    `s3_server.make_bucket()` (unique name) rather than relying on a shared one.
+    """
+    for var in _AWS_VARS:
+        # set-then-delete so teardown restores the original state even if the code under test sets it
+        monkeypatch.setenv(var, "")
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    # never read ~/.aws of the machine running the tests
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("SDAR_S3_ENDPOINT_URL", _moto_endpoint)
+    return S3Server(endpoint_url=_moto_endpoint)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _sdar_cache_dir(request):
+    """Point SDAR_CACHE_DIR at .pytest_cache/d/sdar-cache (unless already set) so tests never write to ~/.cache.
+
+    It survives between sessions (the MLflow schema template built there saves ~5-10 s per session;
+    the household family unpacks ALFWorld games under <cache>/alfworld).
+    """
+    if os.environ.get("SDAR_CACHE_DIR"):
+        yield Path(os.environ["SDAR_CACHE_DIR"])
+        return
+    if getattr(request.config, "cache", None) is not None:
+        cache = Path(request.config.cache.mkdir("sdar-cache"))
+    else:  # -p no:cacheprovider
+        cache = request.getfixturevalue("tmp_path_factory").mktemp("sdar-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SDAR_CACHE_DIR", str(cache))
+        yield cache
+
+
+@pytest.fixture
+def mlflow_uri(tmp_path, monkeypatch) -> str:
+    """A fresh SQLite MLflow tracking URI under tmp_path, also exported as MLFLOW_TRACKING_URI.
+
+    The database is created from sdar's cached schema template (see sdar.tracking), so it costs a file copy.
+    """
+    from sdar.tracking import prepare_sqlite_store
+
+    uri = prepare_sqlite_store(tmp_path / "mlflow.db")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    return uri

@@ -1,0 +1,412 @@
+"""The OpenEnv-based environment server and its clients, on a tiny guessing game served for real on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from sdar.envs.base import METADATA_KEYS, EnvStep, TextEnv
+from sdar.envs.skills import SkillLibrary
+
+GUESS_FACTORY = "tests.envs.test_server:GuessEnv"
+
+
+class GuessEnv(TextEnv):
+    """Guess the secret digit of a task; every observation names its task and step.
+
+    Task ids are "{split}-{i}", the secret is i % 10; invalid actions are marked for hints.
+    `closed` records every env that was closed (read by the TTL test in the same process).
+    """
+
+    family = "guess"
+    closed: list[int] = []
+
+    def __init__(self, n_tasks: int = 30, max_steps: int = 8) -> None:
+        super().__init__()
+        self.n_tasks = n_tasks
+        self.max_steps = max_steps
+
+    def task_ids(self, split: str = "test") -> list[str]:
+        if split not in ("train", "test"):
+            raise ValueError(f"unknown split {split!r}; use train or test")
+        return [f"{split}-{i}" for i in range(self.n_tasks)]
+
+    def _md(self, **kw):
+        md = {
+            "won": False,
+            "admissible_actions": [f"guess {i}" for i in range(10)],
+            "task_type": "parity_even" if self.secret % 2 == 0 else "parity_odd",
+            "valid_action": True,
+            "error_kind": None,
+            "hint_template_key": None,
+        }
+        md.update(kw)
+        return md
+
+    def _reset(self, task_id, seed):
+        if task_id is None:
+            task_id = f"test-{random.Random(seed).randrange(self.n_tasks)}"
+        split, _, idx = task_id.partition("-")
+        if split not in ("train", "test") or task_id not in self.task_ids(split):
+            raise KeyError(f"no task {task_id!r}")
+        self.tid, self.secret, self.t = task_id, int(idx) % 10, 0
+        return EnvStep(f"[{task_id}] step 0: guess my digit", metadata=self._md(task=self.task_text, task_id=task_id))
+
+    def _step(self, action):
+        self.t += 1
+        out_of_steps = self.t >= self.max_steps
+        parts = action.split()
+        if len(parts) != 2 or parts[0] != "guess" or not parts[1].isdigit():
+            md = self._md(valid_action=False, error_kind="invalid_action", hint_template_key="action_format")
+            return EnvStep(f"[{self.tid}] step {self.t}: say 'guess N'", 0.0, out_of_steps, md)
+        g = int(parts[1])
+        if g == self.secret:
+            return EnvStep(f"[{self.tid}] step {self.t}: correct", 1.0, True, self._md(won=True, tries=self.t))
+        hint = "higher" if g < self.secret else "lower"
+        return EnvStep(f"[{self.tid}] step {self.t}: {hint}", 0.0, out_of_steps, self._md(tries=self.t))
+
+    @property
+    def task_text(self) -> str:
+        return f"find the digit of {self.tid}"
+
+    @property
+    def task_type(self) -> str:
+        return "parity_even" if self.secret % 2 == 0 else "parity_odd"
+
+    def expert_action(self) -> str:
+        return f"guess {self.secret}"
+
+    def skills_key(self) -> str | None:
+        return self.task_type
+
+    @classmethod
+    def skill_library(cls) -> SkillLibrary:
+        return SkillLibrary(
+            "guess",
+            general=["read the higher/lower hint"],
+            by_key={"parity_even": ["the digit is even"], "parity_odd": ["the digit is odd"]},
+            mistakes={"*": ["repeating a guess"]},
+        )
+
+    def close(self) -> None:
+        GuessEnv.closed.append(id(self))
+
+
+# ---- fixtures -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def server():
+    """The guessing game served from a child process, as the trainer and benchmark run it."""
+    from sdar.envs.client import serve_in_background
+    from sdar.envs.server import ServerOptions
+
+    url, handle = serve_in_background(GUESS_FACTORY, options=ServerOptions(max_sessions=32, max_action_chars=200))
+    yield url
+    handle.stop()
+    assert not handle.alive()
+
+
+def _http(method, url, body=None, raw=None):
+    """(status, parsed JSON) of one request, without raising on 4xx."""
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+def _local_trajectory(task_id, actions):
+    env = GuessEnv()
+    steps = [env.reset(task_id=task_id)]
+    for a in actions:
+        steps.append(env.step(a))
+    return env, steps
+
+
+# ---- the episode over the WebSocket ------------------------------------------------------------
+def test_remote_episode_matches_local_env_step_for_step(server):
+    from sdar.envs.client import RemoteEnv
+
+    actions = ["guess 2", "hello there", "guess 9", "guess 7"]
+    local, expected = _local_trajectory("test-7", actions)
+    with RemoteEnv(server, GUESS_FACTORY) as env:
+        got = [env.reset(task_id="test-7")] + [env.step(a) for a in actions]
+        sid = env.session_id
+        assert sid and env.num_steps == len(actions)
+        for t, (g, e) in enumerate(zip(got, expected, strict=True)):
+            assert (g.observation, g.reward, g.done) == (e.observation, e.reward, e.done)
+            for key in METADATA_KEYS:
+                assert g.metadata[key] == e.metadata[key], (t, key)
+            assert g.metadata["step"] == t and g.metadata["session_id"] == sid
+            assert g.metadata["task_id"] == "test-7" and g.metadata["task"] == "find the digit of test-7"
+        # failure markers travel, and family-specific keys survive in the metadata
+        assert got[2].metadata["error_kind"] == "invalid_action" and got[2].metadata["hint_template_key"] == "action_format"
+        assert got[-1].metadata["won"] is True and got[-1].reward == 1.0 and got[-1].metadata["tries"] == 4
+        # state(t) gives exactly the observation of step t, over the WebSocket and over HTTP
+        for t in range(len(expected)):
+            assert env.state(t) == local.state(t)
+            assert env.observation_at(t) == got[t]
+        assert env.state() == got[-1].observation
+        with pytest.raises(IndexError, match=r"steps 0\.\.4"):
+            env.state(9)
+        status, body = _http("GET", f"{server}/sessions/{sid}/state?t=9")
+        assert status == 404 and "steps 0..4" in body["detail"]
+        status, body = _http("GET", f"{server}/sessions/{sid}/state")
+        assert status == 200 and body["step_count"] == 4 and body["done"] is True
+        assert body["observations"] == [s.observation for s in expected]
+        # a finished episode refuses more steps, and a new reset starts over in the same session
+        from sdar.envs.client import EnvServerError
+
+        with pytest.raises(EnvServerError, match="ended at step 4; reset"):
+            env.step("guess 1")
+        again = env.reset(seed=3)
+        assert again.metadata["step"] == 0 and again.metadata["session_id"] == sid
+        assert env.state(0) == again.observation
+
+
+def test_any_openenv_client_can_play(server):
+    """OpenEnv's own GenericEnvClient (what TRL-style code uses) drives the server unchanged."""
+    from openenv.core.generic_client import GenericEnvClient
+
+    with GenericEnvClient(base_url=server).sync() as client:
+        first = client.reset(task_id="train-4")
+        assert first.observation["text"] == "[train-4] step 0: guess my digit" and first.reward == 0.0
+        assert first.observation["admissible_actions"][4] == "guess 4"
+        res = client.step({"message": "guess 4"})
+        assert res.done is True and res.reward == 1.0 and res.observation["won"] is True
+        state = client.state()
+        assert state["step_count"] == 1 and state["task_id"] == "train-4" and len(state["observations"]) == 2
+
+
+def test_remote_env_refuses_the_wrong_family_and_lists_tasks(server):
+    from sdar.envs.client import RemoteEnv
+
+    with pytest.raises(ValueError, match="serves 'tests.envs.test_server:GuessEnv', not 'shop'"):
+        RemoteEnv(server, "shop")
+    with RemoteEnv(server) as env:
+        assert env.task_ids("train") == GuessEnv().task_ids("train")
+        from sdar.envs.client import EnvServerError
+
+        with pytest.raises(EnvServerError, match="unknown split 'dev'") as err:
+            env.task_ids("dev")
+        assert err.value.status == 400
+
+
+# ---- HTTP sessions and bad input ----------------------------------------------------------------
+def test_http_session_lifecycle(server):
+    status, created = _http("POST", f"{server}/sessions")
+    assert status == 201
+    sid = created["session_id"]
+    status, first = _http("POST", f"{server}/sessions/{sid}/reset", {"task_id": "test-3"})
+    assert status == 200 and first["observation"]["text"].startswith("[test-3] step 0")
+    status, nxt = _http("POST", f"{server}/sessions/{sid}/step", {"action": {"message": "guess 5"}})
+    assert status == 200 and nxt["observation"]["text"] == "[test-3] step 1: lower" and nxt["observation"]["step"] == 1
+    status, listed = _http("GET", f"{server}/sessions")
+    assert sid in [s["session_id"] for s in listed["sessions"]]
+    assert next(s for s in listed["sessions"] if s["session_id"] == sid)["step_count"] == 1
+    status, read = _http("GET", f"{server}/sessions/{sid}/state?t=1")
+    assert status == 200 and read == nxt
+    assert _http("DELETE", f"{server}/sessions/{sid}")[0] == 200
+    status, body = _http("POST", f"{server}/sessions/{sid}/step", {"action": {"message": "guess 3"}})
+    assert status == 404 and "unknown session" in body["detail"] and "POST /sessions" in body["detail"]
+
+
+def test_bad_requests_get_clear_errors_and_the_server_keeps_serving(server):
+    from sdar.envs.client import EnvServerError, RemoteEnv
+
+    with RemoteEnv(server) as bystander:
+        bystander.reset(task_id="test-8")
+        sid = _http("POST", f"{server}/sessions")[1]["session_id"]
+        base = f"{server}/sessions/{sid}"
+
+        status, body = _http("POST", f"{base}/step", {"action": {"message": "guess 1"}})
+        assert status == 409 and "step before reset" in body["detail"]
+        status, body = _http("POST", f"{base}/reset", {"task_id": "nope-1"})
+        assert status == 404 and "has no task 'nope-1'" in body["detail"] and "GET /tasks" in body["detail"]
+        status, body = _http("POST", f"{base}/reset", {"task": "test-1"})
+        assert status == 400 and "unknown reset parameter(s) ['task']" in body["detail"]
+        status, body = _http("POST", f"{base}/reset", raw=b'{"task_id": ')
+        assert status == 400 and "malformed JSON" in body["detail"]
+        assert _http("POST", f"{base}/reset", {"task_id": "test-1"})[0] == 200
+        status, body = _http("POST", f"{base}/step", {"message": "guess 1"})
+        assert status == 400 and '{"action": {"message": "look"}}' in body["detail"]
+        status, body = _http("POST", f"{base}/step", {"action": {"text": "guess 1"}})
+        assert status == 422 and any(e["loc"][-1] in ("message", "text") for e in body["detail"])
+        status, body = _http("POST", f"{base}/step", {"action": {"message": "x" * 201}})
+        assert status == 413 and "201 characters, over this server's limit of 200" in body["detail"]
+        status, body = _http("POST", f"{server}/sessions/not-a-session/reset", {})
+        assert status == 404 and "unknown session 'not-a-session'" in body["detail"]
+
+        # the same refusals over the WebSocket come back as errors naming the problem
+        with RemoteEnv(server) as env:
+            with pytest.raises(EnvServerError, match="has no task 'test-99'"):
+                env.reset(task_id="test-99")
+            with pytest.raises(EnvServerError, match="step before reset"):
+                env.step("guess 1")
+            env.reset(task_id="test-2")
+            with pytest.raises(EnvServerError, match="over this server's limit of 200"):
+                env.step("y" * 500)
+            assert env.step("guess 2").metadata["won"] is True  # the refused action did not count
+
+        # after all that, the HTTP session, the bystander and /health are fine
+        assert _http("POST", f"{base}/step", {"action": {"message": "guess 1"}})[1]["observation"]["won"] is True
+        assert bystander.step("guess 8").metadata["won"] is True
+        assert _http("GET", f"{server}/health") == (200, {"status": "healthy"})
+        _http("DELETE", base)
+
+
+def test_malformed_websocket_messages_do_not_end_the_session(server):
+    from websockets.sync.client import connect
+
+    with connect(server.replace("http://", "ws://") + "/ws") as ws:
+        ws.send("{not json")
+        err = json.loads(ws.recv(timeout=10))
+        assert err["type"] == "error" and err["data"]["code"] == "INVALID_JSON"
+        ws.send(json.dumps({"type": "step", "data": {"msg": "guess 1"}}))
+        err = json.loads(ws.recv(timeout=10))
+        assert err["data"]["code"] == "VALIDATION_ERROR"
+        ws.send(json.dumps({"type": "reset", "data": {"task_id": "test-6"}}))
+        ok = json.loads(ws.recv(timeout=10))
+        assert ok["type"] == "observation" and ok["data"]["observation"]["task_id"] == "test-6"
+
+
+def test_concurrent_sessions_keep_their_own_episodes(server):
+    """16 sessions step in parallel threads; every reply must carry its own task and step."""
+    from sdar.envs.client import RemoteEnv
+
+    errors: list[str] = []
+
+    def play(i: int) -> None:
+        rng = random.Random(i)
+        task = f"train-{i}"
+        try:
+            with RemoteEnv(server) as env:
+                out = env.reset(task_id=task)
+                sid = out.metadata["session_id"]
+                t = 0
+                while not out.done:
+                    out = env.step(f"guess {rng.randrange(10)}")
+                    t += 1
+                    md = out.metadata
+                    if (md["task_id"], md["step"], md["session_id"]) != (task, t, sid) or not out.observation.startswith(f"[{task}] step {t}:"):
+                        errors.append(f"session {i} got {md['task_id']}/{md['step']}: {out.observation}")
+                if env.state(0) != f"[{task}] step 0: guess my digit":
+                    errors.append(f"session {i} state(0) is {env.state(0)!r}")
+        except Exception as exc:  # collected: an exception in a thread would be lost
+            errors.append(f"session {i}: {exc!r}")
+
+    threads = [threading.Thread(target=play, args=(i,)) for i in range(16)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert errors == []
+
+
+# ---- limits: capacity and idle TTL (in-process servers, so closes can be observed) --------------
+def test_capacity_limit_gives_a_clear_error_and_frees_up():
+    from sdar.envs.client import EnvServerError, RemoteEnv, serve_in_background
+    from sdar.envs.server import ServerOptions
+
+    url, handle = serve_in_background(GUESS_FACTORY, options=ServerOptions(max_sessions=2), in_process=True)
+    with handle:
+        a, b = RemoteEnv(url), RemoteEnv(url)
+        a.reset(task_id="test-1")
+        b.reset(task_id="test-2")
+        status, body = _http("POST", f"{url}/sessions")
+        assert status == 503 and "capacity (2/2 sessions)" in body["detail"] and "--max-sessions" in body["detail"]
+        c = RemoteEnv(url)
+        with pytest.raises(EnvServerError, match="capacity") as err:
+            c.reset(task_id="test-3")
+        assert err.value.code == "CAPACITY_REACHED"
+        c.close()
+        a.close()
+        deadline = time.monotonic() + 5
+        while _http("GET", f"{url}/info")[1]["active_sessions"] > 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with RemoteEnv(url) as d:
+            assert d.reset(task_id="test-4").metadata["task_id"] == "test-4"
+        assert b.step("guess 2").metadata["won"] is True
+        b.close()
+
+
+def test_idle_sessions_are_reclaimed_and_their_env_closed():
+    from sdar.envs.client import EnvServerError, RemoteEnv, serve_in_background
+    from sdar.envs.server import ServerOptions
+
+    opts = ServerOptions(session_ttl_s=1.0, reap_interval_s=0.1)
+    url, handle = serve_in_background(GUESS_FACTORY, options=opts, in_process=True)
+    with handle:
+        idle_ws, busy_ws = RemoteEnv(url), RemoteEnv(url)
+        idle_ws.reset(task_id="test-1")
+        busy_ws.reset(task_id="test-0")
+        sid = _http("POST", f"{url}/sessions")[1]["session_id"]
+        closed_before = len(GuessEnv.closed)
+        t_end = time.monotonic() + 2.4
+        while time.monotonic() < t_end:  # keeps one session busy while two sit idle
+            busy_ws.step("guess 5")
+            busy_ws.reset(task_id="test-0")
+            time.sleep(0.1)
+        info = _http("GET", f"{url}/info")[1]
+        assert info["active_sessions"] == 1 and info["sessions_expired"] == 2
+        assert len(GuessEnv.closed) - closed_before == 2
+        status, body = _http("POST", f"{url}/sessions/{sid}/reset", {})
+        assert status == 410 and "idle for more than 1 s" in body["detail"]
+        with pytest.raises(EnvServerError, match="idle for more than 1 s"):
+            idle_ws.step("guess 1")
+        assert busy_ws.step("guess 0").metadata["won"] is True
+        idle_ws.close()
+        busy_ws.close()
+
+
+def test_async_remote_env_drives_many_sessions_from_one_loop():
+    from sdar.envs.client import AsyncRemoteEnv, serve_in_background
+
+    url, handle = serve_in_background(GUESS_FACTORY, in_process=True)
+
+    async def one(i: int) -> tuple[str, int, bool]:
+        async with AsyncRemoteEnv(url) as env:
+            out = await env.reset(task_id=f"test-{i}")
+            lo, hi = 0, 9
+            while not out.done:  # bisect on the higher/lower hints
+                guess = (lo + hi) // 2
+                out = await env.step(f"guess {guess}")
+                if out.observation.endswith("higher"):
+                    lo = guess + 1
+                elif out.observation.endswith("lower"):
+                    hi = guess - 1
+            return out.metadata["task_id"], out.metadata["step"], out.metadata["won"]
+
+    async def main():
+        return await asyncio.gather(*(one(i) for i in range(12)))
+
+    with handle:
+        results = asyncio.run(main())
+    assert [r[0] for r in results] == [f"test-{i}" for i in range(12)]
+    assert all(won and steps <= 4 for _, steps, won in results)
+
+
+def test_startup_failures_name_the_problem():
+    from sdar.envs.client import serve_in_background
+
+    with pytest.raises(ValueError, match="unknown environment 'no_such_family'; choose one of .*household"):
+        serve_in_background("no_such_family")
+    # a child that dies while starting is reported with the end of its log
+    with pytest.raises(RuntimeError, match="exited during startup(.|\n)*unexpected keyword argument 'bogus'"):
+        serve_in_background(GUESS_FACTORY, bogus=1, startup_timeout_s=60)
+    with pytest.raises(ValueError, match="cannot load environment factory 'tests.envs.test_server:Missing'"):
+        serve_in_background("tests.envs.test_server:Missing", in_process=True)
+    with pytest.raises(TypeError, match="env kwargs must be JSON values"):
+        serve_in_background(GUESS_FACTORY, n_tasks=object())
+    from sdar.envs.server import ServerOptions
+
+    with pytest.raises(ValueError, match="max_sessions must be >= 1"):
+        ServerOptions(max_sessions=0)
