@@ -47,10 +47,13 @@ class HouseholdEnv(TextEnv):
 
     family = "household"
 
-    def __init__(self, backend: str = "sim", **backend_kwargs: Any) -> None:
+    def __init__(self, backend: str = "sim", skills: dict[str, Any] | None = None, **backend_kwargs: Any) -> None:
+        """skills: options of `household_skill_library` for this env's privileged text,
+        e.g. {"top_k": 2, "compact": True} for a small model's prompt budget."""
         super().__init__()
         self.backend_name = backend
         self.backend = load_backend(backend, **backend_kwargs)
+        self.skill_options = dict(skills or {})
 
     def _reset(self, task_id: str | None, seed: int | None) -> EnvStep:
         self._task_id = task_id
@@ -75,9 +78,21 @@ class HouseholdEnv(TextEnv):
     def expert_action(self) -> str:
         return self.backend.expert_action()
 
+    def uninformed_expert_action(self) -> str:
+        """The gold next action of an expert that does not know the location priors (it
+        searches in listing order); the warm-start imitates it in prompts without skills."""
+        if self.backend_name != "sim":
+            return self.backend.expert_action()
+        return self.backend.expert_action(use_priors=False)
+
     def skills_key(self) -> str | None:
         # retrieval is rule-based: the task type selects the per-type skills
         return self.backend.task_type
+
+    def privileged_skills(self) -> str:
+        from sdar.envs.household.skills import household_skill_library
+
+        return household_skill_library(**self.skill_options).render(self.skills_key())
 
     @classmethod
     def skill_library(cls) -> SkillLibrary:

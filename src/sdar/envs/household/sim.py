@@ -655,8 +655,9 @@ class SimGame:
         return None
 
     def _search(self, otype: str, skip_type: str | None) -> str:
-        """Next step of a search for `otype`: the likeliest unseen receptacle by location prior."""
-        prior = LOCATION_PRIORS.get(otype, {})
+        """Next step of a search for `otype`: the likeliest unseen receptacle by location prior
+        (or, for the uninformed expert, the first unseen one that can hold it)."""
+        prior = LOCATION_PRIORS.get(otype, {}) if self.use_priors else {}
         best, best_key = None, None
         for r in self.rorder:
             if (
@@ -724,8 +725,22 @@ class SimGame:
 
         return min(dests, key=key)
 
-    def expert_action(self) -> str:
-        """The gold next action from the current state (any state, including after mistakes)."""
+    # the expert searches by location priors; the warm-start's uninformed expert switches them off
+    use_priors: bool = True
+
+    def expert_action(self, use_priors: bool = True) -> str:
+        """The gold next action from the current state (any state, including after mistakes).
+
+        use_priors=False searches unseen receptacles in listing order instead of by location
+        prior: an expert without the privileged knowledge the skills text carries.
+        """
+        self.use_priors = use_priors
+        try:
+            return self._expert_action()
+        finally:
+            self.use_priors = True
+
+    def _expert_action(self) -> str:
         if self.won:
             return "look"
         g = self.goal
@@ -983,5 +998,5 @@ class SimHousehold(HouseholdBackend):
     def task_type(self) -> str:
         return self._require().problem.task_type
 
-    def expert_action(self) -> str:
-        return self._require().expert_action()
+    def expert_action(self, use_priors: bool = True) -> str:
+        return self._require().expert_action(use_priors=use_priors)

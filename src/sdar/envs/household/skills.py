@@ -206,14 +206,18 @@ def _type_skills(task_type: str, top_k: int) -> list[str]:
     return skills
 
 
-@lru_cache(maxsize=4)
-def household_skill_library(top_k: int = PRIOR_TOP_K) -> SkillLibrary:
-    """The household SkillLibrary: general skills, per-type skills with priors, mistakes."""
+@lru_cache(maxsize=8)
+def household_skill_library(top_k: int = PRIOR_TOP_K, compact: bool = False) -> SkillLibrary:
+    """The household SkillLibrary: general skills, per-type skills with priors, mistakes.
+
+    compact: a short library for small models' prompt budgets: one general skill (search the
+    likeliest receptacles first), the per-type skills and priors, and the per-type mistakes.
+    """
     by_key = {t: _type_skills(t, top_k) for t in TASK_TYPES}
     mistakes: dict[str, list[str]] = defaultdict(list)
-    mistakes["*"] = list(MISTAKES_ALL)
+    if not compact:
+        mistakes["*"] = list(MISTAKES_ALL)
     for t in TASK_TYPES:
         mistakes[t] = list(_MISTAKES[t])
-    return SkillLibrary(
-        family="household", general=list(GENERAL), by_key=by_key, mistakes=dict(mistakes)
-    )
+    general = [g for g in GENERAL if "likeliest" in g] if compact else list(GENERAL)
+    return SkillLibrary(family="household", general=general, by_key=by_key, mistakes=dict(mistakes))
