@@ -9,9 +9,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-import torch
 
-from sdar.algos import LossBatch, compose_loss, entropy_per_token, get_arm, grpo_advantages
+
 
 
 @dataclass
@@ -31,6 +30,10 @@ class ToyConfig:
 
 def run_arm(arm_name: str, cfg: ToyConfig) -> list[dict[str, float]]:
     """Train one arm; returns per-step metrics (reward, gap, gate)."""
+    import torch
+
+    from sdar.algos import LossBatch, compose_loss, entropy_per_token, get_arm, grpo_advantages
+
     g = torch.Generator().manual_seed(cfg.seed)
     target = torch.randint(0, cfg.vocab, (cfg.length,), generator=g)
     skill = target.clone()
@@ -72,6 +75,8 @@ def run_arm(arm_name: str, cfg: ToyConfig) -> list[dict[str, float]]:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
+
+    from sdar.algos import get_arm
 
     console = Console()
     cfg = ToyConfig(steps=30 if args.mode == "quick" else 60)

@@ -1,35 +1,30 @@
 """The algorithm core: pure tensor functions with explicit masks, and arms as named configs.
 
-Nothing here does I/O or knows about models; the trainer feeds tensors in.
+Nothing here does I/O or knows about models; the trainer feeds tensors in. Names resolve
+lazily so that `sdar` commands that never touch tensors do not import torch.
 """
 
-from sdar.algos._agg import AGG_MODES, aggregate
-from sdar.algos.advantages import grpo_advantages
-from sdar.algos.arms import ARMS, ArmConfig, LossBatch, arms_table, compose_loss, get_arm, register_arm
-from sdar.algos.dpo import dpo_loss
-from sdar.algos.jsd import generalized_jsd
-from sdar.algos.kl import entropy_from_logits, entropy_per_token, kl_k3, kl_k3_per_token
-from sdar.algos.policy import policy_loss
-from sdar.algos.sdar import sdar_distill_loss, sdar_gate
+import importlib
 
-__all__ = [
-    "AGG_MODES",
-    "ARMS",
-    "ArmConfig",
-    "LossBatch",
-    "aggregate",
-    "arms_table",
-    "compose_loss",
-    "dpo_loss",
-    "entropy_from_logits",
-    "entropy_per_token",
-    "generalized_jsd",
-    "get_arm",
-    "grpo_advantages",
-    "kl_k3",
-    "kl_k3_per_token",
-    "policy_loss",
-    "register_arm",
-    "sdar_distill_loss",
-    "sdar_gate",
-]
+_EXPORTS = {
+    "AGG_MODES": "_agg", "aggregate": "_agg",
+    "grpo_advantages": "advantages",
+    "ARMS": "arms", "ArmConfig": "arms", "LossBatch": "arms", "arms_table": "arms", "compose_loss": "arms",
+    "get_arm": "arms", "register_arm": "arms",
+    "dpo_loss": "dpo",
+    "generalized_jsd": "jsd",
+    "entropy_from_logits": "kl", "entropy_per_token": "kl", "kl_k3": "kl", "kl_k3_per_token": "kl",
+    "policy_loss": "policy",
+    "sdar_distill_loss": "sdar", "sdar_gate": "sdar",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"sdar.algos.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'sdar.algos' has no attribute {name!r}")
+
+
+def __dir__():
+    return __all__

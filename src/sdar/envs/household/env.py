@@ -90,9 +90,26 @@ class HouseholdEnv(TextEnv):
         return self.backend.task_type
 
     def privileged_skills(self) -> str:
+        """The task type's skills; with skills={"target_only": True} the location-prior lines
+        are narrowed to the goal's object type (a finer rule-based retrieval that keeps a
+        small model's teacher prompt short)."""
+        from sdar.envs.household.catalog import OBJECT_TYPES
         from sdar.envs.household.skills import household_skill_library
 
-        return household_skill_library(**self.skill_options).render(self.skills_key())
+        opts = dict(self.skill_options)
+        target_only = opts.pop("target_only", False)
+        text = household_skill_library(**opts).render(self.skills_key())
+        problem = getattr(self.backend, "problem", None)
+        if not target_only or problem is None:
+            return text
+        goal = problem.goal.object_type
+        keep = []
+        for line in text.splitlines():
+            head = line[2:].split(":", 1)[0] if line.startswith("- ") else ""
+            if head in OBJECT_TYPES and head != goal:
+                continue
+            keep.append(line)
+        return "\n".join(keep)
 
     @classmethod
     def skill_library(cls) -> SkillLibrary:

@@ -1,0 +1,94 @@
+"""A compact memory of what the agent has seen, written into each household prompt.
+
+A tiny model cannot track a 30-step episode through a 2-turn history window; this memory
+(receptacles visited and what was there, the object held) is what makes the task learnable.
+"""
+
+from __future__ import annotations
+
+import re
+
+_ARRIVE_ON = re.compile(r"You arrive at (?P<r>[\w ]+?)\. On the (?P=r), you see (?P<items>.+?)\.(?:\s|$)")
+_ARRIVE_CLOSED = re.compile(r"You arrive at (?P<r>[\w ]+?)\. The (?P=r) is closed\.")
+_ARRIVE_OPEN = re.compile(r"You arrive at (?P<r>[\w ]+?)\. The (?P=r) is open\. In it, you see (?P<items>.+?)\.(?:\s|$)")
+_ARRIVE_EMPTY = re.compile(r"You arrive at (?P<r>[\w ]+?)\. On the (?P=r), you see nothing\.")
+_OPEN = re.compile(r"You open the (?P<r>[\w ]+?)\. The (?P=r) is open\. In it, you see (?P<items>.+?)\.(?:\s|$)")
+_PICK = re.compile(r"You pick up the (?P<o>[\w ]+?) from the (?P<r>[\w ]+?)\.")
+_MOVE = re.compile(r"You (?:move|put) the (?P<o>[\w ]+?) (?:to|in/on) the (?P<r>[\w ]+?)\.")
+_STATE = re.compile(r"You (?P<verb>heat|cool|clean) the (?P<o>[\w ]+?) using the (?P<r>[\w ]+?)\.")
+_STATE_WORD = {"heat": "hot", "cool": "cool", "clean": "clean"}
+
+
+def _items(text: str) -> list[str]:
+    text = text.strip()
+    if text == "nothing":
+        return []
+    parts = re.split(r",\s*(?:and\s+)?|\s+and\s+", text)
+    return [re.sub(r"^(a|an|the)\s+", "", p.strip()) for p in parts if p.strip()]
+
+
+class HouseholdMemory:
+    """Tracks visited receptacles, their contents, the held object and its state."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, list[str] | None] = {}  # None = closed, not looked inside
+        self.holding: str | None = None
+        self.states: dict[str, str] = {}
+
+    def update(self, observation: str) -> None:
+        for pat in (_ARRIVE_OPEN, _OPEN, _ARRIVE_ON):
+            m = pat.search(observation)
+            if m:
+                self.seen[m["r"]] = _items(m["items"])
+                return
+        m = _ARRIVE_EMPTY.search(observation)
+        if m:
+            self.seen[m["r"]] = []
+            return
+        m = _ARRIVE_CLOSED.search(observation)
+        if m:
+            self.seen.setdefault(m["r"], None)
+            return
+        m = _PICK.search(observation)
+        if m:
+            self.holding = m["o"]
+            if self.seen.get(m["r"]):
+                self.seen[m["r"]] = [o for o in self.seen[m["r"]] if o != m["o"]]
+            return
+        m = _MOVE.search(observation)
+        if m:
+            self.holding = None
+            self.seen.setdefault(m["r"], [])
+            if self.seen[m["r"]] is not None:
+                self.seen[m["r"]].append(m["o"])
+            return
+        m = _STATE.search(observation)
+        if m:
+            self.states[m["o"]] = _STATE_WORD[m["verb"]]
+
+    def render(self) -> str:
+        if not self.seen and self.holding is None:
+            return "Seen: nothing yet. Holding: nothing."
+        seen = "; ".join(
+            f"{r}: {'closed' if items is None else (', '.join(items) if items else 'nothing')}"
+            for r, items in self.seen.items()
+        )
+        held = "nothing"
+        if self.holding:
+            state = self.states.get(self.holding)
+            held = f"{self.holding} ({state})" if state else self.holding
+        return f"Seen: {seen or 'nothing yet'}. Holding: {held}."
+
+
+class NoMemory:
+    """Families whose history window is enough (shop, search-QA)."""
+
+    def update(self, observation: str) -> None:
+        pass
+
+    def render(self) -> str:
+        return ""
+
+
+def memory_for(family: str) -> HouseholdMemory | NoMemory:
+    return HouseholdMemory() if family == "household" else NoMemory()

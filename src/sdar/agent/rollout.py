@@ -1,0 +1,166 @@
+"""The multi-turn rollout loop: many sessions stepped in lock-step so the model generates
+for every live episode at once, recording each turn as a training sample."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from sdar.agent.backends import GenerationBackend
+from sdar.agent.memory import memory_for
+from sdar.agent.parsing import parse_response
+from sdar.agent.prompts import PromptBuilder, TurnView, fit_prompt_ids
+from sdar.envs.base import privileged_skills_for
+
+
+@dataclass
+class RolloutConfig:
+    """How episodes are played. Defaults follow the paper where it has one."""
+
+    family: str = "household"
+    max_turns: int = 50  # paper: 50 household, 15 shop, 4 search
+    history: int = 2  # past (observation, action) pairs in the prompt (4 for search)
+    max_prompt_tokens: int = 1024
+    max_response_tokens: int = 64
+    temperature: float = 1.0  # 1.0 for training, 0.4 for evaluation
+    top_p: float = 1.0
+    invalid_penalty: float = 0.1  # subtracted from the turn's reward on an invalid action
+    require_think: bool = False
+    show_admissible: bool = True
+    use_memory: bool = True  # the household's compact memory of what was seen
+    skills_in_prompt: bool = False  # the student itself sees the skills (skill_grpo)
+    env_workers: int = 8  # threads stepping remote sessions concurrently
+
+
+@dataclass
+class Turn:
+    """One turn-sample: the prompt the student saw and the response it sampled."""
+
+    view: TurnView
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_text: str
+    action: str
+    valid: bool  # the response parsed and its action was admissible
+    env_valid: bool  # the environment accepted the action
+    reward: float  # the environment's reward for this step
+    error_kind: str | None = None
+    hint_template_key: str | None = None
+    history_dropped: int = 0
+
+
+@dataclass
+class Trajectory:
+    task_id: str
+    task_type: str
+    group: int  # index of the task within the step; the G rollouts of a task share it
+    skills: str  # the privileged text of this task (what the teacher sees)
+    turns: list[Turn] = field(default_factory=list)
+    won: bool = False
+    reward: float = 0.0  # the episode's reward: sum of step rewards
+
+    @property
+    def length(self) -> int:
+        return len(self.turns)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "task_id": self.task_id, "task_type": self.task_type, "group": self.group, "won": self.won,
+            "reward": self.reward, "length": self.length,
+            "turns": [
+                {"observation": t.view.observation, "response": t.response_text, "action": t.action,
+                 "valid": t.valid, "env_valid": t.env_valid, "reward": t.reward, "error_kind": t.error_kind}
+                for t in self.turns
+            ],
+        }
+
+
+class EpisodeState:
+    """One live episode as the agent sees it: current observation, history, memory. Shared by
+    the rollout loop and the warm-start data builder so both build identical prompts."""
+
+    def __init__(self, first, family: str, use_memory: bool, task_text: str = "") -> None:
+        self.obs, self.md = first.observation, first.metadata
+        self.task = self.md.get("task") or task_text
+        self.history: list[tuple[str, str]] = []
+        self.mem = memory_for(family if use_memory else "none")
+        self.mem.update(first.observation)
+        self.done = bool(first.done)
+
+    def view(self, turn: int, max_turns: int) -> TurnView:
+        return TurnView(task=self.task, step=turn, max_steps=max_turns, observation=self.obs,
+                        admissible_actions=list(self.md.get("admissible_actions") or []),
+                        history=list(self.history), memory=self.mem.render())
+
+    def advance(self, action: str, result) -> None:
+        self.history.append((self.obs, action))
+        self.obs, self.md = result.observation, result.metadata
+        self.mem.update(result.observation)
+        self.done = bool(result.done)
+
+
+def rollout(
+    backend: GenerationBackend,
+    tokenizer,
+    envs: list,
+    task_ids: list[str],
+    groups: list[int],
+    cfg: RolloutConfig,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[Trajectory]:
+    """Play one episode per env (env i on task_ids[i]) in lock-step; returns trajectories.
+
+    envs: TextEnv-like objects (in-process or remote clients), one per episode.
+    """
+    builder = PromptBuilder(cfg.family, history=cfg.history, show_admissible=cfg.show_admissible)
+    pool = ThreadPoolExecutor(max_workers=max(1, cfg.env_workers))
+    try:
+        firsts = list(pool.map(lambda e_t: e_t[0].reset(task_id=e_t[1]), zip(envs, task_ids)))
+        trajs, state = [], []
+        for env, tid, g, first in zip(envs, task_ids, groups, firsts):
+            skills = privileged_skills_for(env, cfg.family, first.metadata)
+            trajs.append(Trajectory(tid, first.metadata.get("task_type", ""), g, skills=skills))
+            state.append(EpisodeState(first, cfg.family, cfg.use_memory, getattr(env, "task_text", "")))
+        for turn in range(cfg.max_turns):
+            live = [i for i, s in enumerate(state) if not s.done]
+            if not live:
+                break
+            views, prompts, dropped = [], [], []
+            for i in live:
+                view = state[i].view(turn, cfg.max_turns)
+                skills = trajs[i].skills if cfg.skills_in_prompt else None
+                ids, d = fit_prompt_ids(tokenizer, builder, view, cfg.max_prompt_tokens, skills=skills)
+                views.append(view), prompts.append(ids), dropped.append(d)
+            gens = backend.generate(prompts, max_new_tokens=cfg.max_response_tokens,
+                                    temperature=cfg.temperature, top_p=cfg.top_p)
+            parsed = [parse_response(g.text, cfg.family, v.admissible_actions, cfg.require_think)
+                      for g, v in zip(gens, views)]
+            results = list(pool.map(lambda ia: envs[ia[0]].step(ia[1].action), zip(live, parsed)))
+            for i, view, ids, d, gen, p, res in zip(live, views, prompts, dropped, gens, parsed, results):
+                md = res.metadata
+                trajs[i].turns.append(Turn(
+                    view=view, prompt_ids=ids, response_ids=gen.token_ids, response_text=gen.text,
+                    action=p.action, valid=p.valid and gen.finished, env_valid=bool(md.get("valid_action", True)),
+                    reward=float(res.reward), error_kind=md.get("error_kind") or (None if p.valid else "format"),
+                    hint_template_key=md.get("hint_template_key"), history_dropped=d,
+                ))
+                trajs[i].reward += float(res.reward)
+                state[i].advance(p.action, res)
+                if res.done:
+                    trajs[i].won = bool(md.get("won", False))
+            if progress:
+                progress(turn + 1, len(live))
+    finally:
+        pool.shutdown(wait=True)
+    return trajs
+
+
+def turn_rewards(trajs: list[Trajectory], invalid_penalty: float) -> list[tuple[int, int, float]]:
+    """(trajectory index, turn index, reward) per turn-sample: every turn gets its episode's
+    reward, minus `invalid_penalty` on turns whose action was invalid."""
+    out = []
+    for ti, t in enumerate(trajs):
+        for k, turn in enumerate(t.turns):
+            out.append((ti, k, t.reward - (invalid_penalty if not (turn.valid and turn.env_valid) else 0.0)))
+    return out

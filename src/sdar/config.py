@@ -1,0 +1,136 @@
+"""Experiment configuration: dataclasses with documented defaults, loaded from YAML.
+
+`load_config("configs/household-tiny.yaml", overrides={"steps": 3})` returns a TrainConfig;
+unknown keys are errors that list the valid ones, so a typo never silently does nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sdar.agent.rollout import RolloutConfig
+
+
+@dataclass
+class EnvConfig:
+    """Where episodes come from."""
+
+    family: str = "household"  # household | shop | searchqa
+    url: str | None = None  # a running env server (http://host:port); None = in-process env
+    kwargs: dict[str, Any] = field(default_factory=dict)  # passed to make_env (e.g. backend, difficulty)
+    train_split: str = "train"
+    eval_split: str = "test"
+
+
+@dataclass
+class ModelConfig:
+    """The policy. `name_or_path`: "tiny" (built and warm-started locally), "smollm2", a local
+    checkpoint directory, or a hub id where a network exists."""
+
+    name_or_path: str = "tiny"
+    dtype: str = "float32"  # float32 | bfloat16
+    lora: bool = True  # LoRA adapter via peft; the reference is the base with it disabled
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    gradient_checkpointing: bool = False
+    generation_backend: str = "transformers"  # transformers | vllm
+    tiny_overrides: dict[str, Any] = field(default_factory=dict)  # TinyModelConfig fields (tests shrink it)
+
+
+@dataclass
+class WarmStartConfig:
+    """Supervised warm-start of the tiny model on expert trajectories (skipped for real models)."""
+
+    episodes: int = 400  # expert episodes to imitate
+    tokenizer_episodes: int = 400  # expert episodes whose text trains the tokenizer (cheap)
+    vocab_size: int = 4096
+    privileged_fraction: float = 0.5  # share of examples whose prompt carries the skills
+    epochs: int = 2
+    lr: float = 2e-3
+    batch_size: int = 16
+
+
+@dataclass
+class TrainConfig:
+    """One training run of one arm. Paper defaults unless noted."""
+
+    experiment: str = "sdar"
+    arm: str = "sdar"  # grpo | grpo_opsd | sdar | opsd | skill_grpo
+    arm_overrides: dict[str, Any] = field(default_factory=dict)  # e.g. {kl_coef: 0.001}
+    seed: int = 0
+    steps: int = 150
+    tasks_per_step: int = 16
+    group_size: int = 8  # G rollouts per task
+    lr: float = 1e-6  # constant
+    weight_decay: float = 0.0
+    mini_batch_size: int = 32  # turn-samples per optimizer step
+    ppo_epochs: int = 1
+    grad_clip: float = 1.0
+    score_batch_size: int = 16  # sequences per no-grad scoring forward
+    teacher_max_prompt_tokens: int = 2048  # the teacher's prompt budget (skills + turn)
+    eval_every: int = 10  # steps; 0 disables periodic evaluation
+    eval_tasks: int = 50
+    eval_temperature: float = 0.4
+    checkpoint_every: int = 10
+    keep_checkpoints: int = 2
+    output_dir: str = "runs/{experiment}/{arm}-seed{seed}"
+    checkpoint_uri: str | None = None  # local dir or s3://bucket/prefix; default <output_dir>/checkpoints
+    tracking: bool = True  # MLflow (SQLite under output_dir unless MLFLOW_TRACKING_URI is set)
+    parent_run_id: str | None = None  # MLflow parent run (the pipeline's run)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)
+
+    def resolved_output_dir(self) -> Path:
+        return Path(self.output_dir.format(experiment=self.experiment, arm=self.arm, seed=self.seed))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def from_dict(cls, data: dict[str, Any], where: str = "config"):
+    """Build dataclass `cls` from a nested dict, rejecting unknown keys with the valid list."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where} must be a mapping, got {type(data).__name__}")
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ValueError(f"unknown key(s) {unknown} in {where}; valid keys: {', '.join(sorted(known))}")
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for name, value in data.items():
+        tp = hints[name]
+        if is_dataclass(tp):
+            kwargs[name] = from_dict(tp, value or {}, f"{where}.{name}")
+        else:
+            kwargs[name] = value
+    return cls(**kwargs)
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    for p in parts[:-1]:
+        data = data.setdefault(p, {})
+    data[parts[-1]] = value
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """A TrainConfig from a YAML file (or the defaults) plus dotted overrides
+    (`{"steps": 3, "rollout.max_turns": 10}`)."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.exists():
+            raise FileNotFoundError(f"config file {p} not found; see configs/ for examples")
+        data = yaml.safe_load(p.read_text()) or {}
+    for k, v in (overrides or {}).items():
+        _set_dotted(data, k, v)
+    return from_dict(TrainConfig, data, where=str(path or "config"))

@@ -1,0 +1,88 @@
+"""Success rate of a policy on a fixed list of held-out tasks, per task type, with a 95%
+Wilson interval. The same task list is used for every arm and seed."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+from sdar.agent.rollout import RolloutConfig, Trajectory, rollout
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a success rate (well-behaved at 0 and 1, unlike Wald)."""
+    if n == 0:
+        return (0.0, 0.0)
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+@dataclass
+class EvalResult:
+    success: float
+    ci95: tuple[float, float]
+    n: int
+    mean_reward: float
+    mean_length: float
+    invalid_rate: float
+    per_type: dict[str, dict[str, Any]] = field(default_factory=dict)
+    trajectories: list[Trajectory] = field(default_factory=list, repr=False)
+
+    def metrics(self, prefix: str = "eval") -> dict[str, float]:
+        out = {f"{prefix}/success": self.success, f"{prefix}/success_ci_low": self.ci95[0],
+               f"{prefix}/success_ci_high": self.ci95[1], f"{prefix}/reward": self.mean_reward,
+               f"{prefix}/episode_length": self.mean_length, f"{prefix}/invalid_rate": self.invalid_rate}
+        for t, r in self.per_type.items():
+            out[f"{prefix}/success/{t}"] = r["success"]
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"success": self.success, "ci95": list(self.ci95), "n": self.n, "mean_reward": self.mean_reward,
+                "mean_length": self.mean_length, "invalid_rate": self.invalid_rate, "per_type": self.per_type}
+
+
+def evaluate(
+    backend,
+    tokenizer,
+    env_factory: Callable[[], Any],
+    task_ids: list[str],
+    cfg: RolloutConfig,
+    temperature: float = 0.4,
+    episodes_per_task: int = 1,
+    batch_episodes: int = 64,
+) -> EvalResult:
+    """Play every task `episodes_per_task` times at `temperature` (0 = greedy)."""
+    ecfg = replace(cfg, temperature=temperature)
+    jobs = [t for t in task_ids for _ in range(episodes_per_task)]
+    trajs: list[Trajectory] = []
+    for start in range(0, len(jobs), batch_episodes):
+        chunk = jobs[start : start + batch_episodes]
+        envs = [env_factory() for _ in chunk]
+        try:
+            trajs += rollout(backend, tokenizer, envs, chunk, list(range(len(chunk))), ecfg)
+        finally:
+            for e in envs:
+                e.close()
+    by_type: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajs:
+        by_type[t.task_type].append(t)
+    wins = sum(t.won for t in trajs)
+    turns = [turn for t in trajs for turn in t.turns]
+    per_type = {
+        k: {"success": sum(t.won for t in v) / len(v), "n": len(v),
+            "ci95": list(wilson_interval(sum(t.won for t in v), len(v)))}
+        for k, v in sorted(by_type.items())
+    }
+    n = len(trajs)
+    return EvalResult(
+        success=wins / max(n, 1), ci95=wilson_interval(wins, n), n=n,
+        mean_reward=sum(t.reward for t in trajs) / max(n, 1),
+        mean_length=sum(t.length for t in trajs) / max(n, 1),
+        invalid_rate=sum(not (x.valid and x.env_valid) for x in turns) / max(len(turns), 1),
+        per_type=per_type, trajectories=trajs,
+    )

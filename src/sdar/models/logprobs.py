@@ -1,0 +1,128 @@
+"""Per-token log-probabilities (and entropies) of a causal LM on padded batches, in float32.
+
+This is how the trainer turns a model into the `logp`, `old_logp`, `ref_logp` and `teacher_logp`
+tensors that `sdar.algos` consumes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class _LogpEntropy(torch.autograd.Function):
+    """log p(target) and the entropy from [N, V] logits in one fused pass, with a hand-written backward.
+
+    Autograd through logsumexp + softmax * logits keeps several [N, V] tensors alive and walks
+    them many times; here backward keeps only the logits and recomputes p once:
+    d logp/dz = onehot(target) - p,  dH/dz = -p * (log p + H).
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, want_entropy: bool):
+        lse = torch.logsumexp(logits, dim=-1)
+        logp = logits.gather(-1, target.unsqueeze(-1)).squeeze(-1) - lse
+        if want_entropy:
+            p = torch.exp(logits - lse.unsqueeze(-1))
+            ent = lse - (p * logits).sum(-1)
+            del p
+        else:
+            ent = torch.zeros_like(lse)
+        ctx.save_for_backward(logits, target, lse, ent)
+        ctx.want_entropy = want_entropy
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, g_logp: torch.Tensor, g_ent: torch.Tensor):
+        logits, target, lse, ent = ctx.saved_tensors
+        log_p = logits - lse.unsqueeze(-1)
+        p = torch.exp(log_p)
+        if ctx.want_entropy:
+            # grad = -p * (g_logp + g_ent * (log p + H)), built in place on log_p
+            grad = log_p.add_(ent.unsqueeze(-1)).mul_(g_ent.unsqueeze(-1)).add_(g_logp.unsqueeze(-1)).mul_(p).neg_()
+        else:
+            grad = p.mul_(-g_logp.unsqueeze(-1))
+        grad.scatter_add_(-1, target.unsqueeze(-1), g_logp.unsqueeze(-1))
+        return grad, None, None
+
+
+def logp_and_entropy(
+    logits: torch.Tensor, target: torch.Tensor, want_entropy: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log softmax(logits)[target], entropy of softmax(logits)) for logits [..., V], target [...]; float32 (float64 stays).
+
+    Equal to `log_softmax(logits).gather(target)` and `-(p * log p).sum(-1)`, with a fused backward.
+    When `want_entropy` is False the returned entropy is zeros.
+    """
+    z = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+    shape = target.shape
+    logp, ent = _LogpEntropy.apply(z.reshape(-1, z.shape[-1]), target.reshape(-1), want_entropy)
+    return logp.view(shape), ent.view(shape)
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions 0, 1, ... counted over real tokens only, so left padding does not shift rotary positions. [B, L]"""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def token_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    return_entropy: bool = False,
+    chunk_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log p(input_ids[:, t] | input_ids[:, :t]) for every t >= 1, from one forward pass per chunk.
+
+    input_ids, attention_mask: [B, L]; padding may be on the left (what rollouts produce, and what
+        the trainer uses: prompts left-padded, responses right-padded after them) or on the right,
+        in any amount. Position ids are derived from the mask, so the numbers do not depend on it.
+    temperature: logits are divided by it before the softmax; use the rollout temperature so that
+        `old_logp` matches the distribution the tokens were sampled from.
+    return_entropy: also return the entropy of softmax(logits / temperature) at each position.
+    chunk_size: sequences per forward pass (None = the whole batch). Under `torch.no_grad()` this
+        bounds memory to one chunk's [chunk, L, V] logits; with gradients every chunk's activations
+        stay alive until backward, so micro-batch the update itself to bound training memory.
+    Returns (logp [B, L-1], entropy [B, L-1] or None), float32. Alignment: column j scores token
+        j + 1 from the logits at position j; a response token at index t is at column t - 1, i.e.
+        `logp[:, t0 - 1 : t1 - 1]` for response tokens `input_ids[:, t0:t1]`. Columns whose context
+        position or target token is padding are 0 (mask them; never read them).
+    """
+    if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} must both be [B, L]"
+        )
+    if input_ids.shape[1] < 2:
+        raise ValueError("need sequences of at least 2 tokens: the first token has no log-prob")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive number of sequences or None, got {chunk_size}")
+    device = next(model.parameters()).device
+    input_ids = input_ids.to(device)
+    attention_mask = attention_mask.to(device)
+    B = input_ids.shape[0]
+    step = chunk_size or B
+    logps: list[torch.Tensor] = []
+    ents: list[torch.Tensor] = []
+    for start in range(0, B, step):
+        ids = input_ids[start : start + step]
+        mask = attention_mask[start : start + step]
+        out = model(
+            input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=False
+        )
+        # float32 from here: bf16 log-softmax over a large vocabulary loses ~2 decimal digits
+        logits = out.logits.float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        # score all L positions (a dummy target at the last one) so the [b, L, V] logits need no
+        # sliced copy, then drop the last column
+        target = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], dim=1)
+        logp, ent = logp_and_entropy(logits, target, return_entropy)
+        valid = (mask[:, 1:] > 0) & (mask[:, :-1] > 0)
+        logps.append(torch.where(valid, logp[:, :-1], torch.zeros((), dtype=logp.dtype, device=logp.device)))
+        if return_entropy:
+            ents.append(torch.where(valid, ent[:, :-1], torch.zeros((), dtype=ent.dtype, device=ent.device)))
+        del out, logits
+    return torch.cat(logps), (torch.cat(ents) if return_entropy else None)

@@ -1,0 +1,52 @@
+"""Privileged teacher scoring: each turn's prompt rebuilt with the task's skills prepended,
+then the student's sampled response scored under it (no gradient, batched)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sdar.agent.prompts import PromptBuilder, fit_prompt_ids
+from sdar.teacher.scoring import ScoredBatch, response_logprobs
+
+
+@dataclass
+class TeacherScorer:
+    """Scores turns under `"[Privileged Skill Information]\\n{skills}\\n\\n" + student prompt`.
+
+    max_prompt_tokens: the teacher's prompt budget. When the privileged prompt does not fit,
+    history pairs are dropped, never the skills; every such turn is counted in
+    `truncated_turns` (reported as `teacher/truncated_frac`), and a turn that cannot fit
+    even with no history raises an error instead of silently losing its skills.
+    """
+
+    builder: PromptBuilder
+    tokenizer: object
+    max_prompt_tokens: int = 2048
+    batch_size: int = 16
+    truncated_turns: int = 0
+    scored_turns: int = 0
+    skills_by_type: dict[str, str] = field(default_factory=dict)
+
+    def prompts(self, trajectories) -> list[list[int]]:
+        out = []
+        for traj in trajectories:
+            self.skills_by_type.setdefault(traj.task_type, traj.skills)
+            for turn in traj.turns:
+                ids, dropped = fit_prompt_ids(self.tokenizer, self.builder, turn.view, self.max_prompt_tokens,
+                                              skills=traj.skills)
+                # dropping more history than the student did is a truncation the teacher suffered
+                if dropped > turn.history_dropped:
+                    self.truncated_turns += 1
+                self.scored_turns += 1
+                out.append(ids)
+        return out
+
+    def score(self, model, trajectories, pad_id: int) -> ScoredBatch:
+        """Teacher log-probs [N_turns, T] of every turn's response, in trajectory order."""
+        prompts = self.prompts(trajectories)
+        responses = [t.response_ids for traj in trajectories for t in traj.turns]
+        return response_logprobs(model, prompts, responses, pad_id=pad_id, batch_size=self.batch_size)
+
+    @property
+    def truncated_frac(self) -> float:
+        return self.truncated_turns / max(self.scored_turns, 1)

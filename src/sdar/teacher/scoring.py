@@ -1,0 +1,80 @@
+"""Log-probs of response tokens given prompts, aligned on the response: the shared forward
+used for old, reference and teacher log-probs and for the training pass itself."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sdar.models import token_logprobs
+
+
+@dataclass
+class ScoredBatch:
+    """logp: [B, T] log-probs of the response tokens (T = longest response), entropy: [B, T]
+    or None, mask: [B, T] 1 on real response tokens."""
+
+    logp: torch.Tensor
+    entropy: torch.Tensor | None
+    mask: torch.Tensor
+
+
+def response_logprobs(
+    model,
+    prompts: list[list[int]],
+    responses: list[list[int]],
+    *,
+    pad_id: int,
+    batch_size: int | None = None,
+    with_entropy: bool = False,
+    grad: bool = False,
+) -> ScoredBatch:
+    """Score `responses[i]` after `prompts[i]` for every i.
+
+    Sequences are right-padded (positions start at 0 for every row, so no position-id
+    correction is needed), run through `token_logprobs`, and the response positions are
+    gathered into [B, T] tensors that start at each response's first token. Prompts of
+    different lengths (student vs privileged teacher) therefore align token by token.
+    batch_size: rows per forward (None = all at once); grad=False runs under no_grad.
+    """
+    if len(prompts) != len(responses):
+        raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
+    n = len(prompts)
+    T = max((len(r) for r in responses), default=0)
+    device = next(model.parameters()).device
+    logp = torch.zeros(n, T, device=device)
+    ent = torch.zeros(n, T, device=device) if with_entropy else None
+    mask = torch.zeros(n, T, device=device)
+    step = batch_size or max(n, 1)
+    ctx = torch.enable_grad() if grad else torch.no_grad()
+    chunks_lp, chunks_ent = [], []
+    with ctx:
+        for start in range(0, n, step):
+            rows = range(start, min(start + step, n))
+            seqs = [prompts[i] + responses[i] for i in rows]
+            L = max(len(s) for s in seqs)
+            ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
+            att = torch.zeros((len(seqs), L), dtype=torch.long)
+            for j, s in enumerate(seqs):
+                ids[j, : len(s)] = torch.tensor(s)
+                att[j, : len(s)] = 1
+            lp, e = token_logprobs(model, ids.to(device), att.to(device), return_entropy=with_entropy)
+            # token at position p is scored at index p - 1 of the [B, L-1] output
+            idx = torch.zeros(len(seqs), T, dtype=torch.long)
+            m = torch.zeros(len(seqs), T)
+            for j, i in enumerate(rows):
+                r = len(responses[i])
+                p0 = len(prompts[i]) - 1
+                idx[j, :r] = torch.arange(p0, p0 + r)
+                m[j, :r] = 1
+            idx = idx.to(device)
+            chunks_lp.append(lp.gather(1, idx) * m.to(device))
+            if with_entropy:
+                chunks_ent.append(e.gather(1, idx) * m.to(device))
+            mask[start : start + len(seqs)] = m.to(device)
+    if chunks_lp:
+        logp = torch.cat(chunks_lp)
+        if with_entropy:
+            ent = torch.cat(chunks_ent)
+    return ScoredBatch(logp=logp, entropy=ent, mask=mask)

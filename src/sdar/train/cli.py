@@ -1,0 +1,75 @@
+"""`sdar train` and `sdar warmstart`: run one arm from a YAML config, resuming when a
+checkpoint exists in the output (or checkpoint URI)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def _overrides(args: argparse.Namespace) -> dict:
+    out = {}
+    for item in args.set or []:
+        if "=" not in item:
+            raise SystemExit(f"--set expects KEY=VALUE (e.g. --set rollout.max_turns=10), got {item!r}")
+        key, value = item.split("=", 1)
+        import yaml
+
+        out[key] = yaml.safe_load(value)
+    for name in ("arm", "steps", "seed"):
+        if getattr(args, name, None) is not None:
+            out[name] = getattr(args, name)
+    if getattr(args, "output", None):
+        out["output_dir"] = args.output
+    return out
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from sdar.config import load_config
+    from sdar.train import train
+
+    cfg = load_config(args.config, _overrides(args))
+    console = Console(stderr=True)
+    summary = train(cfg, console=console)
+    hist = summary["history"]
+    table = Table(title=f"{summary['arm']}: {summary['steps']} steps -> {summary['output_dir']}")
+    for col in ("step", "success", "reward", "invalid", "gap", "gate", "loss/pg", "s/step"):
+        table.add_column(col, justify="right")
+    every = max(1, len(hist) // 15)
+    for h in hist[::every] + ([hist[-1]] if hist and (len(hist) - 1) % every else []):
+        table.add_row(str(h["step"]), f"{h['success']:.2f}", f"{h['reward']:.2f}", f"{h['invalid_action_rate']:.2f}",
+                      f"{h.get('sdar/gap_mean', float('nan')):+.3f}", f"{h.get('sdar/gate_mean', float('nan')):.3f}",
+                      f"{h.get('loss/pg', float('nan')):+.3f}", f"{h['time/step_s']:.1f}")
+    console.print(table)
+    print(json.dumps({k: v for k, v in summary.items() if k != "history"}))
+    return 0
+
+
+def _cmd_warmstart(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from sdar.config import load_config
+    from sdar.train.warmstart import tiny_checkpoint
+
+    cfg = load_config(args.config, _overrides(args))
+    path = tiny_checkpoint(cfg, console=Console(stderr=True))
+    print(path)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train one arm on-policy (resumes from the latest checkpoint)")
+    p.add_argument("--config", required=True, help="YAML experiment config, e.g. configs/household-tiny.yaml")
+    p.add_argument("--arm", help="grpo | grpo_opsd | sdar | opsd | skill_grpo (overrides the config)")
+    p.add_argument("--steps", type=int, help="RL steps (overrides the config)")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--output", help="output directory (overrides output_dir)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override any config key, dotted")
+    p.set_defaults(func=_cmd_train)
+    w = sub.add_parser("warmstart", help="build (or find) the cached warm-started tiny model for a config")
+    w.add_argument("--config", required=True)
+    w.add_argument("--set", action="append", metavar="KEY=VALUE")
+    w.set_defaults(func=_cmd_warmstart)

@@ -1,0 +1,349 @@
+"""The on-policy RL loop for one arm.
+
+Per step: sample tasks -> G rollouts each (lock-step) -> old, reference and privileged-teacher
+log-probs (no grad) -> GRPO advantages over turn-samples -> mini-batch updates with the arm's
+composed loss. Checkpoints every K steps (local or s3://) make a killed run resume exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from sdar.agent.backends import TransformersBackend
+from sdar.agent.prompts import PromptBuilder
+from sdar.agent.rollout import Trajectory, rollout, turn_rewards
+from sdar.algos import LossBatch, compose_loss, get_arm, grpo_advantages
+from sdar.config import TrainConfig
+from sdar.teacher import TeacherScorer, response_logprobs
+
+STATE_FILE = "trainer_state.pt"
+WEIGHTS_FILE = "trainable.pt"
+
+
+@dataclass
+class StepResult:
+    step: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def _step_seed(seed: int, step: int) -> int:
+    # every step draws its randomness from (seed, step) alone, so a resumed run replays it exactly
+    return (seed * 1_000_003 + step * 7919) % (2**31 - 1)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def make_env_factory(cfg: TrainConfig) -> Callable[[], Any]:
+    """In-process environments by default; a client of a running server when env.url is set."""
+    if cfg.env.url:
+        from sdar.envs.client import RemoteEnv
+
+        return lambda: RemoteEnv(cfg.env.url, family=cfg.env.family)
+    from sdar.envs import make_env
+
+    return lambda: make_env(cfg.env.family, **cfg.env.kwargs)
+
+
+class Trainer:
+    """Trains `policy` with `cfg.arm`. `policy` is an `sdar.models.Policy` (model + tokenizer
+    + reference()); when omitted it is built from `cfg.model` (the tiny default is built and
+    warm-started once, then cached)."""
+
+    def __init__(self, cfg: TrainConfig, policy=None, env_factory: Callable[[], Any] | None = None,
+                 console=None) -> None:
+        from rich.console import Console
+
+        self.cfg = cfg
+        self.console = console or Console(stderr=True)
+        self.arm = get_arm(cfg.arm, **cfg.arm_overrides)
+        self.out = cfg.resolved_output_dir()
+        self.out.mkdir(parents=True, exist_ok=True)
+        seed_everything(cfg.seed)  # LoRA's initialisation draws from the global RNG
+        if policy is None:
+            from sdar.train.warmstart import build_policy
+
+            policy = build_policy(cfg, console=self.console)
+        self.policy = policy
+        self.model, self.tokenizer = policy.model, policy.tokenizer
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("the policy has no trainable parameters; enable LoRA or full fine-tuning")
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.rollout_cfg = replace(cfg.rollout, family=cfg.env.family,
+                                   skills_in_prompt=self.arm.skills_in_student_prompt)
+        self.builder = PromptBuilder(cfg.env.family, history=self.rollout_cfg.history,
+                                     show_admissible=self.rollout_cfg.show_admissible)
+        self.teacher = TeacherScorer(self.builder, self.tokenizer, cfg.teacher_max_prompt_tokens, cfg.score_batch_size)
+        self.backend = self._backend()
+        self.env_factory = env_factory or make_env_factory(cfg)
+        probe = self.env_factory()
+        try:
+            self.train_pool = probe.task_ids(cfg.env.train_split)
+            self.eval_tasks = probe.task_ids(cfg.env.eval_split)[: cfg.eval_tasks]
+        finally:
+            probe.close()
+        if len(self.train_pool) < cfg.tasks_per_step:
+            raise ValueError(f"the {cfg.env.train_split!r} split has {len(self.train_pool)} tasks, fewer than "
+                             f"tasks_per_step={cfg.tasks_per_step}")
+        from sdar.storage import ArtifactStore
+
+        self.store = ArtifactStore.for_uri(cfg.checkpoint_uri or str(self.out / "checkpoints"))
+        self.step = 0
+        self.run_id: str | None = None
+        self.skipped_updates = 0
+        self.history: list[dict[str, float]] = []
+
+    def _backend(self):
+        if self.cfg.model.generation_backend == "transformers":
+            return TransformersBackend(self.model, self.tokenizer)
+        if self.cfg.model.generation_backend == "vllm":
+            from sdar.agent.backends import VLLMBackend
+
+            return VLLMBackend(self.cfg.model.name_or_path, self.tokenizer, dtype=self.cfg.model.dtype)
+        raise ValueError(f"unknown generation_backend {self.cfg.model.generation_backend!r}; choose transformers or vllm")
+
+    # ---- one RL step --------------------------------------------------------------------
+    def sample_tasks(self, step: int) -> tuple[list[str], list[int]]:
+        rng = random.Random(_step_seed(self.cfg.seed, step))
+        tasks = rng.sample(self.train_pool, self.cfg.tasks_per_step)
+        ids = [t for t in tasks for _ in range(self.cfg.group_size)]
+        groups = [g for g in range(len(tasks)) for _ in range(self.cfg.group_size)]
+        return ids, groups
+
+    def collect(self, step: int) -> list[Trajectory]:
+        seed_everything(_step_seed(self.cfg.seed, step))
+        ids, groups = self.sample_tasks(step)
+        envs = [self.env_factory() for _ in ids]
+        try:
+            return rollout(self.backend, self.tokenizer, envs, ids, groups, self.rollout_cfg)
+        finally:
+            for e in envs:
+                e.close()
+
+    def train_step(self, step: int) -> StepResult:
+        cfg, arm = self.cfg, self.arm
+        t0 = time.perf_counter()
+        trajs = self.collect(step)
+        t_rollout = time.perf_counter() - t0
+        prompts = [t.prompt_ids for tr in trajs for t in tr.turns]
+        responses = [t.response_ids for tr in trajs for t in tr.turns]
+        rewards = [r for _, _, r in turn_rewards(trajs, self.rollout_cfg.invalid_penalty)]
+        groups = [tr.group for tr in trajs for _ in tr.turns]
+        advantages = grpo_advantages(rewards, groups)
+
+        t1 = time.perf_counter()
+        old = response_logprobs(self.model, prompts, responses, pad_id=self.pad_id, batch_size=cfg.score_batch_size)
+        ref = None
+        if arm.kl_coef != 0.0:
+            with self.policy.reference():
+                ref = response_logprobs(self.model, prompts, responses, pad_id=self.pad_id,
+                                        batch_size=cfg.score_batch_size)
+        # the teacher is theta_old with the skills in context; scored for every arm so the
+        # teacher-student gap can be compared across arms, used in the loss only by SDAR/OPSD
+        teacher = self.teacher.score(self.model, trajs, self.pad_id)
+        t_score = time.perf_counter() - t1
+
+        t2 = time.perf_counter()
+        n = len(prompts)
+        gen = torch.Generator().manual_seed(_step_seed(cfg.seed, step))
+        sums: dict[str, float] = {}
+        updates = 0
+        for _ in range(cfg.ppo_epochs):
+            perm = torch.randperm(n, generator=gen).tolist()
+            for start in range(0, n, cfg.mini_batch_size):
+                mb = perm[start : start + cfg.mini_batch_size]
+                cur = response_logprobs(self.model, [prompts[i] for i in mb], [responses[i] for i in mb],
+                                        pad_id=self.pad_id, with_entropy=True, grad=True)
+                T = cur.logp.shape[1]
+                idx = torch.tensor(mb)
+                batch = LossBatch(
+                    logp=cur.logp, old_logp=old.logp[idx, :T], advantages=advantages[idx], mask=cur.mask,
+                    ref_logp=None if ref is None else ref.logp[idx, :T], teacher_logp=teacher.logp[idx, :T],
+                    entropy=cur.entropy,
+                )
+                total, metrics = compose_loss(arm, batch)
+                if not torch.isfinite(total):
+                    self.skipped_updates += 1
+                    self.console.print(f"[yellow]step {step}: non-finite loss, update skipped[/yellow]")
+                    continue
+                self.optimizer.zero_grad(set_to_none=True)
+                total.backward()
+                gn = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
+                if not torch.isfinite(gn):
+                    self.optimizer.zero_grad(set_to_none=True)
+                    self.skipped_updates += 1
+                    self.console.print(f"[yellow]step {step}: non-finite gradient, update skipped[/yellow]")
+                    continue
+                self.optimizer.step()
+                updates += 1
+                metrics["grad_norm"] = gn
+                for k, v in metrics.items():
+                    sums[k] = sums.get(k, 0.0) + float(v)
+        t_update = time.perf_counter() - t2
+
+        turns = [t for tr in trajs for t in tr.turns]
+        gen_tokens = sum(len(r) for r in responses)
+        out = {k: v / max(updates, 1) for k, v in sums.items()}
+        out.update({
+            "reward": sum(tr.reward for tr in trajs) / len(trajs),
+            "success": sum(tr.won for tr in trajs) / len(trajs),
+            "episode_length": sum(tr.length for tr in trajs) / len(trajs),
+            "invalid_action_rate": sum(not (t.valid and t.env_valid) for t in turns) / max(len(turns), 1),
+            "turn_samples": float(n),
+            "tokens_per_s": gen_tokens / max(t_rollout, 1e-9),
+            "time/rollout_s": t_rollout, "time/score_s": t_score, "time/update_s": t_update,
+            "time/step_s": time.perf_counter() - t0,
+            "teacher/gap_all_tokens": _masked_mean(teacher.logp - old.logp, old.mask),
+            "teacher/truncated_frac": self.teacher.truncated_frac,
+            "updates": float(updates), "skipped_updates": float(self.skipped_updates),
+        })
+        return StepResult(step, out)
+
+    # ---- evaluation ---------------------------------------------------------------------
+    def evaluate(self, temperature: float | None = None, tasks: list[str] | None = None):
+        from sdar.eval import evaluate
+
+        seed_everything(_step_seed(self.cfg.seed, 10**6))
+        return evaluate(self.backend, self.tokenizer, self.env_factory, tasks or self.eval_tasks, self.rollout_cfg,
+                        temperature=self.cfg.eval_temperature if temperature is None else temperature)
+
+    def teacher_gap(self, trajs: list[Trajectory]) -> float:
+        """Token-mean log-prob gap (teacher with skills minus student) on given trajectories."""
+        prompts = [t.prompt_ids for tr in trajs for t in tr.turns]
+        responses = [t.response_ids for tr in trajs for t in tr.turns]
+        old = response_logprobs(self.model, prompts, responses, pad_id=self.pad_id, batch_size=self.cfg.score_batch_size)
+        teacher = self.teacher.score(self.model, trajs, self.pad_id)
+        return _masked_mean(teacher.logp - old.logp, old.mask)
+
+    # ---- checkpoints --------------------------------------------------------------------
+    def save_checkpoint(self, step: int) -> None:
+        from sdar.storage import write_checkpoint
+
+        with tempfile.TemporaryDirectory() as tmp:
+            trainable = {n: p.detach().cpu().clone() for n, p in self.model.named_parameters() if p.requires_grad}
+            torch.save(trainable, Path(tmp) / WEIGHTS_FILE)
+            torch.save({
+                "step": step, "optimizer": self.optimizer.state_dict(), "run_id": self.run_id,
+                "skipped_updates": self.skipped_updates, "history": self.history,
+                "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
+                "arm": self.arm.name, "config": self.cfg.to_dict(),
+            }, Path(tmp) / STATE_FILE)
+            write_checkpoint(self.store, step, tmp, keep_last=self.cfg.keep_checkpoints)
+
+    def maybe_resume(self) -> bool:
+        from sdar.storage import latest_checkpoint
+
+        found = latest_checkpoint(self.store)
+        if found is None:
+            return False
+        step, rel = found
+        with tempfile.TemporaryDirectory() as tmp:
+            self.store.get_dir(rel, tmp)
+            weights = torch.load(Path(tmp) / WEIGHTS_FILE, weights_only=True)
+            state = torch.load(Path(tmp) / STATE_FILE, weights_only=False)
+        if state.get("arm") != self.arm.name:
+            raise ValueError(f"checkpoint at {self.store.uri_for(rel)} is of arm {state.get('arm')!r}, not "
+                             f"{self.arm.name!r}; use another output_dir/checkpoint_uri")
+        named = dict(self.model.named_parameters())
+        missing = [k for k in weights if k not in named]
+        if missing:
+            raise ValueError(f"checkpoint does not match the model (unknown parameters {missing[:3]}...)")
+        with torch.no_grad():
+            for k, v in weights.items():
+                named[k].copy_(v)
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(state["rng"]["python"])
+        np.random.set_state(state["rng"]["numpy"])
+        self.step = state["step"]
+        self.run_id = state.get("run_id")
+        self.skipped_updates = state.get("skipped_updates", 0)
+        self.history = state.get("history", [])
+        self.console.print(f"resumed from {self.store.uri_for(rel)} at step {self.step}")
+        return True
+
+    # ---- the run --------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from sdar.tracking import Tracker
+
+        cfg = self.cfg
+        self.maybe_resume()
+        tracker = Tracker(cfg.experiment, run_name=f"{self.arm.name}-seed{cfg.seed}", parent_run_id=cfg.parent_run_id,
+                          tags={"arm": self.arm.name, "family": cfg.env.family}, resume_run_id=self.run_id,
+                          enabled=cfg.tracking, output_dir=str(self.out))
+        summary: dict[str, Any] = {}
+        with tracker:
+            self.run_id = tracker.run_id
+            if self.step == 0:
+                tracker.log_params({"arm": self.arm.name, **self.cfg.to_dict(), "arm_settings": vars(self.arm)})
+                tracker.log_dict({k: v for k, v in self._privileged_texts().items()}, "privileged_skills.json")
+                tracker.log_text(json.dumps(cfg.to_dict(), indent=2), "config.json")
+            with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                          TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=self.console,
+                          ) as progress:
+                bar = progress.add_task(f"train {self.arm.name}", total=cfg.steps, completed=self.step, info="")
+                while self.step < cfg.steps:
+                    step = self.step
+                    result = self.train_step(step)
+                    m = result.metrics
+                    if cfg.eval_every and (step + 1) % cfg.eval_every == 0:
+                        ev = self.evaluate()
+                        m.update(ev.metrics())
+                    self.history.append({"step": step, **m})
+                    tracker.log_metrics(_tracked(m), step=step)
+                    self.step = step + 1
+                    if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
+                        self.save_checkpoint(self.step)
+                    progress.update(bar, completed=self.step, info=(
+                        f"success {m['success']:.2f} reward {m['reward']:.2f} "
+                        f"gap {m.get('sdar/gap_mean', float('nan')):+.3f} {m['time/step_s']:.1f}s/step"))
+            final = self.out / "final"
+            self.policy.save(final)
+            tracker.log_artifacts(str(final), "final_adapter")
+            (self.out / "history.json").write_text(json.dumps(self.history, indent=1))
+            tracker.log_artifact(str(self.out / "history.json"))
+            summary = {"arm": self.arm.name, "steps": self.step, "run_id": self.run_id, "output_dir": str(self.out),
+                       "final_dir": str(final), "history": self.history}
+        return summary
+
+    def _privileged_texts(self) -> dict[str, str]:
+        """The privileged text per retrieval key (task type), logged so nobody has to wonder."""
+        from sdar.envs import make_env
+
+        try:
+            env = make_env(self.cfg.env.family, **self.cfg.env.kwargs)
+        except Exception:  # noqa: BLE001 - remote-only setups may not build the env locally
+            return {}
+        lib = env.skill_library()
+        env.close()
+        return {k: lib.render(k) for k in lib.keys()}
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    return float((x * mask).sum() / mask.sum().clamp(min=1.0))
+
+
+def _tracked(metrics: dict[str, float]) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(float(v))}
+
+
+def train(cfg: TrainConfig, policy=None, env_factory=None, console=None) -> dict[str, Any]:
+    """Build a Trainer and run it to cfg.steps (resuming from the latest checkpoint)."""
+    return Trainer(cfg, policy=policy, env_factory=env_factory, console=console).run()

@@ -1,0 +1,174 @@
+"""Supervised warm-start of the tiny default policy on expert trajectories.
+
+The tokenizer is trained on environment text, the Qwen2-architecture model is built from
+the repo's config, and it imitates expert turns rendered with exactly the rollout's prompts.
+A share of the examples carries the privileged skills with the informed expert's action,
+the rest has no skills and the uninformed expert's action (household: the expert that does
+not know the location priors), so the skills-conditioned teacher starts out better than the
+student, as SDAR assumes. The result is cached by a hash of everything that shapes it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sdar.agent.prompts import PromptBuilder, fit_prompt_ids
+from sdar.agent.rollout import EpisodeState
+from sdar.config import TrainConfig
+
+WARMSTART_VERSION = 1
+MARKER = "warmstart.json"
+
+
+def response_text(family: str, action: str) -> str:
+    """The target response for an expert action, in the agent's output format."""
+    return action if family == "searchqa" else f"<action>{action}</action>"
+
+
+def expert_turns(cfg: TrainConfig, episodes: int, seed: int) -> list[dict[str, Any]]:
+    """Expert turns with the views the rollout would build: [{view, action, skills, privileged}]."""
+    from sdar.envs import make_env
+
+    rng = random.Random(seed)
+    env = make_env(cfg.env.family, **cfg.env.kwargs)
+    pool = env.task_ids(cfg.env.train_split)
+    rc = cfg.rollout
+    out = []
+    for _ in range(episodes):
+        privileged = rng.random() < cfg.warmstart.privileged_fraction
+        first = env.reset(task_id=rng.choice(pool))
+        state = EpisodeState(first, cfg.env.family, rc.use_memory, env.task_text)
+        skills = env.privileged_skills()
+        for turn in range(rc.max_turns):
+            if state.done:
+                break
+            uninformed = getattr(env, "uninformed_expert_action", None)
+            action = env.expert_action() if privileged or uninformed is None else uninformed()
+            out.append({"view": state.view(turn, rc.max_turns), "action": action, "skills": skills,
+                        "privileged": privileged})
+            state.advance(action, env.step(action))
+    env.close()
+    return out
+
+
+def _cache_key(cfg: TrainConfig, tiny) -> str:
+    blob = json.dumps({
+        "v": WARMSTART_VERSION, "env": asdict(cfg.env), "warmstart": asdict(cfg.warmstart), "tiny": tiny.to_dict(),
+        "rollout": {k: getattr(cfg.rollout, k) for k in ("history", "use_memory", "max_prompt_tokens", "max_turns",
+                                                          "show_admissible")},
+        "teacher_max": cfg.teacher_max_prompt_tokens, "seed": cfg.seed,
+    }, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def build_tiny_checkpoint(cfg: TrainConfig, out_dir: Path, console=None) -> dict[str, Any]:
+    """Train tokenizer + tiny model on expert turns and save both to `out_dir`."""
+    from sdar.models import build_tiny_model, train_tokenizer
+
+    t0 = time.perf_counter()
+    ws = cfg.warmstart
+    # the tokenizer needs plenty of text to learn merges (short prompts = cheap updates); the
+    # SFT needs far fewer examples, so the two sample sizes are separate knobs
+    turns = expert_turns(cfg, max(ws.episodes, ws.tokenizer_episodes), seed=cfg.seed)
+    builder = PromptBuilder(cfg.env.family, history=cfg.rollout.history, show_admissible=cfg.rollout.show_admissible)
+    corpus = []
+    for t in turns:
+        for skills in (None, t["skills"]):
+            msgs = builder.messages(t["view"], skills=skills)
+            corpus.append("\n".join(m["content"] for m in msgs) + "\n" + response_text(cfg.env.family, t["action"]))
+    tokenizer = train_tokenizer(corpus, vocab_size=ws.vocab_size)
+    turns = expert_turns(cfg, ws.episodes, seed=cfg.seed + 1)
+    tiny = tiny_config(cfg)
+    model = build_tiny_model(tokenizer, tiny)
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    examples = []
+    for t in turns:
+        limit = cfg.teacher_max_prompt_tokens if t["privileged"] else cfg.rollout.max_prompt_tokens
+        ids, _ = fit_prompt_ids(tokenizer, builder, t["view"], limit, skills=t["skills"] if t["privileged"] else None)
+        resp = tokenizer(response_text(cfg.env.family, t["action"]), add_special_tokens=False)["input_ids"] + [eos]
+        examples.append((ids, resp))
+    stats = sft(model, examples, pad_id=tokenizer.pad_token_id, epochs=ws.epochs, lr=ws.lr,
+                batch_size=ws.batch_size, seed=cfg.seed, console=console)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    info = {"examples": len(examples), "privileged_examples": sum(t["privileged"] for t in turns),
+            "episodes": ws.episodes, "seconds": time.perf_counter() - t0, **stats}
+    (out_dir / MARKER).write_text(json.dumps(info, indent=2))
+    return info
+
+
+def sft(model, examples: list[tuple[list[int], list[int]]], *, pad_id: int, epochs: int, lr: float,
+        batch_size: int, seed: int, console=None) -> dict[str, float]:
+    """Next-token cross-entropy on the response tokens only (prompts are context)."""
+    from rich.progress import Progress
+
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    g = torch.Generator().manual_seed(seed)
+    steps = epochs * ((len(examples) + batch_size - 1) // batch_size)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / 20) * max(0.05, 1 - i / max(steps, 1)))
+    model.train()
+    losses = []
+    with Progress(console=console, transient=True) as progress:
+        bar = progress.add_task("warm-start (SFT on expert turns)", total=steps)
+        for _ in range(epochs):
+            order = torch.randperm(len(examples), generator=g).tolist()
+            for start in range(0, len(order), batch_size):
+                rows = [examples[i] for i in order[start : start + batch_size]]
+                L = max(len(p) + len(r) for p, r in rows)
+                ids = torch.full((len(rows), L), pad_id, dtype=torch.long)
+                att = torch.zeros((len(rows), L), dtype=torch.long)
+                labels = torch.full((len(rows), L), -100, dtype=torch.long)
+                for j, (p, r) in enumerate(rows):
+                    seq = p + r
+                    ids[j, : len(seq)] = torch.tensor(seq)
+                    att[j, : len(seq)] = 1
+                    labels[j, len(p) : len(seq)] = torch.tensor(r)
+                loss = model(input_ids=ids, attention_mask=att, labels=labels).loss
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                sched.step()
+                losses.append(loss.item())
+                progress.advance(bar)
+    model.eval()
+    tail = losses[-20:] or [float("nan")]
+    return {"sft_first_loss": losses[0] if losses else float("nan"), "sft_final_loss": sum(tail) / len(tail),
+            "sft_updates": len(losses)}
+
+
+def tiny_config(cfg: TrainConfig):
+    """The repo's tiny-model config with the experiment's overrides applied."""
+    from sdar.models import TinyModelConfig
+
+    base = TinyModelConfig.from_yaml(None).to_dict()
+    return TinyModelConfig.from_dict({**base, **cfg.model.tiny_overrides}, "model.tiny_overrides")
+
+
+def tiny_checkpoint(cfg: TrainConfig, console=None) -> Path:
+    """The cached warm-started tiny checkpoint for this config, built on first use."""
+    from sdar.models.cache import build_once, cache_root
+
+    target = cache_root() / "tiny" / f"{cfg.env.family}-{_cache_key(cfg, tiny_config(cfg))}"
+    if not (target / MARKER).is_file() and console is not None:
+        console.print(f"building the warm-started tiny model (cached at {target}) ...")
+    return build_once(target, lambda tmp: build_tiny_checkpoint(cfg, tmp, console), MARKER)
+
+
+def build_policy(cfg: TrainConfig, console=None):
+    """The policy for `cfg.model`: "tiny" resolves to the cached warm-started checkpoint."""
+    from sdar.models import ModelSpec, load_policy
+
+    m = cfg.model
+    path = str(tiny_checkpoint(cfg, console)) if m.name_or_path == "tiny" else m.name_or_path
+    return load_policy(ModelSpec(name_or_path=path, dtype=m.dtype, lora=m.lora, lora_r=m.lora_r,
+                                 lora_alpha=m.lora_alpha, lora_dropout=m.lora_dropout,
+                                 gradient_checkpointing=m.gradient_checkpointing))

@@ -1,0 +1,93 @@
+import json
+
+import pytest
+import torch
+
+from sdar.storage import latest_checkpoint, open_store
+from sdar.train import Trainer, train
+
+from .conftest import small_config
+
+ARMS = ("grpo", "grpo_opsd", "sdar")
+
+
+@pytest.mark.parametrize("arm", ARMS)
+def test_each_arm_trains_logs_and_checkpoints(arm, tiny_ckpt, tmp_path, mlflow_uri):
+    cfg = small_config(tmp_path / arm, arm=arm)
+    trainer = Trainer(cfg)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    summary = trainer.run()
+    hist = summary["history"]
+    assert [h["step"] for h in hist] == [0, 1]
+    for h in hist:
+        for key in ("loss/pg", "loss/kl", "loss/entropy", "loss/sdar", "loss/total", "sdar/gate_mean",
+                    "sdar/gap_mean", "sdar/pos_gap_frac", "reward", "success", "episode_length",
+                    "invalid_action_rate", "tokens_per_s", "time/step_s"):
+            assert key in h, key
+        assert h["updates"] >= 1 and h["turn_samples"] >= 4
+        assert 0.0 <= h["sdar/gate_mean"] <= 1.0
+    if arm == "grpo_opsd":
+        assert all(h["sdar/gate_mean"] == pytest.approx(0.5) for h in hist)
+    # the adapter moved and only trainable (LoRA) weights exist in the update
+    after = dict(trainer.model.named_parameters())
+    assert any(not torch.equal(before[n], after[n].detach()) for n in before)
+    assert all("lora" in n for n in before)
+    # checkpoint of the last step, in the store
+    assert latest_checkpoint(open_store(str(tmp_path / arm / "checkpoints")))[0] == 2
+    # MLflow: one run with per-step metrics and the privileged texts
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(mlflow_uri)
+    run = client.get_run(summary["run_id"])
+    assert run.data.tags["arm"] == arm
+    assert len(client.get_metric_history(run.info.run_id, "loss/pg")) == 2
+    path = client.download_artifacts(run.info.run_id, "privileged_skills.json", str(tmp_path))
+    skills = json.loads(open(path).read())
+    assert set(skills) >= {"pick_and_place_simple", "pick_heat_then_place_in_recep"}
+
+
+def test_resume_continues_exactly_like_an_uninterrupted_run(tiny_ckpt, tmp_path, mlflow_uri):
+    full = train(small_config(tmp_path / "full", steps=3, arm="sdar"))["history"]
+    # "killed" after step 1: the run stops with its checkpoint written, then the same command reruns
+    train(small_config(tmp_path / "killed", steps=1, arm="sdar"))
+    resumed = Trainer(small_config(tmp_path / "killed", steps=3, arm="sdar"))
+    assert resumed.maybe_resume() and resumed.step == 1
+    resumed.step = 0
+    hist = resumed.run()["history"]
+    assert [h["step"] for h in hist] == [0, 1, 2]
+    for a, b in zip(full, hist):
+        for key in ("loss/total", "loss/pg", "loss/sdar", "reward", "sdar/gap_mean"):
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-5), (a["step"], key)
+
+
+def test_nonfinite_loss_is_skipped_and_training_continues(tiny_ckpt, tmp_path, mlflow_uri, monkeypatch):
+    import sdar.train.trainer as tr
+
+    real = tr.compose_loss
+    calls = {"n": 0}
+
+    def poisoned(arm, batch):
+        calls["n"] += 1
+        total, metrics = real(arm, batch)
+        return (total * float("nan"), metrics) if calls["n"] == 1 else (total, metrics)
+
+    monkeypatch.setattr(tr, "compose_loss", poisoned)
+    trainer = Trainer(small_config(tmp_path, arm="sdar", steps=1, mini_batch_size=1000))
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    trainer.run()
+    assert trainer.skipped_updates == 1
+    # the only update of the step was skipped: the weights never saw the NaN
+    for n, p in trainer.model.named_parameters():
+        if p.requires_grad:
+            assert torch.equal(before[n], p.detach()) and torch.isfinite(p).all()
+
+
+def test_checkpoints_to_s3_and_resumes_from_there(tiny_ckpt, tmp_path, mlflow_uri, s3_server):
+    bucket = s3_server.make_bucket()
+    uri = f"s3://{bucket}/household/sdar"
+    train(small_config(tmp_path / "a", steps=1, checkpoint_uri=uri))
+    store = open_store(uri)
+    assert latest_checkpoint(store)[0] == 1
+    assert any(k.endswith("trainable.pt") for k in store.list("checkpoints"))
+    t = Trainer(small_config(tmp_path / "b", steps=2, checkpoint_uri=uri))
+    assert t.maybe_resume() and t.step == 1
