@@ -1,0 +1,113 @@
+{{/*
+Names, labels and the image reference shared by every template of the chart.
+*/}}
+
+{{/* The families this chart knows, in a fixed order (values keys of the same names). */}}
+{{- define "sdar-envs.families" -}}
+household shop searchqa
+{{- end -}}
+
+{{- define "sdar-envs.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* "<release>-<chart>", or the release name alone when it already holds the chart name. */}}
+{{- define "sdar-envs.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Name of one family's objects; call with (dict "root" $ "family" "household"). */}}
+{{- define "sdar-envs.familyName" -}}
+{{- $base := include "sdar-envs.fullname" .root | trunc (int (sub 62 (len .family))) | trimSuffix "-" -}}
+{{- printf "%s-%s" $base .family -}}
+{{- end -}}
+
+{{- define "sdar-envs.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Labels that select the pods of the release (stable across upgrades). */}}
+{{- define "sdar-envs.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "sdar-envs.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "sdar-envs.labels" -}}
+helm.sh/chart: {{ include "sdar-envs.chart" . }}
+{{ include "sdar-envs.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: sdar
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Selector labels of one family: the release's plus the component. */}}
+{{- define "sdar-envs.familySelectorLabels" -}}
+{{ include "sdar-envs.selectorLabels" .root }}
+app.kubernetes.io/component: {{ .family }}
+{{- end -}}
+
+{{- define "sdar-envs.familyLabels" -}}
+{{ include "sdar-envs.labels" .root }}
+app.kubernetes.io/component: {{ .family }}
+{{- end -}}
+
+{{- define "sdar-envs.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "sdar-envs.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* registry/repository:tag or registry/repository@digest; global.image.registry wins. */}}
+{{- define "sdar-envs.image" -}}
+{{- $registry := .Values.image.registry -}}
+{{- if and .Values.global .Values.global.image .Values.global.image.registry -}}
+{{- $registry = .Values.global.image.registry -}}
+{{- end -}}
+{{- $repository := .Values.image.repository -}}
+{{- if $registry -}}
+{{- $repository = printf "%s/%s" (trimSuffix "/" $registry) $repository -}}
+{{- end -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" $repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $repository (default .Chart.AppVersion .Values.image.tag | toString) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The imagePullSecrets block (global then chart secrets), or nothing. */}}
+{{- define "sdar-envs.imagePullSecrets" -}}
+{{- $secrets := concat (default (list) (and .Values.global .Values.global.imagePullSecrets)) .Values.imagePullSecrets -}}
+{{- with $secrets -}}
+imagePullSecrets:
+{{ toYaml . }}
+{{- end -}}
+{{- end -}}
+
+{{/* Fail early, with the fix, on value combinations the schema cannot express clearly. */}}
+{{- define "sdar-envs.validate" -}}
+{{- $h := .Values.household -}}
+{{- if and $h.enabled (eq $h.backend "alfworld") (not $h.alfworld.dataPVC) -}}
+{{- fail "household.backend=alfworld needs the ALFWorld games: set household.alfworld.dataPVC to the name of a PersistentVolumeClaim that holds json_2.1.1/ (as alfworld-download lays it out), or use household.backend=sim" -}}
+{{- end -}}
+{{- $any := false -}}
+{{- range $family := splitList " " (include "sdar-envs.families" .) -}}
+{{- if (index $.Values $family).enabled -}}{{- $any = true -}}{{- end -}}
+{{- end -}}
+{{- if not $any -}}
+{{- fail "every family is disabled (household.enabled, shop.enabled, searchqa.enabled are all false): enable at least one, or do not install the chart" -}}
+{{- end -}}
+{{- end -}}
