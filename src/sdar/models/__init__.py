@@ -2,7 +2,12 @@
 the frozen reference, checkpoints, and the per-token log-probs the trainer feeds to `sdar.algos`.
 """
 
-from sdar.models.chat_templates import DEFAULT_SYSTEM, QWEN25_CHAT_TEMPLATE, QWEN25_DEFAULT_SYSTEM, chatml_template
+from sdar.models.chat_templates import (
+    DEFAULT_SYSTEM,
+    QWEN25_CHAT_TEMPLATE,
+    QWEN25_DEFAULT_SYSTEM,
+    chatml_template,
+)
 from sdar.models.gguf import convert_gguf, smollm2_dir, smollm2_gguf_path
 from sdar.models.logprobs import position_ids_from_mask, token_logprobs
 from sdar.models.policy import DEFAULT_LORA_TARGETS, ModelSpec, Policy, load_policy, resolve_name
@@ -14,11 +19,11 @@ __all__ = [
     "AGENT_TAGS",
     "DEFAULT_LORA_TARGETS",
     "DEFAULT_SYSTEM",
-    "ModelSpec",
-    "Policy",
     "QWEN25_CHAT_TEMPLATE",
     "QWEN25_DEFAULT_SYSTEM",
     "SPECIAL_TOKENS",
+    "ModelSpec",
+    "Policy",
     "TinyModelConfig",
     "build_qwen_tokenizer",
     "build_tiny_model",

@@ -11,14 +11,22 @@ import dataclasses
 import json
 import os
 import re
+import socket
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from urllib.parse import urlparse
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from sdar.models.gguf import SMOLLM2_ALIASES, smollm2_dir
 from sdar.models.tiny import DEFAULT_TINY_CONFIG, TinyModelConfig, build_tiny_model
@@ -75,7 +83,7 @@ class ModelSpec:
         return d
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ModelSpec":
+    def from_dict(cls, data: dict[str, Any]) -> ModelSpec:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -98,25 +106,41 @@ def _load_pretrained(path: str, dtype: torch.dtype, **kw: Any) -> tuple[PreTrain
     return model, _prepare_tokenizer(tok)
 
 
+def _hub_unreachable(timeout: float = 3.0) -> str | None:
+    """Why the hub cannot be reached (None if a TCP connection to it opens, or a proxy is configured).
+
+    Without this probe, transformers retries a dead network for about a minute before failing.
+    """
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY")):
+        return None  # the proxy decides; let the real request find out
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=timeout).close()
+    except OSError as e:
+        return f"{url.hostname}:{port} is unreachable ({e})"
+    return None
+
+
 def _load_hub(name: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+    hint = "download it on a machine with a network and pass that local directory, or use 'smollm2' / 'tiny:<dir>'"
     try:
         # the local HF cache first: no network round trip when the model is already there
         return _load_pretrained(name, dtype, local_files_only=True)
     except OSError:
         if offline:
             raise OSError(
-                f"hub model {name!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
-                "download it on a machine with a network (huggingface-cli download ...) and pass that "
-                "local directory, or use 'smollm2' / 'tiny:<dir>'"
+                f"hub model {name!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; {hint}"
             ) from None
+    why = _hub_unreachable()
+    if why:
+        raise OSError(f"hub model {name!r} is not in the local Hugging Face cache and {why}; {hint}")
     try:
         return _load_pretrained(name, dtype)
-    except Exception as e:  # noqa: BLE001 - network, auth and not-found errors all end here
-        raise OSError(
-            f"could not fetch hub model {name!r} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-            "without a network, download it elsewhere and pass the local directory, or use 'smollm2' / 'tiny:<dir>'"
-        ) from e
+    except Exception as e:
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise OSError(f"could not fetch hub model {name!r} ({type(e).__name__}: {first}); {hint}") from e
 
 
 def _load_tiny(spec: ModelSpec, directory: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -266,7 +290,7 @@ class Policy:
         uniq = {id(p): p for p in self.model.parameters()}.values()
         return {"total": sum(p.numel() for p in uniq), "trainable": sum(p.numel() for p in uniq if p.requires_grad)}
 
-    def to(self, device: str | torch.device) -> "Policy":
+    def to(self, device: str | torch.device) -> Policy:
         self.model.to(device)
         if self._reference is not None:
             self._reference.to(device)
@@ -308,7 +332,7 @@ class Policy:
         return out
 
     @classmethod
-    def load(cls, directory: str | Path, base: str | ModelSpec | None = None) -> "Policy":
+    def load(cls, directory: str | Path, base: str | ModelSpec | None = None) -> Policy:
         """Resume a checkpoint written by `save`.
 
         base: where the initial weights come from (the LoRA base / the full-FT reference): a name

@@ -11,7 +11,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from tokenizers import AddedToken, Tokenizer, models
+from tokenizers import AddedToken, models
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 

@@ -51,7 +51,7 @@ class TinyModelConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "config") -> "TinyModelConfig":
+    def from_dict(cls, data: dict[str, Any], source: str = "config") -> TinyModelConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -59,7 +59,7 @@ class TinyModelConfig:
         return cls(**data)
 
     @classmethod
-    def from_yaml(cls, path: str | Path | None = None) -> "TinyModelConfig":
+    def from_yaml(cls, path: str | Path | None = None) -> TinyModelConfig:
         """Read a YAML file of the fields above; None reads the packaged configs/tiny-qwen2.yaml."""
         if path is None:
             text = resources.files("sdar.models").joinpath("configs", DEFAULT_TINY_CONFIG).read_text()
@@ -71,7 +71,7 @@ class TinyModelConfig:
             text, source = p.read_text(), str(p)
         data = yaml.safe_load(text) or {}
         if not isinstance(data, dict):
-            raise ValueError(f"{source} must be a mapping of TinyModelConfig fields, got {type(data).__name__}")
+            raise TypeError(f"{source} must be a mapping of TinyModelConfig fields, got {type(data).__name__}")
         return cls.from_dict(data, source)
 
     def to_dict(self) -> dict[str, Any]:

@@ -150,8 +150,9 @@ class Trainer:
         old = response_logprobs(self.model, prompts, responses, pad_id=self.pad_id, batch_size=cfg.score_batch_size)
         ref = None
         if arm.kl_coef != 0.0:
-            with self.policy.reference():
-                ref = response_logprobs(self.model, prompts, responses, pad_id=self.pad_id,
+            # LoRA: the same module with the adapter disabled; full fine-tuning: the frozen copy
+            with self.policy.reference() as ref_model:
+                ref = response_logprobs(ref_model, prompts, responses, pad_id=self.pad_id,
                                         batch_size=cfg.score_batch_size)
         # the teacher is theta_old with the skills in context; scored for every arm so the
         # teacher-student gap can be compared across arms, used in the loss only by SDAR/OPSD

@@ -120,8 +120,13 @@ def sft(model, examples: list[tuple[list[int], list[int]]], *, pad_id: int, epoc
         bar = progress.add_task("warm-start (SFT on expert turns)", total=steps)
         for _ in range(epochs):
             order = torch.randperm(len(examples), generator=g).tolist()
-            for start in range(0, len(order), batch_size):
-                rows = [examples[i] for i in order[start : start + batch_size]]
+            # batches of similar lengths (student vs privileged prompts differ a lot): far less padding
+            window = batch_size * 16
+            order = [i for w in range(0, len(order), window)
+                     for i in sorted(order[w : w + window], key=lambda i: len(examples[i][0]) + len(examples[i][1]))]
+            batches = [order[k : k + batch_size] for k in range(0, len(order), batch_size)]
+            for b in torch.randperm(len(batches), generator=g).tolist():
+                rows = [examples[i] for i in batches[b]]
                 L = max(len(p) + len(r) for p, r in rows)
                 ids = torch.full((len(rows), L), pad_id, dtype=torch.long)
                 att = torch.zeros((len(rows), L), dtype=torch.long)

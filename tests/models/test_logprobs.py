@@ -1,0 +1,139 @@
+"""token_logprobs: equals log_softmax + gather, aligned to the next token, invariant to padding, fused backward exact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sdar.models import build_tiny_model, position_ids_from_mask, token_logprobs
+from sdar.models.logprobs import logp_and_entropy
+
+TEXTS = [
+    "<think>the mug is on the countertop</think><action>go to countertop 1</action>",
+    "You are in the middle of a room.",
+    "<answer>apple</answer>",
+]
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer, small_cfg):
+    return build_tiny_model(tokenizer, small_cfg, seed=3).eval()
+
+
+def pad(seqs: list[list[int]], side: str, pad_id: int, extra: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    L = max(map(len, seqs)) + extra
+    ids = torch.full((len(seqs), L), pad_id)
+    mask = torch.zeros(len(seqs), L, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        sl = slice(L - len(s), L) if side == "left" else slice(0, len(s))
+        ids[i, sl] = torch.tensor(s)
+        mask[i, sl] = 1
+    return ids, mask
+
+
+def unpadded(values: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
+    """Per sequence, the columns that score a real token from a real context, in order."""
+    valid = (mask[:, 1:] * mask[:, :-1]).bool()
+    return [values[i][valid[i]] for i in range(values.shape[0])]
+
+
+def test_equals_hand_computation_and_alignment(model, tokenizer):
+    ids = torch.tensor([tokenizer(TEXTS[0])["input_ids"]])
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        logp, ent = token_logprobs(model, ids, mask, return_entropy=True)
+        logits = model(input_ids=ids).logits.float()
+    log_probs = torch.log_softmax(logits, dim=-1)
+    L = ids.shape[1]
+    # column t-1 scores token t from the logits at t-1
+    hand = torch.stack([log_probs[0, t - 1, ids[0, t]] for t in range(1, L)])
+    torch.testing.assert_close(logp[0], hand, rtol=1e-5, atol=1e-5)
+    hand_ent = -(log_probs.exp() * log_probs).sum(-1)[0, :-1]
+    torch.testing.assert_close(ent[0], hand_ent, rtol=1e-5, atol=1e-5)
+    assert logp.dtype == torch.float32 and logp.shape == (1, L - 1)
+    assert (logp < 0).all()
+
+
+def test_temperature_scales_logits(model, tokenizer):
+    ids = torch.tensor([tokenizer(TEXTS[1])["input_ids"]])
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        logp, ent = token_logprobs(model, ids, mask, temperature=0.5, return_entropy=True)
+        logits = model(input_ids=ids).logits.float()[:, :-1] / 0.5
+    hand = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    torch.testing.assert_close(logp, hand, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        _, ent1 = token_logprobs(model, ids, mask, temperature=1.0, return_entropy=True)
+    assert (ent < ent1).all(), "a lower temperature sharpens the distribution"
+
+
+def test_invariant_to_padding_side_and_amount(model, tokenizer):
+    seqs = [tokenizer(t)["input_ids"] for t in TEXTS]
+    with torch.no_grad():
+        solo = [token_logprobs(model, torch.tensor([s]), torch.ones(1, len(s), dtype=torch.long), return_entropy=True) for s in seqs]
+        for side in ("left", "right"):
+            for extra in (0, 5):
+                ids, mask = pad(seqs, side, tokenizer.pad_token_id, extra)
+                logp, ent = token_logprobs(model, ids, mask, return_entropy=True)
+                for i, (lp, en) in enumerate(zip(unpadded(logp, mask), unpadded(ent, mask))):
+                    torch.testing.assert_close(lp, solo[i][0][0], rtol=1e-4, atol=1e-5, msg=f"{side}+{extra} seq {i}")
+                    torch.testing.assert_close(en, solo[i][1][0], rtol=1e-4, atol=1e-5)
+                # columns touching padding are exactly 0
+                invalid = ~(mask[:, 1:] * mask[:, :-1]).bool()
+                assert (logp[invalid] == 0).all() and (ent[invalid] == 0).all()
+
+
+def test_position_ids_skip_left_padding():
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    assert position_ids_from_mask(mask).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4], [0, 1, 2, 2, 2]]
+
+
+def test_chunking_gives_the_same_numbers_and_gradients(model, tokenizer):
+    seqs = [tokenizer(t)["input_ids"] for t in TEXTS]
+    ids, mask = pad(seqs, "left", tokenizer.pad_token_id)
+    grads = []
+    outs = []
+    for chunk in (None, 1, 2):
+        model.zero_grad()
+        logp, ent = token_logprobs(model, ids, mask, return_entropy=True, chunk_size=chunk)
+        (logp.sum() + ent.sum()).backward()
+        outs.append((logp.detach(), ent.detach()))
+        grads.append(model.model.layers[0].self_attn.q_proj.weight.grad.clone())
+    for (lp, en), g in zip(outs[1:], grads[1:]):
+        torch.testing.assert_close(lp, outs[0][0], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(en, outs[0][1], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(g, grads[0], rtol=1e-4, atol=1e-6)
+    model.zero_grad()
+
+
+def test_fused_backward_matches_autograd():
+    torch.manual_seed(0)
+    z = torch.randn(4, 6, 9, dtype=torch.float64, requires_grad=True)
+    t = torch.randint(0, 9, (4, 6))
+    assert torch.autograd.gradcheck(lambda z: logp_and_entropy(z, t, True), (z,))
+    assert torch.autograd.gradcheck(lambda z: logp_and_entropy(z, t, False)[0], (z,))
+    # against plain autograd with arbitrary upstream weights on both outputs
+    w1, w2 = torch.randn(4, 6, dtype=torch.float64), torch.randn(4, 6, dtype=torch.float64)
+    lp, h = logp_and_entropy(z, t)
+    (g_fused,) = torch.autograd.grad((lp * w1).sum() + (h * w2).sum(), z)
+    ls = torch.log_softmax(z, -1)
+    lp2, h2 = ls.gather(-1, t[..., None]).squeeze(-1), -(ls.exp() * ls).sum(-1)
+    (g_ref,) = torch.autograd.grad((lp2 * w1).sum() + (h2 * w2).sum(), z)
+    torch.testing.assert_close(g_fused, g_ref)
+    torch.testing.assert_close(lp, lp2)
+    torch.testing.assert_close(h, h2)
+    # bf16 logits are scored in float32
+    lp_bf16, _ = logp_and_entropy(z.detach().to(torch.bfloat16), t)
+    assert lp_bf16.dtype == torch.float32
+
+
+def test_bad_inputs_are_explained(model):
+    ids = torch.zeros(2, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match="must both be"):
+        token_logprobs(model, ids, torch.ones(2, 5))
+    with pytest.raises(ValueError, match="at least 2 tokens"):
+        token_logprobs(model, ids[:, :1], torch.ones(2, 1))
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        token_logprobs(model, ids, torch.ones(2, 4), temperature=0)
+    with pytest.raises(ValueError, match="chunk_size"):
+        token_logprobs(model, ids, torch.ones(2, 4), chunk_size=0)

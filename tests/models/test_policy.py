@@ -1,0 +1,224 @@
+"""load_policy / Policy: LoRA and full fine-tuning, the frozen reference, checkpoints, dtypes and loading errors."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from sdar.models import (
+    ModelSpec,
+    Policy,
+    TinyModelConfig,
+    build_tiny_model,
+    load_policy,
+    token_logprobs,
+)
+
+TEXTS = [
+    "<think>the mug is on the countertop</think><action>go to countertop 1</action>",
+    "Your task is to: put a clean apple in fridge.",
+]
+
+
+@pytest.fixture(scope="module")
+def batch(tokenizer):
+    enc = tokenizer(TEXTS, return_tensors="pt", padding=True)
+    return enc["input_ids"], enc["attention_mask"]
+
+
+@pytest.fixture(scope="module")
+def base_logp(tok_dir, batch):
+    """Log-probs of the tiny model `tiny:<tok_dir>` builds (seed 0), computed without any Policy."""
+    tok = AutoTokenizer.from_pretrained(tok_dir)
+    model = build_tiny_model(tok, TinyModelConfig.from_yaml(tok_dir / "tiny-qwen2.yaml"), seed=0).eval()
+    with torch.no_grad():
+        return token_logprobs(model, *batch)[0]
+
+
+def logp_of(model, batch, grad=False):
+    with torch.set_grad_enabled(grad):
+        return token_logprobs(model, *batch)[0]
+
+
+def update(policy: Policy, batch, lr: float = 1e-2) -> None:
+    """One AdamW step that raises the batch's log-likelihood."""
+    opt = torch.optim.AdamW(policy.trainable_parameters(), lr=lr)
+    policy.model.train()
+    (-logp_of(policy.model, batch, grad=True).mean()).backward()
+    opt.step()
+    opt.zero_grad()
+    policy.model.eval()
+
+
+def lora_param_count(cfg: TinyModelConfig, r: int) -> int:
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    kv = cfg.num_key_value_heads * (h // cfg.num_attention_heads)
+    per_layer = (h + h) + 2 * (h + kv) + (h + h) + 2 * (h + i) + (i + h)  # q, k, v, o, gate, up, down
+    return cfg.num_hidden_layers * r * per_layer
+
+
+def test_lora_trains_only_the_adapter(tok_dir, small_cfg, batch):
+    policy = load_policy(ModelSpec(f"tiny:{tok_dir}"))
+    names = [n for n, p in policy.model.named_parameters() if p.requires_grad]
+    assert names and all("lora_A" in n or "lora_B" in n for n in names)
+    counts = policy.parameter_counts()
+    assert counts["trainable"] == lora_param_count(small_cfg, 16) == sum(p.numel() for p in policy.trainable_parameters())
+    assert counts["total"] > counts["trainable"]
+    frozen = {n: p.detach().clone() for n, p in policy.model.named_parameters() if not p.requires_grad}
+    update(policy, batch)
+    assert all(torch.equal(p, frozen[n]) for n, p in policy.model.named_parameters() if n in frozen)
+    assert policy.max_length == small_cfg.max_position_embeddings
+
+
+def test_lora_reference_is_the_base_before_and_after_an_update(tok_dir, batch, base_logp):
+    policy = load_policy(ModelSpec(f"tiny:{tok_dir}"))
+    # LoRA B starts at zero: the untrained policy is the base model
+    torch.testing.assert_close(logp_of(policy.model, batch), base_logp, rtol=0, atol=1e-6)
+    update(policy, batch)
+    after = logp_of(policy.model, batch)
+    mask = batch[1][:, 1:].bool()
+    assert (after - base_logp)[mask].abs().max() > 1e-2
+    assert after[mask].mean() > base_logp[mask].mean(), "the update raised the batch likelihood"
+    policy.model.train()
+    with policy.reference() as ref:
+        assert ref is policy.model and not ref.training and not torch.is_grad_enabled()
+        torch.testing.assert_close(logp_of(ref, batch), base_logp, rtol=0, atol=1e-6)
+    # leaving the block restores the adapter and the train mode
+    assert policy.model.training
+    policy.model.eval()
+    torch.testing.assert_close(logp_of(policy.model, batch), after, rtol=0, atol=1e-6)
+    with pytest.raises(RuntimeError, match="boom"), policy.reference():
+        raise RuntimeError("boom")
+    torch.testing.assert_close(logp_of(policy.model, batch), after, rtol=0, atol=1e-6)
+
+
+def test_full_finetuning_keeps_a_frozen_copy(tok_dir, batch, base_logp):
+    policy = load_policy(ModelSpec(f"tiny:{tok_dir}", lora=False))
+    counts = policy.parameter_counts()
+    assert counts["trainable"] == counts["total"]
+    update(policy, batch, lr=1e-3)
+    after = logp_of(policy.model, batch)
+    mask = batch[1][:, 1:].bool()
+    assert (after - base_logp)[mask].abs().max() > 1e-2
+    with policy.reference() as ref:
+        assert ref is not policy.model
+        assert not any(p.requires_grad for p in ref.parameters())
+        torch.testing.assert_close(logp_of(ref, batch), base_logp, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
+def test_save_load_round_trip(tmp_path, tok_dir, batch, base_logp, lora):
+    policy = load_policy(ModelSpec(f"tiny:{tok_dir}", lora=lora))
+    update(policy, batch, lr=1e-2 if lora else 1e-3)
+    trained = logp_of(policy.model, batch)
+    out = policy.save(tmp_path / "ckpt")
+    files = {p.name for p in out.iterdir()}
+    assert {"tokenizer.json", "sdar_policy.json", "base"} <= files
+    if lora:
+        assert {"adapter_config.json", "adapter_model.safetensors"} <= files and "config.json" not in files
+    else:
+        assert {"config.json", "model.safetensors"} <= files
+    meta = json.loads((out / "sdar_policy.json").read_text())
+    assert meta["lora"] is lora and meta["base"] == "base"
+
+    resumed = Policy.load(out)
+    resumed.model.eval()
+    torch.testing.assert_close(logp_of(resumed.model, batch), trained, rtol=0, atol=1e-6)
+    with resumed.reference() as ref:
+        # the reference stays the initial model, not the checkpoint's weights
+        torch.testing.assert_close(logp_of(ref, batch), base_logp, rtol=0, atol=1e-6)
+    assert resumed.parameter_counts() == policy.parameter_counts()
+    # a resumed policy keeps training and checkpoints again on its own
+    update(resumed, batch, lr=1e-3)
+    again = Policy.load(resumed.save(tmp_path / "ckpt2"))
+    again.model.eval()
+    torch.testing.assert_close(logp_of(again.model, batch), logp_of(resumed.model, batch), rtol=0, atol=1e-6)
+    if lora:  # a LoRA checkpoint directory also loads through load_policy
+        via_spec = load_policy(ModelSpec(str(out)))
+        via_spec.model.eval()
+        torch.testing.assert_close(logp_of(via_spec.model, batch), trained, rtol=0, atol=1e-6)
+        with pytest.raises(ValueError, match="load it with lora=True"):
+            load_policy(ModelSpec(str(out), lora=False))
+
+
+def test_local_checkpoint_loads_through_the_same_path(tmp_path, tokenizer, small_cfg, batch):
+    model = build_tiny_model(tokenizer, small_cfg, seed=11).eval()
+    model.save_pretrained(tmp_path / "m")
+    tokenizer.save_pretrained(tmp_path / "m")
+    expected = logp_of(model, batch)
+    for lora in (True, False):
+        policy = load_policy(ModelSpec(str(tmp_path / "m"), lora=lora))
+        policy.model.eval()
+        torch.testing.assert_close(logp_of(policy.model, batch), expected, rtol=0, atol=1e-6)
+        assert policy.tokenizer.chat_template == tokenizer.chat_template
+        assert policy.base_source == str(tmp_path / "m")
+    # a base that a path reloads is referenced, not copied
+    out = load_policy(ModelSpec(str(tmp_path / "m"))).save(tmp_path / "ckpt")
+    assert not (out / "base").exists()
+    assert json.loads((out / "sdar_policy.json").read_text())["base"] == str(tmp_path / "m")
+
+
+def test_bfloat16_is_close_to_float32(tok_dir, batch):
+    fp32 = load_policy(ModelSpec(f"tiny:{tok_dir}"))
+    bf16 = load_policy(ModelSpec(f"tiny:{tok_dir}", dtype="bfloat16"))
+    assert next(bf16.model.get_base_model().parameters()).dtype == torch.bfloat16
+    a, b = logp_of(fp32.model, batch), logp_of(bf16.model, batch)
+    mask = batch[1][:, 1:].bool() & batch[1][:, :-1].bool()
+    assert b.dtype == torch.float32
+    diff = (a - b)[mask].abs()
+    assert diff.mean() < 0.02 and diff.max() < 0.1
+    update(bf16, batch)  # LoRA backward and step run in bf16
+    assert (logp_of(bf16.model, batch) - b)[mask].abs().max() > 1e-2
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(tok_dir, batch):
+    grads = []
+    for ckpt in (False, True):
+        policy = load_policy(ModelSpec(f"tiny:{tok_dir}", gradient_checkpointing=ckpt))
+        policy.model.train()
+        torch.manual_seed(0)
+        for p in policy.trainable_parameters():  # non-zero B so every adapter gets gradient
+            torch.nn.init.normal_(p, std=0.02)
+        (-logp_of(policy.model, batch, grad=True).mean()).backward()
+        grads.append(torch.cat([p.grad.flatten() for p in policy.trainable_parameters()]))
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-7)
+    assert grads[0].abs().sum() > 0
+
+
+def test_hub_id_without_network_fails_fast_and_clearly(monkeypatch):
+    # "sdar-test-org/no-such-model" is in no local HF cache
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(OSError, match="not in the local Hugging Face cache and HF_HUB_OFFLINE is set"):
+        load_policy(ModelSpec("sdar-test-org/no-such-model"))
+    # online mode, hub endpoint down: a closed loopback port stands in for "no network"
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    for var in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    t0 = time.perf_counter()
+    with pytest.raises(OSError, match=rf"127.0.0.1:{port} is unreachable .*pass that local directory"):
+        load_policy(ModelSpec("sdar-test-org/no-such-model"))
+    assert time.perf_counter() - t0 < 30, "no minute of retries against a dead network"
+
+
+def test_loading_errors_are_explained(tmp_path):
+    with pytest.raises(FileNotFoundError, match="neither an existing directory nor a hub id"):
+        load_policy(ModelSpec(str(tmp_path / "missing" / "model")))
+    with pytest.raises(FileNotFoundError, match="has no config.json"):
+        load_policy(ModelSpec(str(tmp_path)))
+    with pytest.raises(FileNotFoundError, match="tokenizer directory .* does not exist"):
+        load_policy(ModelSpec(f"tiny:{tmp_path / 'nope'}"))
+    with pytest.raises(ValueError, match="unknown dtype 'fp16'; choose one of float32, bfloat16"):
+        ModelSpec("smollm2", dtype="fp16")
+    with pytest.raises(FileNotFoundError, match="not a checkpoint written by Policy.save"):
+        Policy.load(tmp_path)
+    with pytest.raises(ValueError, match=r"unknown model setting\(s\) \['lora_rank'\]"):
+        ModelSpec.from_dict({"name_or_path": "smollm2", "lora_rank": 8})
