@@ -60,6 +60,40 @@ def _cmd_warmstart(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_eval(args: argparse.Namespace) -> int:
+    """Student vs privileged teacher on the fixed eval tasks, plus the teacher-student gap."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from sdar.config import load_config
+    from sdar.train import Trainer
+
+    overrides = _overrides(args)
+    overrides.setdefault("tracking", False)
+    cfg = load_config(args.config, overrides)
+    console = Console(stderr=True)
+    trainer = Trainer(cfg, console=console)
+    if args.checkpoint:
+        from sdar.storage import open_store
+
+        trainer.store = open_store(args.checkpoint)
+        if not trainer.maybe_resume():
+            raise SystemExit(f"no complete checkpoint under {args.checkpoint}")
+    student = trainer.evaluate()
+    teacher = trainer.evaluate(privileged=True)
+    gap = trainer.teacher_gap(student.trajectories)
+    table = Table(title=f"{cfg.env.family}: {student.n} held-out tasks, temperature {cfg.eval_temperature}")
+    for col in ("policy", "success", "95% CI", "mean length", "invalid"):
+        table.add_column(col, justify="right")
+    for name, r in (("student", student), ("teacher (skills in context)", teacher)):
+        table.add_row(name, f"{r.success:.3f}", f"[{r.ci95[0]:.3f}, {r.ci95[1]:.3f}]", f"{r.mean_length:.1f}",
+                      f"{r.invalid_rate:.3f}")
+    console.print(table)
+    console.print(f"teacher - student log-prob gap on the student's turns: {gap:+.4f}")
+    print(json.dumps({"student": student.to_dict(), "teacher": teacher.to_dict(), "gap": gap}))
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train one arm on-policy (resumes from the latest checkpoint)")
     p.add_argument("--config", required=True, help="YAML experiment config, e.g. configs/household-tiny.yaml")
@@ -73,3 +107,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--config", required=True)
     w.add_argument("--set", action="append", metavar="KEY=VALUE")
     w.set_defaults(func=_cmd_warmstart)
+    e = sub.add_parser("eval", help="success of the student and of the privileged teacher on the eval tasks")
+    e.add_argument("--config", required=True)
+    e.add_argument("--checkpoint", help="a checkpoint store (dir or s3:// URI) to evaluate instead of the warm start")
+    e.add_argument("--set", action="append", metavar="KEY=VALUE")
+    e.set_defaults(func=_cmd_eval)

@@ -216,11 +216,16 @@ class Trainer:
         return StepResult(step, out)
 
     # ---- evaluation ---------------------------------------------------------------------
-    def evaluate(self, temperature: float | None = None, tasks: list[str] | None = None):
+    def evaluate(self, temperature: float | None = None, tasks: list[str] | None = None, privileged: bool = False):
+        """Success on the fixed eval tasks; privileged=True acts with the skills in the prompt
+        (the teacher's view), which is how the teacher's own success rate is measured."""
         from sdar.eval import evaluate
 
         seed_everything(_step_seed(self.cfg.seed, 10**6))
-        return evaluate(self.backend, self.tokenizer, self.env_factory, tasks or self.eval_tasks, self.rollout_cfg,
+        rc = replace(self.rollout_cfg, skills_in_prompt=privileged or self.rollout_cfg.skills_in_prompt)
+        if privileged:
+            rc = replace(rc, max_prompt_tokens=self.cfg.teacher_max_prompt_tokens)
+        return evaluate(self.backend, self.tokenizer, self.env_factory, tasks or self.eval_tasks, rc,
                         temperature=self.cfg.eval_temperature if temperature is None else temperature)
 
     def teacher_gap(self, trajs: list[Trajectory]) -> float:
@@ -312,9 +317,12 @@ class Trainer:
                     self.step = step + 1
                     if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
                         self.save_checkpoint(self.step)
-                    progress.update(bar, completed=self.step, info=(
-                        f"success {m['success']:.2f} reward {m['reward']:.2f} "
-                        f"gap {m.get('sdar/gap_mean', float('nan')):+.3f} {m['time/step_s']:.1f}s/step"))
+                    info = (f"success {m['success']:.2f} reward {m['reward']:.2f} "
+                            f"gap {m.get('sdar/gap_mean', float('nan')):+.3f} {m['time/step_s']:.1f}s/step")
+                    progress.update(bar, completed=self.step, info=info)
+                    if not self.console.is_terminal:  # logs get one line per step
+                        extra = f" eval {m['eval/success']:.2f}" if "eval/success" in m else ""
+                        self.console.print(f"[{self.arm.name}] step {self.step}/{cfg.steps}: {info}{extra}")
             final = self.out / "final"
             self.policy.save(final)
             tracker.log_artifacts(str(final), "final_adapter")

@@ -144,6 +144,8 @@ def sft(model, examples: list[tuple[list[int], list[int]]], *, pad_id: int, epoc
                 sched.step()
                 losses.append(loss.item())
                 progress.advance(bar)
+                if console is not None and not console.is_terminal and len(losses) % 25 == 0:
+                    console.print(f"warm-start update {len(losses)}/{steps}: loss {sum(losses[-25:]) / 25:.3f}")
     model.eval()
     tail = losses[-20:] or [float("nan")]
     return {"sft_first_loss": losses[0] if losses else float("nan"), "sft_final_loss": sum(tail) / len(tail),
