@@ -21,8 +21,11 @@ class Generation:
 
 class GenerationBackend(Protocol):
     def generate(
-        self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, top_p: float = 1.0
-    ) -> list[Generation]: ...
+        self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, top_p: float = 1.0,
+        tries: list | None = None,
+    ) -> list[Generation]:
+        """tries: optional per-prompt `ActionTrie` restricting the response to admissible actions."""
+        ...
 
 
 def _eos_ids(tokenizer) -> list[int]:
@@ -45,18 +48,20 @@ class TransformersBackend:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
 
     @torch.no_grad()
-    def generate(self, prompts, *, max_new_tokens, temperature, top_p=1.0):
+    def generate(self, prompts, *, max_new_tokens, temperature, top_p=1.0, tries=None):
         out: list[Generation] = []
         was_training = self.model.training
         self.model.eval()
+        tries = tries or [None] * len(prompts)
         try:
             for start in range(0, len(prompts), self.batch_size):
-                out.extend(self._generate_chunk(prompts[start : start + self.batch_size], max_new_tokens, temperature, top_p))
+                sl = slice(start, start + self.batch_size)
+                out.extend(self._generate_chunk(prompts[sl], max_new_tokens, temperature, top_p, tries[sl]))
         finally:
             self.model.train(was_training)
         return out
 
-    def _generate_chunk(self, prompts, max_new_tokens, temperature, top_p):
+    def _generate_chunk(self, prompts, max_new_tokens, temperature, top_p, tries):
         width = max(len(p) for p in prompts)
         device = next(self.model.parameters()).device
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
@@ -65,10 +70,18 @@ class TransformersBackend:
             ids[i, width - len(p) :] = torch.tensor(p)
             mask[i, width - len(p) :] = 1
         sample = temperature > 0
-        kwargs = dict(do_sample=sample, temperature=temperature, top_p=top_p) if sample else dict(do_sample=False)
+        # top_k=0: no top-k truncation (generation configs default to 50), so tokens come from
+        # exactly the distribution the trainer scores
+        kwargs = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if sample else dict(do_sample=False)
+        if any(t is not None for t in tries):
+            from transformers import LogitsProcessorList
+
+            from sdar.agent.constrained import TrieLogitsProcessor
+
+            kwargs["logits_processor"] = LogitsProcessorList([TrieLogitsProcessor(list(tries), width)])
         seqs = self.model.generate(
             input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens,
-            eos_token_id=self.eos_ids, pad_token_id=self.pad_id, use_cache=True, top_k=0, **kwargs,
+            eos_token_id=self.eos_ids, pad_token_id=self.pad_id, use_cache=True, **kwargs,
         )
         gens = []
         for row in seqs[:, width:].tolist():
@@ -105,9 +118,12 @@ class VLLMBackend:
         self._lora_version += 1
         self._lora = LoRARequest(f"policy-{self._lora_version}", self._lora_version, adapter_dir)
 
-    def generate(self, prompts, *, max_new_tokens, temperature, top_p=1.0):  # pragma: no cover - GPU only
+    def generate(self, prompts, *, max_new_tokens, temperature, top_p=1.0, tries=None):  # pragma: no cover - GPU only
         from vllm import SamplingParams, TokensPrompt
 
+        if tries and any(t is not None for t in tries):
+            raise NotImplementedError("constrained decoding is not wired to vLLM yet (guided choice); "
+                                      "set rollout.constrained=false or use the transformers backend")
         params = SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                 stop_token_ids=self.eos_ids, skip_special_tokens=True)
         results = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params,

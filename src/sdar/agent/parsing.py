@@ -28,6 +28,12 @@ class ParsedAction:
         return self.valid_format and self.admissible
 
 
+def format_action(family: str, action: str) -> str:
+    """The canonical response for an action (what the expert imitation targets and what
+    constrained decoding allows): `<action>X</action>`; search-QA actions are already tagged."""
+    return action if family == "searchqa" else f"<action>{action}</action>"
+
+
 def parse_response(
     text: str,
     family: str,

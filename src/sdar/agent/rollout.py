@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from sdar.agent.backends import GenerationBackend
+from sdar.agent.constrained import action_trie
 from sdar.agent.memory import memory_for
 from sdar.agent.parsing import parse_response
 from sdar.agent.prompts import PromptBuilder, TurnView, fit_prompt_ids
@@ -31,6 +32,7 @@ class RolloutConfig:
     use_memory: bool = True  # the household's compact memory of what was seen
     skills_in_prompt: bool = False  # the student itself sees the skills (skill_grpo)
     env_workers: int = 8  # threads stepping remote sessions concurrently
+    constrained: bool = False  # decode only admissible actions (families that list them)
 
 
 @dataclass
@@ -48,6 +50,7 @@ class Turn:
     error_kind: str | None = None
     hint_template_key: str | None = None
     history_dropped: int = 0
+    allowed: list[list[int]] | None = None  # constrained decoding: allowed tokens per response position
 
 
 @dataclass
@@ -132,18 +135,25 @@ def rollout(
                 skills = trajs[i].skills if cfg.skills_in_prompt else None
                 ids, d = fit_prompt_ids(tokenizer, builder, view, cfg.max_prompt_tokens, skills=skills)
                 views.append(view), prompts.append(ids), dropped.append(d)
+            tries = None
+            if cfg.constrained:
+                eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+                tries = [action_trie(tokenizer, cfg.family, v.admissible_actions, eos) if v.admissible_actions
+                         else None for v in views]
             gens = backend.generate(prompts, max_new_tokens=cfg.max_response_tokens,
-                                    temperature=cfg.temperature, top_p=cfg.top_p)
+                                    temperature=cfg.temperature, top_p=cfg.top_p, tries=tries)
             parsed = [parse_response(g.text, cfg.family, v.admissible_actions, cfg.require_think)
                       for g, v in zip(gens, views)]
             results = list(pool.map(lambda ia: envs[ia[0]].step(ia[1].action), zip(live, parsed)))
-            for i, view, ids, d, gen, p, res in zip(live, views, prompts, dropped, gens, parsed, results):
+            for j, (i, view, ids, d, gen, p, res) in enumerate(zip(live, views, prompts, dropped, gens, parsed, results)):
                 md = res.metadata
+                trie = tries[j] if tries else None
                 trajs[i].turns.append(Turn(
                     view=view, prompt_ids=ids, response_ids=gen.token_ids, response_text=gen.text,
                     action=p.action, valid=p.valid and gen.finished, env_valid=bool(md.get("valid_action", True)),
                     reward=float(res.reward), error_kind=md.get("error_kind") or (None if p.valid else "format"),
                     hint_template_key=md.get("hint_template_key"), history_dropped=d,
+                    allowed=trie.allowed_along(gen.token_ids) if trie is not None else None,
                 ))
                 trajs[i].reward += float(res.reward)
                 state[i].advance(p.action, res)

@@ -72,6 +72,7 @@ def token_logprobs(
     temperature: float = 1.0,
     return_entropy: bool = False,
     chunk_size: int | None = None,
+    allowed: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(input_ids[:, t] | input_ids[:, :t]) for every t >= 1, from one forward pass per chunk.
 
@@ -84,6 +85,9 @@ def token_logprobs(
     chunk_size: sequences per forward pass (None = the whole batch). Under `torch.no_grad()` this
         bounds memory to one chunk's [chunk, L, V] logits; with gradients every chunk's activations
         stay alive until backward, so micro-batch the update itself to bound training memory.
+    allowed: optional bool [B, L, V]: the tokens a constrained decoder could emit after each
+        position (True = allowed); log-probs and entropies are then those of the renormalised,
+        constrained distribution the tokens were actually sampled from.
     Returns (logp [B, L-1], entropy [B, L-1] or None), float32. Alignment: column j scores token
         j + 1 from the logits at position j; a response token at index t is at column t - 1, i.e.
         `logp[:, t0 - 1 : t1 - 1]` for response tokens `input_ids[:, t0:t1]`. Columns whose context
@@ -116,6 +120,9 @@ def token_logprobs(
         logits = out.logits.float()
         if temperature != 1.0:
             logits = logits / temperature
+        if allowed is not None:
+            # a large finite value, not -inf: p * logits must stay 0 (not NaN) in the entropy
+            logits = logits.masked_fill(~allowed[start : start + step].to(device), -1e9)
         # score all L positions (a dummy target at the last one) so the [b, L, V] logits need no
         # sliced copy, then drop the last column
         target = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], dim=1)

@@ -45,7 +45,9 @@ class TeacherScorer:
         """Teacher log-probs [N_turns, T] of every turn's response, in trajectory order."""
         prompts = self.prompts(trajectories)
         responses = [t.response_ids for traj in trajectories for t in traj.turns]
-        return response_logprobs(model, prompts, responses, pad_id=pad_id, batch_size=self.batch_size)
+        allowed = [t.allowed for traj in trajectories for t in traj.turns]
+        return response_logprobs(model, prompts, responses, pad_id=pad_id, batch_size=self.batch_size,
+                                 allowed=allowed)
 
     @property
     def truncated_frac(self) -> float:

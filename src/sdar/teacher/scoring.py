@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sdar.agent.constrained import allowed_mask
 from sdar.models import token_logprobs
 
 
@@ -29,6 +30,7 @@ def response_logprobs(
     batch_size: int | None = None,
     with_entropy: bool = False,
     grad: bool = False,
+    allowed: list[list[list[int]] | None] | None = None,
 ) -> ScoredBatch:
     """Score `responses[i]` after `prompts[i]` for every i.
 
@@ -37,6 +39,8 @@ def response_logprobs(
     gathered into [B, T] tensors that start at each response's first token. Prompts of
     different lengths (student vs privileged teacher) therefore align token by token.
     batch_size: rows per forward (None = all at once); grad=False runs under no_grad.
+    allowed: per row, the allowed tokens at each response position (constrained decoding) or
+        None; those rows are scored under the same renormalised distribution they were sampled from.
     """
     if len(prompts) != len(responses):
         raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
@@ -59,7 +63,13 @@ def response_logprobs(
             for j, s in enumerate(seqs):
                 ids[j, : len(s)] = torch.tensor(s)
                 att[j, : len(s)] = 1
-            lp, e = token_logprobs(model, ids.to(device), att.to(device), return_entropy=with_entropy)
+            mask_v = None
+            if allowed is not None and any(allowed[i] is not None for i in rows):
+                vocab = model.get_output_embeddings().weight.shape[0]
+                mask_v = allowed_mask([prompts[i] for i in rows], [responses[i] for i in rows],
+                                      [allowed[i] for i in rows], L, vocab)
+            lp, e = token_logprobs(model, ids.to(device), att.to(device), return_entropy=with_entropy,
+                                   allowed=mask_v)
             # token at position p is scored at index p - 1 of the [B, L-1] output
             idx = torch.zeros(len(seqs), T, dtype=torch.long)
             m = torch.zeros(len(seqs), T)

@@ -142,18 +142,20 @@ class Trainer:
         t_rollout = time.perf_counter() - t0
         prompts = [t.prompt_ids for tr in trajs for t in tr.turns]
         responses = [t.response_ids for tr in trajs for t in tr.turns]
+        allowed = [t.allowed for tr in trajs for t in tr.turns]
         rewards = [r for _, _, r in turn_rewards(trajs, self.rollout_cfg.invalid_penalty)]
         groups = [tr.group for tr in trajs for _ in tr.turns]
         advantages = grpo_advantages(rewards, groups)
 
         t1 = time.perf_counter()
-        old = response_logprobs(self.model, prompts, responses, pad_id=self.pad_id, batch_size=cfg.score_batch_size)
+        old = response_logprobs(self.model, prompts, responses, pad_id=self.pad_id, batch_size=cfg.score_batch_size,
+                                allowed=allowed)
         ref = None
         if arm.kl_coef != 0.0:
             # LoRA: the same module with the adapter disabled; full fine-tuning: the frozen copy
             with self.policy.reference() as ref_model:
                 ref = response_logprobs(ref_model, prompts, responses, pad_id=self.pad_id,
-                                        batch_size=cfg.score_batch_size)
+                                        batch_size=cfg.score_batch_size, allowed=allowed)
         # the teacher is theta_old with the skills in context; scored for every arm so the
         # teacher-student gap can be compared across arms, used in the loss only by SDAR/OPSD
         teacher = self.teacher.score(self.model, trajs, self.pad_id)
@@ -169,7 +171,8 @@ class Trainer:
             for start in range(0, n, cfg.mini_batch_size):
                 mb = perm[start : start + cfg.mini_batch_size]
                 cur = response_logprobs(self.model, [prompts[i] for i in mb], [responses[i] for i in mb],
-                                        pad_id=self.pad_id, with_entropy=True, grad=True)
+                                        pad_id=self.pad_id, with_entropy=True, grad=True,
+                                        allowed=[allowed[i] for i in mb])
                 T = cur.logp.shape[1]
                 idx = torch.tensor(mb)
                 batch = LossBatch(
@@ -232,7 +235,8 @@ class Trainer:
         """Token-mean log-prob gap (teacher with skills minus student) on given trajectories."""
         prompts = [t.prompt_ids for tr in trajs for t in tr.turns]
         responses = [t.response_ids for tr in trajs for t in tr.turns]
-        old = response_logprobs(self.model, prompts, responses, pad_id=self.pad_id, batch_size=self.cfg.score_batch_size)
+        old = response_logprobs(self.model, prompts, responses, pad_id=self.pad_id, batch_size=self.cfg.score_batch_size,
+                                allowed=[t.allowed for tr in trajs for t in tr.turns])
         teacher = self.teacher.score(self.model, trajs, self.pad_id)
         return _masked_mean(teacher.logp - old.logp, old.mask)
 

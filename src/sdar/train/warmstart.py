@@ -20,17 +20,13 @@ from typing import Any
 
 import torch
 
+from sdar.agent.parsing import format_action
 from sdar.agent.prompts import PromptBuilder, fit_prompt_ids
 from sdar.agent.rollout import EpisodeState
 from sdar.config import TrainConfig
 
 WARMSTART_VERSION = 1
 MARKER = "warmstart.json"
-
-
-def response_text(family: str, action: str) -> str:
-    """The target response for an expert action, in the agent's output format."""
-    return action if family == "searchqa" else f"<action>{action}</action>"
 
 
 def expert_turns(cfg: TrainConfig, episodes: int, seed: int) -> list[dict[str, Any]]:
@@ -83,7 +79,7 @@ def build_tiny_checkpoint(cfg: TrainConfig, out_dir: Path, console=None) -> dict
     for t in turns:
         for skills in (None, t["skills"]):
             msgs = builder.messages(t["view"], skills=skills)
-            corpus.append("\n".join(m["content"] for m in msgs) + "\n" + response_text(cfg.env.family, t["action"]))
+            corpus.append("\n".join(m["content"] for m in msgs) + "\n" + format_action(cfg.env.family, t["action"]))
     tokenizer = train_tokenizer(corpus, vocab_size=ws.vocab_size)
     turns = expert_turns(cfg, ws.episodes, seed=cfg.seed + 1)
     tiny = tiny_config(cfg)
@@ -93,7 +89,7 @@ def build_tiny_checkpoint(cfg: TrainConfig, out_dir: Path, console=None) -> dict
     for t in turns:
         limit = cfg.teacher_max_prompt_tokens if t["privileged"] else cfg.rollout.max_prompt_tokens
         ids, _ = fit_prompt_ids(tokenizer, builder, t["view"], limit, skills=t["skills"] if t["privileged"] else None)
-        resp = tokenizer(response_text(cfg.env.family, t["action"]), add_special_tokens=False)["input_ids"] + [eos]
+        resp = tokenizer(format_action(cfg.env.family, t["action"]), add_special_tokens=False)["input_ids"] + [eos]
         examples.append((ids, resp))
     stats = sft(model, examples, pad_id=tokenizer.pad_token_id, epochs=ws.epochs, lr=ws.lr,
                 batch_size=ws.batch_size, seed=cfg.seed, console=console)

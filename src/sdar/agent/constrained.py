@@ -1,0 +1,83 @@
+"""Constrained decoding over the admissible actions: the policy can only emit one of them.
+
+A tiny model that must spell actions freely mostly produces inadmissible ones; constrained to a
+token trie of the admissible responses it picks among valid actions, and the trainer scores the
+same constrained (renormalised) distribution, so the RL update stays exactly on-policy.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import LogitsProcessor
+
+from sdar.agent.parsing import format_action
+
+
+class ActionTrie:
+    """A prefix tree of token sequences (one per admissible response, each ending in EOS)."""
+
+    def __init__(self, sequences: list[list[int]]) -> None:
+        self.root: dict[int, dict] = {}
+        for seq in sequences:
+            node = self.root
+            for tok in seq:
+                node = node.setdefault(tok, {})
+
+    def allowed(self, prefix: list[int]) -> list[int]:
+        """Tokens that may follow `prefix` ([] once a sequence is complete or off the tree)."""
+        node = self.root
+        for tok in prefix:
+            node = node.get(tok)
+            if node is None:
+                return []
+        return list(node)
+
+    def allowed_along(self, seq: list[int]) -> list[list[int]]:
+        """For each position k of `seq`, the tokens that were allowed in place of seq[k]."""
+        out, node = [], self.root
+        for tok in seq:
+            out.append(list(node) if node is not None else [])
+            node = node.get(tok) if node is not None else None
+        return out
+
+
+def action_trie(tokenizer, family: str, actions: list[str], eos_id: int) -> ActionTrie:
+    """The trie of `format_action(family, a) + EOS` for every admissible action `a`."""
+    seqs = [tokenizer(format_action(family, a), add_special_tokens=False)["input_ids"] + [eos_id] for a in actions]
+    return ActionTrie(seqs)
+
+
+class TrieLogitsProcessor(LogitsProcessor):
+    """Masks every token a row's trie does not allow next (rows without a trie are free)."""
+
+    def __init__(self, tries: list[ActionTrie | None], prompt_width: int) -> None:
+        self.tries, self.prompt_width = tries, prompt_width
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        generated = input_ids[:, self.prompt_width :].tolist()
+        for i, trie in enumerate(self.tries):
+            if trie is None:
+                continue
+            allowed = trie.allowed(generated[i])
+            if not allowed:  # finished (EOS emitted); generate pads the row from here
+                continue
+            keep = scores[i, allowed].clone()
+            scores[i] = float("-inf")
+            scores[i, allowed] = keep
+        return scores
+
+
+def allowed_mask(prompts: list[list[int]], responses: list[list[int]], allowed: list[list[list[int]] | None],
+                 width: int, vocab: int) -> torch.Tensor:
+    """Bool [B, width, V]: True everywhere except at the positions that predict response tokens
+    of constrained turns, where only that step's allowed tokens are True (right-padded rows)."""
+    mask = torch.ones(len(prompts), width, vocab, dtype=torch.bool)
+    for i, (p, r, a) in enumerate(zip(prompts, responses, allowed)):
+        if a is None:
+            continue
+        for k, toks in enumerate(a[: len(r)]):
+            if toks:
+                pos = len(p) - 1 + k  # the logits at this position predict response token k
+                mask[i, pos] = False
+                mask[i, pos, toks] = True
+    return mask

@@ -1,0 +1,56 @@
+import math
+
+import pytest
+import torch
+
+from sdar.agent.backends import TransformersBackend
+from sdar.agent.constrained import ActionTrie, action_trie
+from sdar.models import TinyModelConfig, build_tiny_model, train_tokenizer
+from sdar.teacher import response_logprobs
+
+ACTIONS = ["go to fridge 1", "go to fridge 2", "open drawer 1", "look"]
+
+
+def test_trie_allows_exactly_the_continuations():
+    t = ActionTrie([[1, 2, 9], [1, 3, 9], [4, 9]])
+    assert sorted(t.allowed([])) == [1, 4]
+    assert sorted(t.allowed([1])) == [2, 3]
+    assert t.allowed([1, 2, 9]) == [] and t.allowed([7]) == []
+    assert t.allowed_along([1, 3, 9]) == [[1, 4], [2, 3], [9]]
+
+
+@pytest.fixture(scope="module")
+def small():
+    tok = train_tokenizer(["<action>" + a + "</action> please" for a in ACTIONS] * 20, vocab_size=300)
+    torch.manual_seed(0)
+    model = build_tiny_model(tok, TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                   num_attention_heads=2, num_key_value_heads=1))
+    return tok, model
+
+
+def test_constrained_sampling_matches_the_scored_distribution(small):
+    tok, model = small
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    trie = action_trie(tok, "household", ACTIONS, eos)
+    prompt = tok("what now?", add_special_tokens=False)["input_ids"]
+    backend = TransformersBackend(model, tok, batch_size=400)
+    torch.manual_seed(1)
+    gens = backend.generate([prompt] * 400, max_new_tokens=12, temperature=1.0, tries=[trie] * 400)
+    texts = [g.text for g in gens]
+    assert all(g.finished for g in gens)
+    assert set(texts) <= {f"<action>{a}</action>" for a in ACTIONS}
+    # the scorer's constrained log-prob of each action must be the sampler's probability
+    seqs = {g.text: g.token_ids for g in gens}
+    probs = {}
+    for text, ids in seqs.items():
+        lp = response_logprobs(model, [prompt], [ids], pad_id=tok.pad_token_id, allowed=[trie.allowed_along(ids)])
+        probs[text] = math.exp(lp.logp.sum().item())
+    total = sum(math.exp(response_logprobs(
+        model, [prompt], [tok(f"<action>{a}</action>", add_special_tokens=False)["input_ids"] + [eos]],
+        pad_id=tok.pad_token_id,
+        allowed=[trie.allowed_along(tok(f"<action>{a}</action>", add_special_tokens=False)["input_ids"] + [eos])],
+    ).logp.sum().item()) for a in ACTIONS)
+    assert total == pytest.approx(1.0, abs=1e-4)  # a proper distribution over the admissible actions
+    for text, p in probs.items():
+        freq = texts.count(text) / len(texts)
+        assert freq == pytest.approx(p, abs=4 * math.sqrt(p * (1 - p) / len(texts)) + 0.01)
