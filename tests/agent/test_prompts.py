@@ -39,5 +39,5 @@ def test_fit_drops_history_first_and_never_the_skills(tok):
     shorter, dropped = fit_prompt_ids(tok, b, view(), len(full) - 1, skills="alpha beta gamma")
     assert dropped >= 1 and len(shorter) < len(full)
     assert "alpha beta gamma" in tok.decode(shorter)
-    with pytest.raises(ValueError, match="skills plus the turn need .* over the limit of 20"):
+    with pytest.raises(ValueError, match=r"privileged skills \+ turn\) needs .* over the limit of 20"):
         fit_prompt_ids(tok, b, view(), 20, skills="alpha beta gamma")

@@ -100,8 +100,8 @@ def fit_prompt_ids(tokenizer, builder: PromptBuilder, view: TurnView, max_tokens
         ids = list(ids)
         if len(ids) <= max_tokens:
             return ids, builder.history - h
-    what = "the privileged skills plus the turn" if skills is not None else "the turn"
+    what = "the prompt (privileged skills + turn)" if skills is not None else "the prompt"
     raise ValueError(
-        f"{what} need {len(ids)} tokens with no history, over the limit of {max_tokens}; "
+        f"{what} needs {len(ids)} tokens with no history, over the limit of {max_tokens}; "
         "raise max_prompt_tokens (or teacher_max_prompt_tokens) or shorten the skills"
     )

@@ -20,12 +20,14 @@ from typing import Any
 
 import torch
 
+from sdar.agent.constrained import action_trie
 from sdar.agent.parsing import format_action
 from sdar.agent.prompts import PromptBuilder, fit_prompt_ids
 from sdar.agent.rollout import EpisodeState
 from sdar.config import TrainConfig
+from sdar.teacher.scoring import response_logprobs
 
-WARMSTART_VERSION = 1
+WARMSTART_VERSION = 2
 MARKER = "warmstart.json"
 
 
@@ -58,7 +60,7 @@ def expert_turns(cfg: TrainConfig, episodes: int, seed: int) -> list[dict[str, A
 def _cache_key(cfg: TrainConfig, tiny) -> str:
     blob = json.dumps({
         "v": WARMSTART_VERSION, "env": asdict(cfg.env), "warmstart": asdict(cfg.warmstart), "tiny": tiny.to_dict(),
-        "rollout": {k: getattr(cfg.rollout, k) for k in ("history", "use_memory", "max_prompt_tokens", "max_turns",
+        "rollout": {k: getattr(cfg.rollout, k) for k in ("history", "use_memory", "max_prompt_tokens", "max_turns", "constrained",
                                                           "show_admissible")},
         "teacher_max": cfg.teacher_max_prompt_tokens, "seed": cfg.seed,
     }, sort_keys=True, default=str)
@@ -90,7 +92,12 @@ def build_tiny_checkpoint(cfg: TrainConfig, out_dir: Path, console=None) -> dict
         limit = cfg.teacher_max_prompt_tokens if t["privileged"] else cfg.rollout.max_prompt_tokens
         ids, _ = fit_prompt_ids(tokenizer, builder, t["view"], limit, skills=t["skills"] if t["privileged"] else None)
         resp = tokenizer(format_action(cfg.env.family, t["action"]), add_special_tokens=False)["input_ids"] + [eos]
-        examples.append((ids, resp))
+        allowed = None
+        if cfg.rollout.constrained and t["view"].admissible_actions:
+            # imitate the choice among admissible actions: the same constrained distribution
+            # the policy samples from, so no capacity goes into spelling actions
+            allowed = action_trie(tokenizer, cfg.env.family, t["view"].admissible_actions, eos).allowed_along(resp)
+        examples.append((ids, resp, allowed))
     stats = sft(model, examples, pad_id=tokenizer.pad_token_id, epochs=ws.epochs, lr=ws.lr,
                 batch_size=ws.batch_size, seed=cfg.seed, console=console)
     model.save_pretrained(out_dir)
@@ -101,9 +108,10 @@ def build_tiny_checkpoint(cfg: TrainConfig, out_dir: Path, console=None) -> dict
     return info
 
 
-def sft(model, examples: list[tuple[list[int], list[int]]], *, pad_id: int, epochs: int, lr: float,
+def sft(model, examples: list[tuple[list[int], list[int], list | None]], *, pad_id: int, epochs: int, lr: float,
         batch_size: int, seed: int, console=None) -> dict[str, float]:
-    """Next-token cross-entropy on the response tokens only (prompts are context)."""
+    """Negative log-likelihood of the response tokens (prompts are context); examples with
+    allowed-token lists use the constrained distribution, as the policy does when it acts."""
     from rich.progress import Progress
 
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
@@ -123,16 +131,9 @@ def sft(model, examples: list[tuple[list[int], list[int]]], *, pad_id: int, epoc
             batches = [order[k : k + batch_size] for k in range(0, len(order), batch_size)]
             for b in torch.randperm(len(batches), generator=g).tolist():
                 rows = [examples[i] for i in batches[b]]
-                L = max(len(p) + len(r) for p, r in rows)
-                ids = torch.full((len(rows), L), pad_id, dtype=torch.long)
-                att = torch.zeros((len(rows), L), dtype=torch.long)
-                labels = torch.full((len(rows), L), -100, dtype=torch.long)
-                for j, (p, r) in enumerate(rows):
-                    seq = p + r
-                    ids[j, : len(seq)] = torch.tensor(seq)
-                    att[j, : len(seq)] = 1
-                    labels[j, len(p) : len(seq)] = torch.tensor(r)
-                loss = model(input_ids=ids, attention_mask=att, labels=labels).loss
+                scored = response_logprobs(model, [p for p, _, _ in rows], [r for _, r, _ in rows], pad_id=pad_id,
+                                           grad=True, allowed=[a for _, _, a in rows])
+                loss = -(scored.logp * scored.mask).sum() / scored.mask.sum().clamp(min=1.0)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
