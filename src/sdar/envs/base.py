@@ -67,8 +67,13 @@ class TextEnv(ABC):
     def reset(self, task_id: str | None = None, seed: int | None = None) -> EnvStep:
         """Start an episode on `task_id` (or a task drawn with `seed`)."""
         out = self._reset(task_id=task_id, seed=seed)
-        # remote clients rebuild the privileged text from this key and the family's library
+        # the episode's privileged text travels with the reset, so a remote client's teacher sees
+        # exactly what an in-process one would (the student's prompt never reads it)
         out.metadata.setdefault("skills_key", self.skills_key())
+        try:
+            out.metadata.setdefault("privileged_skills", self.privileged_skills())
+        except NotImplementedError:
+            pass
         self._check(out)
         self._observations = [out.observation]
         return out
@@ -182,4 +187,6 @@ def privileged_skills_for(env: Any, family: str, metadata: dict[str, Any]) -> st
     fn = getattr(env, "privileged_skills", None)
     if fn is not None:
         return fn()
+    if metadata.get("privileged_skills"):
+        return metadata["privileged_skills"]
     return env_class(family).skill_library().render(metadata.get("skills_key") or metadata.get("task_type"))

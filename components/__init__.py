@@ -1,0 +1,19 @@
+"""Kubeflow Pipelines components of the sdar comparison pipeline, one per module; each parses its
+inputs, calls the sdar library and writes its outputs. The DAG lives in pipelines/."""
+
+from components._image import DEFAULT_ENV_IMAGE, DEFAULT_IMAGE, base_image, env_image, with_image
+from components.compare import compare
+from components.evaluate import evaluate
+from components.gated_train import gated_train
+from components.launch_envs import launch_envs
+from components.plan_runs import plan_runs
+from components.rollout import rollout
+from components.teacher_replay import teacher_replay
+from components.teardown_envs import teardown_envs
+
+ALL = (plan_runs, launch_envs, evaluate, gated_train, compare, teardown_envs, rollout, teacher_replay)
+
+__all__ = [
+    "ALL", "DEFAULT_ENV_IMAGE", "DEFAULT_IMAGE", "base_image", "compare", "env_image", "evaluate", "gated_train",
+    "launch_envs", "plan_runs", "rollout", "teacher_replay", "teardown_envs", "with_image",
+]

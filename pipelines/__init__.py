@@ -1,0 +1,1 @@
+"""Kubeflow Pipelines DAGs of sdar and their compile / submit / run-local helpers."""

@@ -1,0 +1,310 @@
+"""The comparison of arms on the same budget: a markdown results table and a PNG of success rate
+and teacher-student gap over training steps, from each arm's evaluation and training history.
+
+Inputs are plain dicts (what the pipeline's evaluate and gated_train steps write as JSON), so the
+same code serves the KFP compare component, `sdar run --local` and notebooks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sdar.eval.evaluate import wilson_interval
+
+# the teacher-student gap per step: SDAR's token gap (logged for every arm, since the trainer
+# scores the teacher for all of them), else the all-token gap the trainer logs beside it
+GAP_KEYS = ("sdar/gap_mean", "teacher/gap_all_tokens")
+GATE_KEY = "sdar/gate_mean"
+
+
+@dataclass
+class ArmRun:
+    """One trained (arm, seed): its held-out evaluation and its per-step training history.
+
+    evaluation: `EvalResult.to_dict()` (success, ci95, n, per_type, ...).
+    history: the trainer's per-step metric dicts (step, success, reward, sdar/gap_mean, ...).
+    run_id: the arm's MLflow child run, when tracked.
+    """
+
+    arm: str
+    seed: int
+    evaluation: dict[str, Any]
+    history: list[dict[str, Any]] = field(default_factory=list)
+    run_id: str | None = None
+
+    @classmethod
+    def from_dicts(cls, evaluation: dict[str, Any], history: dict[str, Any] | list[dict[str, Any]] | None = None) -> ArmRun:
+        """From the evaluate step's JSON (which names arm and seed) and the training history JSON."""
+        for key in ("arm", "seed", "success", "n"):
+            if key not in evaluation:
+                raise ValueError(f"evaluation result lacks {key!r}; it must be the JSON written by the evaluate step "
+                                 f"(keys arm, seed, success, ci95, n, per_type), got keys {sorted(evaluation)}")
+        steps: list[dict[str, Any]] = []
+        run_id = evaluation.get("run_id") or None
+        if isinstance(history, dict):
+            if (history.get("arm"), int(history.get("seed", -1))) != (evaluation["arm"], int(evaluation["seed"])):
+                raise ValueError(f"history of {history.get('arm')}/seed {history.get('seed')} paired with the evaluation "
+                                 f"of {evaluation['arm']}/seed {evaluation['seed']}; pass matching pairs")
+            steps = list(history.get("history", []))
+            run_id = run_id or history.get("run_id") or None
+        elif history is not None:
+            steps = list(history)
+        return cls(str(evaluation["arm"]), int(evaluation["seed"]), evaluation, steps, run_id)
+
+
+@dataclass
+class ArmSummary:
+    """All seeds of one arm pooled: success over every evaluation episode with a Wilson 95% CI.
+
+    seed_success: per-seed success rates (their spread shows seed variance).
+    train_success_first / _last: rollout success in the first and last training steps (mean over seeds).
+    gap_last / gate_last: teacher-student gap and SDAR gate at the last step (mean over seeds).
+    """
+
+    arm: str
+    seeds: list[int]
+    success: float
+    ci95: tuple[float, float]
+    n: int
+    seed_success: list[float]
+    per_type: dict[str, float] = field(default_factory=dict)
+    steps: int = 0
+    train_success_first: float = math.nan
+    train_success_last: float = math.nan
+    gap_last: float = math.nan
+    gate_last: float = math.nan
+    run_ids: list[str] = field(default_factory=list)
+
+
+def _mean(xs: list[float]) -> float:
+    xs = [x for x in xs if x is not None and not math.isnan(x)]
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+def _gap(row: dict[str, Any]) -> float:
+    for key in GAP_KEYS:
+        if key in row and row[key] is not None:
+            return float(row[key])
+    return math.nan
+
+
+def summarize(runs: list[ArmRun]) -> list[ArmSummary]:
+    """One summary per arm, in the order arms first appear in `runs`."""
+    by_arm: dict[str, list[ArmRun]] = defaultdict(list)
+    for r in runs:
+        by_arm[r.arm].append(r)
+    out = []
+    for arm, rs in by_arm.items():
+        rs = sorted(rs, key=lambda r: r.seed)
+        wins = sum(round(float(r.evaluation["success"]) * int(r.evaluation["n"])) for r in rs)
+        n = sum(int(r.evaluation["n"]) for r in rs)
+        types: dict[str, list[tuple[float, int]]] = defaultdict(list)
+        for r in rs:
+            for t, v in (r.evaluation.get("per_type") or {}).items():
+                types[t].append((float(v["success"]), int(v.get("n", 1))))
+        per_type = {t: sum(s * k for s, k in v) / max(sum(k for _, k in v), 1) for t, v in sorted(types.items())}
+        hist = [r.history for r in rs if r.history]
+        out.append(ArmSummary(
+            arm=arm, seeds=[r.seed for r in rs], success=wins / max(n, 1), ci95=wilson_interval(wins, n), n=n,
+            seed_success=[float(r.evaluation["success"]) for r in rs], per_type=per_type,
+            steps=max((len(h) for h in hist), default=0),
+            train_success_first=_mean([float(h[0].get("success", math.nan)) for h in hist]),
+            train_success_last=_mean([float(h[-1].get("success", math.nan)) for h in hist]),
+            gap_last=_mean([_gap(h[-1]) for h in hist]),
+            gate_last=_mean([float(h[-1].get(GATE_KEY, math.nan)) for h in hist]),
+            run_ids=[r.run_id for r in rs if r.run_id],
+        ))
+    return out
+
+
+def _fmt(x: float, spec: str = ".3f") -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def results_table(summaries: list[ArmSummary], baseline: dict[str, Any] | None = None) -> str:
+    """A markdown table: one row per arm (and the warm-started policy first when `baseline`, an
+    `EvalResult.to_dict()`, is given); the best held-out success is in bold unless tied."""
+    types = sorted({t for s in summaries for t in s.per_type} | set((baseline or {}).get("per_type", {})))
+    head = ["arm", "seeds", "success (95% CI)", "vs warm start", *types, "train success first -> last",
+            "gap last", "gate last", "steps"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
+    base = float(baseline["success"]) if baseline else None
+    if baseline:
+        lo, hi = baseline.get("ci95", (math.nan, math.nan))
+        row = ["warm start (no RL)", "-", f"{base:.3f} [{lo:.3f}, {hi:.3f}] (n={baseline.get('n', '?')})", "-"]
+        row += [_fmt(float(baseline.get("per_type", {}).get(t, {}).get("success", math.nan))) for t in types]
+        row += ["-", "-", "-", "0"]
+        lines.append("| " + " | ".join(row) + " |")
+    best = max((s.success for s in summaries), default=None)
+    unique_best = sum(s.success == best for s in summaries) == 1 and len(summaries) > 1
+    for s in summaries:
+        succ = f"{s.success:.3f} [{s.ci95[0]:.3f}, {s.ci95[1]:.3f}] (n={s.n})"
+        if unique_best and s.success == best:  # a tie has no winner to point at
+            succ = f"**{succ}**"
+        delta = "-" if base is None else f"{s.success - base:+.3f}"
+        row = [s.arm, ",".join(map(str, s.seeds)), succ, delta]
+        row += [_fmt(s.per_type.get(t, math.nan)) for t in types]
+        row += [f"{_fmt(s.train_success_first)} -> {_fmt(s.train_success_last)}", _fmt(s.gap_last, "+.3f"),
+                _fmt(s.gate_last), str(s.steps)]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _curve(runs: list[ArmRun], key_fn) -> tuple[list[int], list[float], list[float], list[float]]:
+    """Mean, min and max over seeds of a per-step value (steps where at least one seed has it)."""
+    by_step: dict[int, list[float]] = defaultdict(list)
+    for r in runs:
+        for i, row in enumerate(r.history):
+            v = key_fn(row)
+            if v is not None and not math.isnan(v):
+                by_step[int(row.get("step", i))].append(v)
+    steps = sorted(by_step)
+    return (steps, [_mean(by_step[s]) for s in steps], [min(by_step[s]) for s in steps],
+            [max(by_step[s]) for s in steps])
+
+
+def _smooth(ys: list[float], window: int) -> list[float]:
+    if window <= 1:
+        return ys
+    return [_mean(ys[max(0, i - window + 1) : i + 1]) for i in range(len(ys))]
+
+
+def plot_comparison(runs: list[ArmRun], path: str | Path, baseline: dict[str, Any] | None = None,
+                    title: str = "") -> Path:
+    """A PNG with two panels over training steps, one line per arm (mean over seeds, band = seed
+    range): rollout success rate (with periodic and final held-out evaluation as markers) and the
+    teacher-student log-prob gap. Returns the path written."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on servers and in pods
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    by_arm: dict[str, list[ArmRun]] = defaultdict(list)
+    for r in runs:
+        by_arm[r.arm].append(r)
+    fig, (ax_s, ax_g) = plt.subplots(1, 2, figsize=(12, 4.5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    last_step = 0
+    for i, (arm, rs) in enumerate(by_arm.items()):
+        c = colors[i % len(colors)]
+        steps, mean, lo, hi = _curve(rs, lambda row: float(row.get("success", math.nan)))
+        if steps:
+            window = max(1, len(steps) // 10)
+            ax_s.plot(steps, _smooth(mean, window), color=c, label=f"{arm} (rollouts)")
+            if len(rs) > 1:
+                ax_s.fill_between(steps, lo, hi, color=c, alpha=0.15)
+            last_step = max(last_step, steps[-1])
+        ev_steps, ev_mean, _, _ = _curve(rs, lambda row: float(row.get("eval/success", math.nan)))
+        if ev_steps:
+            ax_s.plot(ev_steps, ev_mean, "o", color=c, markersize=4)
+        final = summarize(rs)[0]
+        x = (steps[-1] if steps else 0) + 0.5 + 0.25 * i  # side by side, so the intervals stay readable
+        ax_s.errorbar([x], [final.success], yerr=[[final.success - final.ci95[0]], [final.ci95[1] - final.success]],
+                      fmt="D", color=c, capsize=3, label=f"{arm} held-out {final.success:.2f}")
+        gsteps, gmean, glo, ghi = _curve(rs, _gap)
+        if gsteps:
+            ax_g.plot(gsteps, gmean, color=c, label=arm)
+            if len(rs) > 1:
+                ax_g.fill_between(gsteps, glo, ghi, color=c, alpha=0.15)
+    if baseline is not None:
+        ax_s.axhline(float(baseline["success"]), color="grey", linestyle="--",
+                     label=f"warm start {float(baseline['success']):.2f}")
+    ax_s.set(xlabel="training step", ylabel="success rate", title="success rate", ylim=(-0.02, 1.02))
+    ax_g.axhline(0.0, color="grey", linewidth=0.8)
+    ax_g.set(xlabel="training step", ylabel="log p_teacher - log p_student (per token)",
+             title="teacher-student gap")
+    ax_s.legend(fontsize=7, loc="best")
+    if ax_g.lines[1:]:
+        ax_g.legend(fontsize=7, loc="best")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+@dataclass
+class Comparison:
+    """What `write_comparison` produced: the table, the per-arm summaries and the files written."""
+
+    table: str
+    summaries: list[ArmSummary]
+    table_path: Path
+    plot_path: Path
+    json_path: Path
+
+    def metrics(self) -> dict[str, float]:
+        """Flat metrics per arm (`<arm>/success`, `<arm>/success_ci_low`, ...), for MLflow and KFP."""
+        out: dict[str, float] = {}
+        for s in self.summaries:
+            out.update({f"{s.arm}/success": s.success, f"{s.arm}/success_ci_low": s.ci95[0],
+                        f"{s.arm}/success_ci_high": s.ci95[1], f"{s.arm}/episodes": float(s.n)})
+            for k, v in (("gap_last", s.gap_last), ("gate_last", s.gate_last), ("train_success_last", s.train_success_last)):
+                if not math.isnan(v):
+                    out[f"{s.arm}/{k}"] = v
+        return out
+
+
+def write_comparison(runs: list[ArmRun], out_dir: str | Path, baseline: dict[str, Any] | None = None,
+                     title: str = "") -> Comparison:
+    """Write comparison.md, comparison.png and comparison.json into `out_dir`."""
+    if not runs:
+        raise ValueError("no arm results to compare; every arm failed or the arm list was empty")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    summaries = summarize(runs)
+    table = results_table(summaries, baseline)
+    header = f"# {title}\n\n" if title else ""
+    (out / "comparison.md").write_text(header + table)
+    plot = plot_comparison(runs, out / "comparison.png", baseline, title)
+    data = {"title": title, "baseline": baseline, "arms": [asdict(s) for s in summaries],
+            "runs": [{"arm": r.arm, "seed": r.seed, "run_id": r.run_id, "evaluation": r.evaluation} for r in runs]}
+    (out / "comparison.json").write_text(json.dumps(data, indent=1, default=str))
+    return Comparison(table, summaries, out / "comparison.md", plot, out / "comparison.json")
+
+
+def log_to_run(run_id: str, metrics: dict[str, float], *, files: dict[str, Path] | None = None,
+               artifact_path: str | None = None, tracking_uri: str | None = None, step: int = 0) -> None:
+    """Add metrics (and files, as artifacts named by the dict keys) to an existing MLflow run
+    without touching its status, so a parent run stays RUNNING until the pipeline ends."""
+    import shutil
+    import tempfile
+    import time
+
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    from sdar.tracking import resolve_tracking_uri
+
+    client = MlflowClient(tracking_uri=resolve_tracking_uri(tracking_uri))
+    ts = int(time.time() * 1000)
+    batch = [Metric(k, float(v), ts, step) for k, v in metrics.items() if v is not None and math.isfinite(float(v))]
+    for i in range(0, len(batch), 1000):
+        client.log_batch(run_id, metrics=batch[i : i + 1000])
+    for name, src in (files or {}).items():
+        src = Path(src)
+        if not src.is_file():
+            raise FileNotFoundError(f"cannot log {src} to run {run_id}: not a file")
+        if src.name == name:
+            client.log_artifact(run_id, str(src), artifact_path)
+            continue
+        with tempfile.TemporaryDirectory() as tmp:  # MLflow names an artifact after its file
+            dst = Path(tmp) / name
+            shutil.copyfile(src, dst)
+            client.log_artifact(run_id, str(dst), artifact_path)
+
+
+def log_comparison(comparison: Comparison, *, parent_run_id: str, tracking_uri: str | None = None) -> None:
+    """Attach the table, plot and JSON to the pipeline's MLflow parent run (under comparison/),
+    with per-arm metrics (`compare/<arm>/success`, ...)."""
+    log_to_run(parent_run_id, {f"compare/{k}": v for k, v in comparison.metrics().items()},
+               files={p.name: p for p in (comparison.table_path, comparison.plot_path, comparison.json_path)},
+               artifact_path="comparison", tracking_uri=tracking_uri)

@@ -1,0 +1,166 @@
+"""`sdar compile`, `sdar run --local` and `sdar submit`: the comparison pipeline (pipelines/ and
+components/ of the repository) compiled for a cluster, run here through the KFP local runner, or submitted.
+
+`run_local(...)` is the importable entry point `sdar demo` calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+from typing import Any
+
+_PIPELINE_MODULE = "pipelines.sdar_comparison"
+
+
+def _pipeline_module():
+    """pipelines.sdar_comparison, with the repository root put on sys.path when needed (the `sdar`
+    console script does not run from the checkout's root)."""
+    try:
+        return importlib.import_module(_PIPELINE_MODULE)
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("pipelines", _PIPELINE_MODULE, "components"):
+            raise
+    root = Path(__file__).resolve().parents[2]  # src/sdar/pipeline_cli.py -> repository root
+    if not (root / "pipelines" / "sdar_comparison.py").is_file():
+        raise SystemExit(
+            "the pipeline sources (pipelines/, components/) are not importable and not found beside this sdar "
+            f"({root}); run sdar from a checkout of the repository (pip install -e .)"
+        )
+    sys.path.insert(0, str(root))
+    return importlib.import_module(_PIPELINE_MODULE)
+
+
+def run_local(arms: list[str] | None = None, seeds: list[int] | None = None, steps: int | None = None, *,
+              quick: bool = False, root: str = "runs/kfp-local", console=None, quiet: bool = False,
+              parallelism: int | None = None, **settings: Any) -> dict[str, Any]:
+    """Run the comparison pipeline locally (KFP local runner) and print the table, the plot path and
+    how to open `mlflow ui`. quick: the smoke-test sizes (a few minutes on 2 cores).
+
+    parallelism: arms trained at once (default 2, the local runner's cap; 1 = one at a time).
+    settings: any `RunSettings` field (group_size, tasks_per_step, eval_tasks, episodes_per_task,
+    greedy, family, model, config_path, overrides, experiment). Returns run_local's result dict
+    (table, plot, report_dir, parent_run_id, child_runs, tracking_uri, seconds, status, summaries).
+    """
+    mod = _pipeline_module()
+    changes = {k: v for k, v in settings.items() if v is not None}
+    if arms is not None:
+        changes["arms"] = list(arms)
+    if seeds is not None:
+        changes["seeds"] = list(seeds)
+    if steps is not None:
+        changes["steps"] = steps
+    s = mod.RunSettings.quick(**changes) if quick else mod.RunSettings(**changes)
+    return mod.run_local(s, quick=quick, root=root, console=console, quiet=quiet, parallelism=parallelism)
+
+
+def _csv(text: str, cast=str) -> list:
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
+    try:
+        return [cast(x) for x in items]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated {cast.__name__}s, got {text!r}") from None
+
+
+def _sets(items: list[str] | None) -> dict[str, Any]:
+    import yaml
+
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            raise SystemExit(f"--set expects KEY=VALUE (e.g. --set rollout.max_turns=10), got {item!r}")
+        key, value = item.split("=", 1)
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def _cmd_compile(args: argparse.Namespace) -> int:
+    mod = _pipeline_module()
+    path = mod.compile_pipeline(args.out, target=args.target, image=args.image)
+    print(f"wrote {path} (target {args.target}); run it with: kfp run create -e EXPERIMENT -f {path}  "
+          f"(or sdar submit --host URL --experiment EXPERIMENT --yaml {path})")
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    if not args.local:
+        raise SystemExit("sdar run runs the pipeline on this machine and needs --local; "
+                         "for a cluster use `sdar compile` then `sdar submit --host URL --experiment NAME`")
+    settings: dict[str, Any] = {
+        "group_size": args.group_size, "tasks_per_step": args.tasks_per_step, "eval_tasks": args.eval_tasks,
+        "episodes_per_task": args.episodes_per_task, "family": args.family, "model": args.model,
+        "config_path": args.config, "experiment": args.experiment,
+    }
+    if args.greedy:
+        settings["greedy"] = True
+    overrides = _sets(args.set)
+    if overrides:
+        if args.quick:
+            mod = _pipeline_module()
+            overrides = {**mod.RunSettings.quick().overrides, **overrides}
+        settings["overrides"] = overrides
+    result = run_local(args.arms, args.seeds, args.steps, quick=args.quick, root=args.root, quiet=args.quiet,
+                       parallelism=args.parallel, **settings)
+    return 0 if result["status"] == "SUCCEEDED" else 1
+
+
+def _cmd_submit(args: argparse.Namespace) -> int:
+    mod = _pipeline_module()
+    arguments = _sets(args.arg)
+    if isinstance(arguments.get("overrides"), dict):  # the pipeline takes them as JSON text
+        import json
+
+        arguments["overrides"] = json.dumps(arguments["overrides"])
+    try:
+        run_id = mod.submit(args.host, args.experiment, yaml_path=args.yaml, arguments=arguments,
+                            run_name=args.run_name, namespace=args.namespace)
+    except ConnectionError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"submitted run {run_id} to {args.host} (experiment {args.experiment!r})")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    c = sub.add_parser("compile", help="write the comparison pipeline's KFP IR YAML")
+    c.add_argument("--out", default="pipeline.yaml", help="output YAML (default pipeline.yaml)")
+    c.add_argument("--target", choices=("cluster", "local"), default="cluster",
+                   help="cluster adds GPUs, node selector, tolerations and secrets (default cluster)")
+    c.add_argument("--image", default=None, help="component image (default: $SDAR_IMAGE or ghcr.io/sdar/trainer:0.1.0)")
+    c.set_defaults(func=_cmd_compile)
+
+    r = sub.add_parser("run", help="run the comparison pipeline here through the KFP local runner (--local)")
+    r.add_argument("--local", action="store_true", help="run on this machine (the only mode of `sdar run`)")
+    r.add_argument("--quick", action="store_true", help="smoke-test sizes: a few minutes on 2 CPU cores")
+    r.add_argument("--arms", type=_csv, default=None, help="comma-separated arms (default grpo,grpo_opsd,sdar)")
+    r.add_argument("--seeds", type=lambda t: _csv(t, int), default=None, help="comma-separated seeds (default 0)")
+    r.add_argument("--steps", type=int, default=None, help="RL steps per arm (default: the config's, or 2 with --quick)")
+    r.add_argument("--group-size", type=int, default=None, help="rollouts per task (G)")
+    r.add_argument("--tasks-per-step", type=int, default=None)
+    r.add_argument("--eval-tasks", type=int, default=None, help="held-out tasks (the same for every arm and seed)")
+    r.add_argument("--episodes-per-task", type=int, default=None, help="evaluation episodes per held-out task")
+    r.add_argument("--greedy", action="store_true", help="evaluate greedily instead of at temperature 0.4")
+    r.add_argument("--family", default=None, help="environment family (default: the config's)")
+    r.add_argument("--model", default=None, help="policy model (default: the config's; e.g. tiny, smollm2, a path)")
+    r.add_argument("--config", default=None, help="experiment YAML (default configs/household-tiny.yaml)")
+    r.add_argument("--experiment", default=None, help="MLflow experiment (default sdar-comparison)")
+    r.add_argument("--root", default="runs/kfp-local", help="pipeline root and MLflow store (default runs/kfp-local)")
+    r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override any config key, dotted")
+    r.add_argument("--parallel", type=int, default=None, metavar="N",
+                   help="arms trained at once (default 2, the most the KFP local runner allows; 1 = one at a time)")
+    r.add_argument("--quiet", action="store_true", help="write the components' logs to <root>/logs/ instead of the terminal")
+    r.set_defaults(func=_cmd_run)
+
+    s = sub.add_parser("submit", help="submit the pipeline to Kubeflow Pipelines (like `kfp run create`)")
+    s.add_argument("--host", required=True, help="KFP API or UI URL, e.g. http://127.0.0.1:8080")
+    s.add_argument("--experiment", required=True, help="KFP experiment name (created if missing)")
+    s.add_argument("--yaml", default=None, help="compiled pipeline (default: compile for the cluster now)")
+    s.add_argument("--run-name", default=None)
+    s.add_argument("--namespace", default=None, help="Kubeflow profile namespace (multi-user installs)")
+    s.add_argument("--arg", action="append", metavar="KEY=VALUE",
+                   help="pipeline argument, YAML value (e.g. --arg arms=[grpo,sdar] --arg steps=150)")
+    s.set_defaults(func=_cmd_submit)

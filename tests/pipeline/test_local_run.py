@@ -1,0 +1,89 @@
+"""The comparison pipeline run end to end through the KFP local runner (SubprocessRunner): the
+quick settings produce the comparison and the MLflow runs; a failing branch still tears down."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipelines.sdar_comparison import RunSettings, run_local
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        return b"sdar.envs.server" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _registries(root: Path) -> list[Path]:
+    return sorted((root / "outputs" / "envs").glob("*.json"))
+
+
+def test_a_failing_step_still_runs_the_exit_handler(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    root = tmp_path / "kfp"
+    # the model path does not exist: the baseline evaluation fails after the env server started
+    s = RunSettings.quick(arms=["grpo"], model=str(tmp_path / "no-such-model"), experiment="e2e-fail")
+    res = run_local(s, quick=True, root=root, quiet=True)
+    assert res["status"] == "FAILED"
+    assert "evaluate" in res["error"]
+    assert res["table"] is None and res["child_runs"] == {}
+    # teardown ran: the server launch_envs started is stopped and its registry closed
+    regs = _registries(root)
+    assert len(regs) == 1 and regs[0].name.endswith(".stopped.json")
+    pid = json.loads(regs[0].read_text())["pids"][0]
+    assert not _pid_alive(pid)
+    parent = MlflowClient(tracking_uri=res["tracking_uri"]).get_run(res["parent_run_id"])
+    assert parent.info.status == "FAILED"
+    assert parent.data.tags["sdar.pipeline_state"] == "FAILED"
+
+
+def test_quick_pipeline_produces_the_comparison_and_mlflow_runs(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    root = tmp_path / "kfp"
+    arms = ["grpo", "grpo_opsd", "sdar"]
+    # the quick settings, cut further (1 step, 2 rollouts per task, 6 held-out tasks) to keep CI short
+    s = RunSettings.quick(arms=arms, steps=1, group_size=2, eval_tasks=6, experiment="e2e")
+    res = run_local(s, quick=True, root=root, quiet=True)
+    assert res["status"] == "SUCCEEDED", res["error"]
+
+    # the comparison: a row per arm plus the warm start, the plot, the pooled numbers
+    table = res["table"]
+    assert table.count("\n| ") == 1 + 1 + len(arms)  # header (after the title), baseline, arms
+    assert "| warm start (no RL) |" in table and all(f"| {a} | 0 |" in table for a in arms)
+    assert Path(res["plot"]).read_bytes()[:4] == b"\x89PNG"
+    summaries = {a["arm"]: a for a in res["summaries"]}
+    assert set(summaries) == set(arms)
+    assert all(a["n"] == s.eval_tasks and a["steps"] == s.steps for a in summaries.values())
+    comparison = json.loads((Path(res["report_dir"]) / "comparison.json").read_text())
+    # every arm and the baseline were evaluated on the same held-out task ids
+    task_sets = {tuple(r["evaluation"]["task_ids"]) for r in comparison["runs"]}
+    assert task_sets == {tuple(comparison["baseline"]["task_ids"])} and len(next(iter(task_sets))) == s.eval_tasks
+
+    # MLflow: one parent for the pipeline run, one child per arm, each with its final evaluation
+    client = MlflowClient(tracking_uri=res["tracking_uri"])
+    parent = client.get_run(res["parent_run_id"])
+    assert parent.info.status == "FINISHED" and parent.data.tags["sdar.pipeline_state"] == "SUCCEEDED"
+    assert parent.data.metrics["baseline/success"] == pytest.approx(comparison["baseline"]["success"])
+    assert {f.path for f in client.list_artifacts(parent.info.run_id, "comparison")} == {
+        "comparison/comparison.md", "comparison/comparison.png", "comparison/comparison.json"}
+    assert sorted(res["child_runs"]) == sorted(f"{a}-seed0" for a in arms)
+    for arm in arms:
+        child = client.get_run(res["child_runs"][f"{arm}-seed0"])
+        assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert child.info.status == "FINISHED" and child.data.params["arm"] == arm
+        assert child.data.metrics["final/success"] == pytest.approx(summaries[arm]["success"])
+        assert parent.data.metrics[f"compare/{arm}/success"] == pytest.approx(summaries[arm]["success"])
+        assert len(client.get_metric_history(child.info.run_id, "reward")) == s.steps
+
+    # the env server is gone
+    regs = _registries(root)
+    assert len(regs) == 1 and regs[0].name.endswith(".stopped.json")
+    assert not _pid_alive(json.loads(regs[0].read_text())["pids"][0])
