@@ -10,6 +10,6 @@ def test_every_arm_learns_the_toy_task():
     assert run_arm("grpo_opsd", cfg)[-1]["gate"] == 0.5
 
 
-def test_demo_quick_exits_zero(capsys):
-    assert main(["demo", "--mode", "quick"]) == 0
+def test_selfcheck_exits_zero(capsys):
+    assert main(["demo", "--selfcheck", "--mode", "quick"]) == 0
     assert "self-check passed" in capsys.readouterr().out

@@ -72,7 +72,28 @@ def run_arm(arm_name: str, cfg: ToyConfig) -> list[dict[str, float]]:
     return history
 
 
+# `make demo`: the comparison pipeline at a size that fits about 15 minutes on 2 cores
+# (a smaller warm start than configs/household-tiny.yaml, a few RL steps per arm)
+DEMO_SIZES = {
+    "steps": 4,
+    "tasks_per_step": 2,
+    "group_size": 4,
+    "eval_tasks": 24,
+    "overrides": {"warmstart.episodes": 120, "warmstart.epochs": 2, "eval_every": 2, "checkpoint_every": 2},
+}
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
+    if args.selfcheck:
+        return _selfcheck(args)
+    from sdar.pipeline_cli import run_local
+
+    arms = args.arms.split(",")
+    res = run_local(arms=arms, quick=True) if args.mode == "quick" else run_local(arms=arms, **DEMO_SIZES)
+    return 0 if res.get("status") == "SUCCEEDED" else 1
+
+
+def _selfcheck(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
@@ -81,8 +102,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     console = Console()
     cfg = ToyConfig(steps=30 if args.mode == "quick" else 60)
     console.print(
-        "[bold]sdar algorithm self-check[/bold]: a toy token policy trained by each arm with the real "
-        "loss code (the KFP comparison pipeline replaces this demo when it lands)."
+        "[bold]sdar algorithm self-check[/bold]: a toy token policy trained by each arm with the real loss code."
     )
     table = Table(title=f"toy bandit, {cfg.steps} steps, G={cfg.group_size}, {cfg.tasks_per_step} tasks/step")
     for col in ("arm", "reward first 5", "reward last 5", "gap (teacher - student) last", "gate mean last"):
@@ -109,4 +129,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="run the main job on the embedded local default")
     p.add_argument("--mode", choices=("full", "quick"), default="full", help="quick = a smaller smoke run")
     p.add_argument("--arms", default="grpo,grpo_opsd,sdar", help="comma-separated arms")
+    p.add_argument("--selfcheck", action="store_true",
+                   help="only the algorithm self-check (a toy token policy per arm, seconds, no pipeline)")
     p.set_defaults(func=_cmd_demo)
