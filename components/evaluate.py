@@ -49,16 +49,13 @@ def evaluate(
     from collections import namedtuple
     from pathlib import Path
 
-    from sdar.config import load_config
+    from sdar.config import load_config, parse_overrides
     from sdar.eval import evaluate as run_eval
     from sdar.train.trainer import Trainer, seed_everything
 
     info = json.loads(Path(endpoints.path).read_text()) if endpoints is not None else {}
     name = label or (f"{arm}-seed{int(seed)}" if checkpoint is not None else "baseline")
-    ov = json.loads(overrides or "{}")
-    if not isinstance(ov, dict):
-        raise ValueError("overrides must be a JSON object of dotted config keys, e.g. "
-                         f"'{{\"rollout.max_turns\": 8}}', got {overrides!r}")
+    ov = parse_overrides(overrides)
     ov.update({"arm": arm, "seed": int(seed), "tracking": False,
                "output_dir": str(Path(output_root) / job_id / f"eval-{name}")})
     if eval_tasks:

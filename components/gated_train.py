@@ -50,14 +50,11 @@ def gated_train(
     from collections import namedtuple
     from pathlib import Path
 
-    from sdar.config import load_config
+    from sdar.config import load_config, parse_overrides
     from sdar.train import train
 
     info = json.loads(Path(endpoints.path).read_text()) if endpoints is not None else {}
-    ov = json.loads(overrides or "{}")
-    if not isinstance(ov, dict):
-        raise ValueError("overrides must be a JSON object of dotted config keys, e.g. "
-                         f"'{{\"rollout.max_turns\": 8}}', got {overrides!r}")
+    ov = parse_overrides(overrides)
     ov.update({"arm": arm, "seed": int(seed), "experiment": experiment, "tracking": bool(tracking),
                "output_dir": str(Path(output_root) / job_id / f"{arm}-seed{int(seed)}")})
     for key, value in (("steps", steps), ("group_size", group_size), ("tasks_per_step", tasks_per_step),

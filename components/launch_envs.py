@@ -50,14 +50,11 @@ def launch_envs(
     from collections import namedtuple
     from pathlib import Path
 
-    from sdar.config import load_config
+    from sdar.config import load_config, parse_overrides
 
     if target not in ("local", "cluster"):
         raise ValueError(f"target must be 'local' or 'cluster', got {target!r}")
-    ov = json.loads(overrides or "{}")
-    if not isinstance(ov, dict):
-        raise ValueError("overrides must be a JSON object of dotted config keys, e.g. "
-                         f"'{{\"rollout.max_turns\": 8}}', got {overrides!r}")
+    ov = parse_overrides(overrides)
     if family:
         ov["env.family"] = family
     cfg = load_config(config_path, ov)

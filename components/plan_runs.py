@@ -16,10 +16,8 @@ def plan_runs(arms: List[str], seeds: List[int], config_path: str, overrides: st
 
     family / model: "" keeps the config's env.family / model.name_or_path.
     """
-    import json
-
     from sdar.algos import get_arm
-    from sdar.config import load_config
+    from sdar.config import load_config, parse_overrides
 
     if not arms:
         raise ValueError("arms is empty; pass at least one, e.g. ['grpo', 'grpo_opsd', 'sdar']")
@@ -31,10 +29,7 @@ def plan_runs(arms: List[str], seeds: List[int], config_path: str, overrides: st
         raise ValueError(f"seeds {list(seeds)} repeat a value; each seed is one run")
     for a in arms:
         get_arm(a)  # an unknown arm names the valid ones
-    ov = json.loads(overrides or "{}")
-    if not isinstance(ov, dict):
-        raise ValueError("overrides must be a JSON object of dotted config keys, e.g. "
-                         f"'{{\"rollout.max_turns\": 8}}', got {overrides!r}")
+    ov = parse_overrides(overrides)
     cfg = load_config(config_path, ov)
     if family and family != cfg.env.family and cfg.env.kwargs:
         raise ValueError(

@@ -38,17 +38,14 @@ def rollout(
     from pathlib import Path
 
     from sdar.agent.rollout import rollout as play
-    from sdar.config import load_config
+    from sdar.config import load_config, parse_overrides
     from sdar.eval.report import write_trajectories
     from sdar.train.trainer import Trainer, seed_everything
 
     if episodes < 1:
         raise ValueError(f"episodes must be >= 1, got {episodes}")
     info = json.loads(Path(endpoints.path).read_text()) if endpoints is not None else {}
-    ov = json.loads(overrides or "{}")
-    if not isinstance(ov, dict):
-        raise ValueError("overrides must be a JSON object of dotted config keys, e.g. "
-                         f"'{{\"rollout.max_turns\": 8}}', got {overrides!r}")
+    ov = parse_overrides(overrides)
     ov.update({"arm": arm, "seed": int(seed), "tracking": False,
                "output_dir": str(Path(output_root) / job_id / f"rollout-{arm}-seed{int(seed)}")})
     if family:

@@ -46,7 +46,7 @@ def teacher_replay(
             "Leave `teachers` empty to score with the privileged self-teacher."
         )
     from sdar.algos import get_arm
-    from sdar.config import load_config
+    from sdar.config import load_config, parse_overrides
     from sdar.eval.report import read_trajectories
     from sdar.eval.report import teacher_replay as replay
     from sdar.train.trainer import Trainer
@@ -54,10 +54,7 @@ def teacher_replay(
     trajs = read_trajectories(trajectories.path)
     if not trajs:
         raise ValueError(f"{trajectories.path} holds no trajectories; run the rollout step first")
-    ov = json.loads(overrides or "{}")
-    if not isinstance(ov, dict):
-        raise ValueError("overrides must be a JSON object of dotted config keys, e.g. "
-                         f"'{{\"rollout.max_turns\": 8}}', got {overrides!r}")
+    ov = parse_overrides(overrides)
     ov.update({"arm": arm, "tracking": False, "output_dir": str(Path(output_root) / job_id / f"replay-{arm}")})
     if family:
         ov["env.family"] = family

@@ -122,6 +122,18 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
     data[parts[-1]] = value
 
 
+def parse_overrides(text: str | None) -> dict[str, Any]:
+    """Dotted config overrides from a JSON object (how pipeline components receive them: a KFP
+    dict parameter would turn ints into floats)."""
+    import json
+
+    ov = json.loads(text or "{}")
+    if not isinstance(ov, dict):
+        raise ValueError("overrides must be a JSON object of dotted config keys, e.g. "
+                         f"'{{\"rollout.max_turns\": 8}}', got {text!r}")
+    return ov
+
+
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
     """A TrainConfig from a YAML file (or the defaults) plus dotted overrides
     (`{"steps": 3, "rollout.max_turns": 10}`)."""
