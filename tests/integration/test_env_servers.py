@@ -106,3 +106,35 @@ def test_household_on_the_real_alfworld_engine_over_the_wire():
         assert [g.metadata["admissible_actions"] for g in got] == [e.metadata["admissible_actions"] for e in expected]
         assert got[-1].metadata["won"] is True and got[-1].reward == expected[-1].reward
         assert env.state(len(got) - 1) == expected[-1].observation
+
+
+def _random_action(family: str, md: dict, rng) -> str:
+    """A policy with no idea of the task: a random admissible action; search-QA answers a
+    random corpus-looking word without searching; the shop searches random words."""
+    if family == "searchqa":
+        return f"<answer>{rng.choice(['Paris', 'Ruritania', 'blue', '1842', 'river'])}</answer>"
+    actions = [a for a in md.get("admissible_actions") or [] if "<" not in a]
+    if family == "shop" and (not actions or rng.random() < 0.2):
+        return f"search[{' '.join(rng.sample(['red', 'shoes', 'cheap', 'large', 'organic', 'gift'], 2))}]"
+    return rng.choice(actions)
+
+
+def test_random_policy_mostly_loses_over_the_wire(served):
+    import random
+
+    from sdar.envs.client import RemoteEnv
+
+    family, url = served
+    rng = random.Random(0)
+    wins = episodes = 0
+    with RemoteEnv(url, family) as env:
+        for task_id in env.task_ids("test")[:20]:
+            out = env.reset(task_id=task_id)
+            for _ in range(60):
+                if out.done:
+                    break
+                out = env.step(_random_action(family, out.metadata, rng))
+            episodes += 1
+            wins += bool(out.metadata["won"])
+    # the expert wins every one of these tasks (test above and the family tests)
+    assert wins / episodes <= 0.2, (family, wins, episodes)
