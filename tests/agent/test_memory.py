@@ -21,6 +21,7 @@ def test_memory_follows_a_real_sim_episode():
     out = env.reset(task_id=env.task_ids("test")[3])
     m = HouseholdMemory()
     m.update(out.observation)
+    assert m.room and m.render().endswith("Not visited: " + ", ".join(m.room) + ".")
     picked = None
     while not out.done:
         a = env.expert_action()
@@ -31,3 +32,4 @@ def test_memory_follows_a_real_sim_episode():
             assert m.holding == picked
     assert out.metadata["won"]
     assert m.seen, "the expert visited receptacles; memory must list them"
+    assert all(r not in m.render().split("Not visited:")[1] for r in m.seen if r in m.room)

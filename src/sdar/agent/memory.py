@@ -17,6 +17,13 @@ _PICK = re.compile(r"You pick up the (?P<o>[\w ]+?) from the (?P<r>[\w ]+?)\.")
 _MOVE = re.compile(r"You (?:move|put) the (?P<o>[\w ]+?) (?:to|in/on) the (?P<r>[\w ]+?)\.")
 _STATE = re.compile(r"You (?P<verb>heat|cool|clean) the (?P<o>[\w ]+?) using the (?P<r>[\w ]+?)\.")
 _STATE_WORD = {"heat": "hot", "cool": "cool", "clean": "clean"}
+_ROOM = re.compile(r"Looking quickly around you, you see (?P<items>.+?)\.\n")
+
+
+def _receptacle_order(name: str) -> tuple[str, int]:
+    # by type, then number ascending: the order a systematic search goes through them
+    kind, _, num = name.rpartition(" ")
+    return (kind, int(num)) if num.isdigit() else (name, 0)
 
 
 def _items(text: str) -> list[str]:
@@ -34,8 +41,12 @@ class HouseholdMemory:
         self.seen: dict[str, list[str] | None] = {}  # None = closed, not looked inside
         self.holding: str | None = None
         self.states: dict[str, str] = {}
+        self.room: list[str] = []  # every receptacle, from the room description
 
     def update(self, observation: str) -> None:
+        m = _ROOM.search(observation)
+        if m:
+            self.room = sorted(_items(m["items"]), key=_receptacle_order)
         for pat in (_ARRIVE_OPEN, _OPEN, _ARRIVE_ON):
             m = pat.search(observation)
             if m:
@@ -67,6 +78,13 @@ class HouseholdMemory:
             self.states[m["o"]] = _STATE_WORD[m["verb"]]
 
     def render(self) -> str:
+        text = self._render_seen()
+        unvisited = [r for r in self.room if r not in self.seen]
+        if self.room:
+            text += f" Not visited: {', '.join(unvisited) if unvisited else 'none'}."
+        return text
+
+    def _render_seen(self) -> str:
         if not self.seen and self.holding is None:
             return "Seen: nothing yet. Holding: nothing."
         seen = "; ".join(

@@ -27,7 +27,7 @@ from sdar.agent.rollout import EpisodeState
 from sdar.config import TrainConfig
 from sdar.teacher.scoring import response_logprobs
 
-WARMSTART_VERSION = 2
+WARMSTART_VERSION = 3
 MARKER = "warmstart.json"
 
 
