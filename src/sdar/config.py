@@ -75,6 +75,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     score_batch_size: int = 16  # sequences per no-grad scoring forward
     teacher_max_prompt_tokens: int = 2048  # the teacher's prompt budget (skills + turn)
+    teacher_for_all_arms: bool = True  # score the teacher for arms that do not need it (gap metrics)
     eval_every: int = 10  # steps; 0 disables periodic evaluation
     eval_tasks: int = 50
     eval_temperature: float = 0.4

@@ -91,3 +91,14 @@ def test_checkpoints_to_s3_and_resumes_from_there(tiny_ckpt, tmp_path, mlflow_ur
     assert any(k.endswith("trainable.pt") for k in store.list("checkpoints"))
     t = Trainer(small_config(tmp_path / "b", steps=2, checkpoint_uri=uri))
     assert t.maybe_resume() and t.step == 1
+
+
+def test_arms_that_do_not_need_the_teacher_can_skip_it(tiny_ckpt, tmp_path, mlflow_uri):
+    import math
+
+    hist = train(small_config(tmp_path, arm="grpo", steps=1, teacher_for_all_arms=False))["history"]
+    assert "sdar/gate_mean" not in hist[0] and math.isnan(hist[0]["teacher/gap_all_tokens"])
+    assert hist[0]["updates"] >= 1
+    # an arm that needs the teacher scores it regardless of the switch
+    hist = train(small_config(tmp_path / "s", arm="sdar", steps=1, teacher_for_all_arms=False))["history"]
+    assert "sdar/gate_mean" in hist[0]

@@ -158,7 +158,9 @@ class Trainer:
                                         batch_size=cfg.score_batch_size, allowed=allowed)
         # the teacher is theta_old with the skills in context; scored for every arm so the
         # teacher-student gap can be compared across arms, used in the loss only by SDAR/OPSD
-        teacher = self.teacher.score(self.model, trajs, self.pad_id)
+        teacher = None
+        if arm.needs_teacher or cfg.teacher_for_all_arms:
+            teacher = self.teacher.score(self.model, trajs, self.pad_id)
         t_score = time.perf_counter() - t1
 
         t2 = time.perf_counter()
@@ -177,7 +179,8 @@ class Trainer:
                 idx = torch.tensor(mb)
                 batch = LossBatch(
                     logp=cur.logp, old_logp=old.logp[idx, :T], advantages=advantages[idx], mask=cur.mask,
-                    ref_logp=None if ref is None else ref.logp[idx, :T], teacher_logp=teacher.logp[idx, :T],
+                    ref_logp=None if ref is None else ref.logp[idx, :T],
+                    teacher_logp=None if teacher is None else teacher.logp[idx, :T],
                     entropy=cur.entropy,
                 )
                 total, metrics = compose_loss(arm, batch)
@@ -212,7 +215,7 @@ class Trainer:
             "tokens_per_s": gen_tokens / max(t_rollout, 1e-9),
             "time/rollout_s": t_rollout, "time/score_s": t_score, "time/update_s": t_update,
             "time/step_s": time.perf_counter() - t0,
-            "teacher/gap_all_tokens": _masked_mean(teacher.logp - old.logp, old.mask),
+            "teacher/gap_all_tokens": float("nan") if teacher is None else _masked_mean(teacher.logp - old.logp, old.mask),
             "teacher/truncated_frac": self.teacher.truncated_frac,
             "updates": float(updates), "skipped_updates": float(self.skipped_updates),
         })
