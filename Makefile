@@ -15,8 +15,15 @@ export SDAR_ALFWORLD_DATA ?= $(if $(wildcard $(SHARED_ALFWORLD)),$(SHARED_ALFWOR
 export OMP_WAIT_POLICY ?= PASSIVE
 PYTEST_ARGS ?=
 DEMO ?= full
+# container images: $(REGISTRY)/sdar-trainer:$(TAG) and $(REGISTRY)/sdar-env-server:$(TAG), the names
+# components/_image.py gives the pipeline (it reads SDAR_REGISTRY / SDAR_IMAGE_TAG the same way)
+REGISTRY ?= ghcr.io/sdar
+TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+DOCKER ?= docker
+TRAINER_IMAGE := $(REGISTRY)/sdar-trainer:$(TAG)
+ENV_SERVER_IMAGE := $(REGISTRY)/sdar-env-server:$(TAG)
 
-.PHONY: install test demo bench clean
+.PHONY: install test demo bench clean images push-images
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +46,15 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_loss.py
+
+# BuildKit, so each image's Dockerfile.dockerignore applies
+images:
+	DOCKER_BUILDKIT=1 $(DOCKER) build -f images/env-server/Dockerfile --build-arg VERSION=$(TAG) -t $(ENV_SERVER_IMAGE) .
+	DOCKER_BUILDKIT=1 $(DOCKER) build -f images/trainer/Dockerfile --build-arg VERSION=$(TAG) -t $(TRAINER_IMAGE) .
+
+push-images: images
+	$(DOCKER) push $(ENV_SERVER_IMAGE)
+	$(DOCKER) push $(TRAINER_IMAGE)
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache

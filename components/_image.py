@@ -1,15 +1,21 @@
 """The container image every sdar component runs in, and how to rebuild a component for another.
 
-SDAR_IMAGE (read when the component modules are imported) overrides the default image;
-`with_image` rebinds an already built component, which is what `sdar compile --image` uses.
+Images are named like `make images` names them: <registry>/sdar-trainer:<tag> (images/trainer) and
+<registry>/sdar-env-server:<tag> (images/env-server). SDAR_REGISTRY and SDAR_IMAGE_TAG change the
+registry and tag (as REGISTRY and TAG do for make); SDAR_IMAGE / SDAR_ENV_IMAGE name an image
+outright. They are read when the component modules are imported; `with_image` rebinds an already
+built component, which is what `sdar compile --image` uses.
 """
 
 import os
 
-# the trainer image (images/): torch, sdar and kfp installed, so nothing is installed at run time
-DEFAULT_IMAGE = "ghcr.io/sdar/trainer:0.1.0"
+from sdar.images import ENV_SERVER_REPOSITORY, TRAINER_REPOSITORY, image_ref
+
+# the trainer image (images/trainer): torch, vLLM, sdar, kfp and TorchX installed, so nothing is
+# installed at run time
+DEFAULT_IMAGE = image_ref(TRAINER_REPOSITORY)
 # the environment server image (images/env-server, the Helm chart's image)
-DEFAULT_ENV_IMAGE = "ghcr.io/sdar/sdar-env-server:0.1.0"
+DEFAULT_ENV_IMAGE = image_ref(ENV_SERVER_REPOSITORY)
 
 
 def base_image() -> str:

@@ -1,6 +1,8 @@
 """KFP component gated_train: trains one arm for one seed with `sdar.train.train` (rollout ->
-teacher scoring -> update inside one process, no reloads) and outputs the final checkpoint,
-the per-step history and the arm's MLflow child run id."""
+teacher scoring -> update inside one process, no reloads), or, when the config's `launch` section
+asks for more than one GPU (or `launcher: torchx`), as a TorchX job of torchrun workers that this
+step submits and waits for (sdar.launch); outputs the final checkpoint, the per-step history and
+the arm's MLflow child run id."""
 
 from typing import NamedTuple, Optional
 
@@ -42,6 +44,9 @@ def gated_train(
     output_root: run directory root (<output_root>/<job_id>/<arm>-seed<seed>); a retried step resumes
     from its latest checkpoint there. checkpoint_root: put checkpoints under this URI instead
     (s3://bucket/prefix on a cluster). checkpoint: the final policy (LoRA adapter + tokenizer).
+    A TorchX job (launch.* in the config or overrides, e.g. '{"launch.nodes": 2, "launch.gpus_per_node": 4}')
+    gets the same config and overrides; on Kubernetes it needs checkpoint_root (s3://), through which
+    its rank 0 hands the result back.
     """
     import json
     import os
@@ -79,7 +84,12 @@ def gated_train(
                                              or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(output_root))
     cfg = load_config(config_path, ov)
     t0 = time.perf_counter()
-    summary = train(cfg)
+    if cfg.launch.wants_torchx():
+        from sdar.launch import launch_training
+
+        summary = launch_training(cfg, config_path, ov)
+    else:
+        summary = train(cfg)
     seconds = time.perf_counter() - t0
 
     dst = Path(checkpoint.path)

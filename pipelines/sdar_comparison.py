@@ -37,6 +37,8 @@ class ClusterSettings:
     mlflow_secret / mlflow_keys: Secret name and {env var: secret key} for MLflow (tracking URI etc.).
     s3_secret / s3_keys: Secret name and {env var: secret key} for S3/MinIO (checkpoints, artifacts).
     eval_on_gpu: give the evaluation pods the same GPU settings (real models decode faster there).
+    pod_labels: labels on every task's pod; k8s/ NetworkPolicies admit only pods carrying these to
+    the env services, MLflow and MinIO (the chart's networkPolicy.allowedClients default too).
     """
 
     gpu_type: str = "nvidia.com/gpu"
@@ -53,6 +55,7 @@ class ClusterSettings:
         "AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY",
         "SDAR_S3_ENDPOINT_URL": "SDAR_S3_ENDPOINT_URL"})
     eval_on_gpu: bool = False
+    pod_labels: dict[str, str] = field(default_factory=lambda: {"app.kubernetes.io/part-of": "sdar-pipeline"})
 
 
 def _components(image: str | None):
@@ -164,6 +167,11 @@ def build_pipeline(target: str = "local", image: str | None = None, cluster: Clu
             )
 
         if on_cluster:
+            from kfp import kubernetes
+
+            for task in (plan, teardown, launch, baseline, train, final, report):
+                for k, v in cs.pod_labels.items():
+                    kubernetes.add_pod_label(task, label_key=k, label_value=v)
             for task in (teardown, launch, baseline, train, final, report):  # plan_runs touches no store
                 _secrets(task, cs)
             for task in (teardown, launch, train, final, baseline):

@@ -55,6 +55,41 @@ class WarmStartConfig:
     epochs: int = 2
     lr: float = 2e-3
     batch_size: int = 16
+    # weight of a language-modelling loss on the prompt tokens (0 = imitation only): the same
+    # forward gives a model trained from scratch far more signal per update
+    prompt_lm_weight: float = 0.0
+
+
+@dataclass
+class LaunchConfig:
+    """Where `gated_train` runs the training: in its own process (the default), or as a TorchX job
+    of `nodes` x `gpus_per_node` torchrun workers (data-parallel LoRA, see sdar.train.distributed).
+    Secrets (MLflow, S3) reach the job's pods from Kubernetes Secrets, never from this config."""
+
+    launcher: str = "auto"  # auto | inprocess | torchx; auto = torchx when nodes * gpus_per_node > 1
+    scheduler: str = "kubernetes"  # kubernetes (a Volcano Job, gang-scheduled) | local_cwd (this machine)
+    nodes: int = 1
+    gpus_per_node: int = 0  # GPUs of each node, one torchrun worker per GPU; 0 = CPU workers
+    procs_per_node: int = 0  # torchrun workers per node; 0 = gpus_per_node (1 without GPUs)
+    cpu: int = 8  # per node
+    memory_mb: int = 32768  # per node
+    image: str = ""  # "" = $SDAR_IMAGE or the trainer image the pipeline uses
+    queue: str = "default"  # Volcano queue
+    namespace: str = ""  # "" = the namespace of the pod that launches (its service account's), else default
+    service_account: str = ""  # the job's pods' service account ("" = the namespace's default)
+    node_selector: dict[str, str] = field(default_factory=lambda: {"eks.amazonaws.com/nodegroup": "gpu"})
+    tolerations: list[dict[str, str]] = field(
+        default_factory=lambda: [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}])
+    # Secrets whose keys become the pods' environment (the same ones ClusterSettings gives the pipeline)
+    secrets: list[str] = field(default_factory=lambda: ["sdar-mlflow", "sdar-s3"])
+
+    def wants_torchx(self) -> bool:
+        """Whether training runs as a TorchX job (sdar.launch) rather than in this process."""
+        if self.launcher not in ("auto", "inprocess", "torchx"):
+            raise ValueError(f"unknown launcher {self.launcher!r}; choose one of auto, inprocess, torchx")
+        if self.launcher == "auto":
+            return self.nodes * self.gpus_per_node > 1
+        return self.launcher == "torchx"
 
 
 @dataclass
@@ -85,13 +120,21 @@ class TrainConfig:
     checkpoint_uri: str | None = None  # local dir or s3://bucket/prefix; default <output_dir>/checkpoints
     tracking: bool = True  # MLflow (SQLite under output_dir unless MLFLOW_TRACKING_URI is set)
     parent_run_id: str | None = None  # MLflow parent run (the pipeline's run)
+    # roll out each task group under its own seed (seed, step, group): the trajectories then do not
+    # depend on how groups are split over torchrun ranks, at the cost of lock-step batching across groups
+    group_seeded_rollouts: bool = False
     env: EnvConfig = field(default_factory=EnvConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
 
     def resolved_output_dir(self) -> Path:
         return Path(self.output_dir.format(experiment=self.experiment, arm=self.arm, seed=self.seed))
+
+    def resolved_checkpoint_uri(self) -> str:
+        """checkpoint_uri, else <output_dir>/checkpoints (where the trainer keeps its checkpoints)."""
+        return self.checkpoint_uri or str(self.resolved_output_dir() / "checkpoints")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

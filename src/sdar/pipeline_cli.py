@@ -130,7 +130,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--out", default="pipeline.yaml", help="output YAML (default pipeline.yaml)")
     c.add_argument("--target", choices=("cluster", "local"), default="cluster",
                    help="cluster adds GPUs, node selector, tolerations and secrets (default cluster)")
-    c.add_argument("--image", default=None, help="component image (default: $SDAR_IMAGE or ghcr.io/sdar/trainer:0.1.0)")
+    c.add_argument("--image", default=None, help="component image (default: $SDAR_IMAGE or ghcr.io/sdar/sdar-trainer:<version>, see make images)")
     c.set_defaults(func=_cmd_compile)
 
     r = sub.add_parser("run", help="run the comparison pipeline here through the KFP local runner (--local)")

@@ -100,7 +100,7 @@ def test_components_run_in_the_image_and_install_nothing(cluster, tmp_path, monk
     spec, _ = cluster
     for ex, body in spec["deploymentSpec"]["executors"].items():
         c = body["container"]
-        assert c["image"] == "ghcr.io/sdar/trainer:0.1.0", ex
+        assert c["image"] == "ghcr.io/sdar/sdar-trainer:0.1.0", ex  # what `make images` tags
         assert "pip install" not in " ".join(c["command"]), ex
     custom, _ = _compile(tmp_path, "cluster", image="registry.example/sdar-trainer:7")
     assert {b["container"]["image"] for b in custom["deploymentSpec"]["executors"].values()} == {"registry.example/sdar-trainer:7"}

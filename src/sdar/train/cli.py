@@ -1,5 +1,6 @@
 """`sdar train` and `sdar warmstart`: run one arm from a YAML config, resuming when a
-checkpoint exists in the output (or checkpoint URI)."""
+checkpoint exists in the output (or checkpoint URI). `torchrun --nproc_per_node N -m sdar.cli train ...`
+trains data-parallel (sdar.train.distributed); rank 0 prints the summary."""
 
 from __future__ import annotations
 
@@ -29,11 +30,17 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from sdar.config import load_config
-    from sdar.train import train
+    from sdar.train import distributed, train
 
     cfg = load_config(args.config, _overrides(args))
     console = Console(stderr=True)
     summary = train(cfg, console=console)
+    ctx = distributed.init_from_env()  # the trainer's process group (rank 0 of 1 when alone)
+    if args.publish and ctx.is_main:
+        _publish(cfg, summary)
+    distributed.shutdown(ctx)
+    if not ctx.is_main:  # one summary per job
+        return 0
     hist = summary["history"]
     table = Table(title=f"{summary['arm']}: {summary['steps']} steps -> {summary['output_dir']}")
     for col in ("step", "success", "reward", "invalid", "gap", "gate", "loss/pg", "s/step"):
@@ -44,8 +51,21 @@ def _cmd_train(args: argparse.Namespace) -> int:
                       f"{h.get('sdar/gap_mean', float('nan')):+.3f}", f"{h.get('sdar/gate_mean', float('nan')):.3f}",
                       f"{h.get('loss/pg', float('nan')):+.3f}", f"{h['time/step_s']:.1f}")
     console.print(table)
-    print(json.dumps({k: v for k, v in summary.items() if k != "history"}))
+    print(json.dumps({**{k: v for k, v in summary.items() if k != "history"}, "world_size": ctx.world_size}))
     return 0
+
+
+RESULT_PREFIX = "result"  # where --publish puts the final policy and summary.json in the checkpoint store
+
+
+def _publish(cfg, summary: dict) -> None:
+    """Copy the final policy and the summary into the checkpoint store, for a launcher on another
+    machine (sdar.launch collects a TorchX job's result from there)."""
+    from sdar.storage import open_store
+
+    store = open_store(cfg.resolved_checkpoint_uri())
+    store.put_dir(summary["final_dir"], f"{RESULT_PREFIX}/final")
+    store.write_json(f"{RESULT_PREFIX}/summary.json", summary)
 
 
 def _cmd_warmstart(args: argparse.Namespace) -> int:
@@ -102,6 +122,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--output", help="output directory (overrides output_dir)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override any config key, dotted")
+    p.add_argument("--publish", action="store_true",
+                   help=f"also copy the final policy and summary.json to <checkpoint store>/{RESULT_PREFIX}/")
     p.set_defaults(func=_cmd_train)
     w = sub.add_parser("warmstart", help="build (or find) the cached warm-started tiny model for a config")
     w.add_argument("--config", required=True)

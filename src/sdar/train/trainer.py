@@ -3,6 +3,8 @@
 Per step: sample tasks -> G rollouts each (lock-step) -> old, reference and privileged-teacher
 log-probs (no grad) -> GRPO advantages over turn-samples -> mini-batch updates with the arm's
 composed loss. Checkpoints every K steps (local or s3://) make a killed run resume exactly.
+Under torchrun each rank rolls out its share of the task groups and the ranks sum their gradients
+(sdar.train.distributed); rank 0 alone writes checkpoints, MLflow and the final policy.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from sdar.agent.rollout import Trajectory, rollout, turn_rewards
 from sdar.algos import LossBatch, compose_loss, get_arm, grpo_advantages
 from sdar.config import TrainConfig
 from sdar.teacher import TeacherScorer, response_logprobs
+from sdar.train import distributed
 
 STATE_FILE = "trainer_state.pt"
 WEIGHTS_FILE = "trainable.pt"
@@ -70,6 +73,7 @@ class Trainer:
         self.cfg = cfg
         self.console = console or Console(stderr=True)
         self.arm = get_arm(cfg.arm, **cfg.arm_overrides)
+        self.dist = distributed.init_from_env()  # rank 0 of 1 unless started by torchrun
         self.out = cfg.resolved_output_dir()
         self.out.mkdir(parents=True, exist_ok=True)
         seed_everything(cfg.seed)  # LoRA's initialisation draws from the global RNG
@@ -77,12 +81,15 @@ class Trainer:
             from sdar.train.warmstart import build_policy
 
             policy = build_policy(cfg, console=self.console)
+        if self.dist.device.type == "cuda":
+            policy.to(self.dist.device)
         self.policy = policy
         self.model, self.tokenizer = policy.model, policy.tokenizer
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("the policy has no trainable parameters; enable LoRA or full fine-tuning")
+        distributed.broadcast_params(self.params, self.dist)
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.rollout_cfg = replace(cfg.rollout, family=cfg.env.family,
                                    skills_in_prompt=self.arm.skills_in_student_prompt)
@@ -126,14 +133,26 @@ class Trainer:
         return ids, groups
 
     def collect(self, step: int) -> list[Trajectory]:
-        seed_everything(_step_seed(self.cfg.seed, step))
+        """This rank's task groups (all of them alone), in lock-step, or one group at a time under
+        its own seed when cfg.group_seeded_rollouts."""
         ids, groups = self.sample_tasks(step)
-        envs = [self.env_factory() for _ in ids]
-        try:
-            return rollout(self.backend, self.tokenizer, envs, ids, groups, self.rollout_cfg)
-        finally:
-            for e in envs:
-                e.close()
+        mine = distributed.group_range(self.cfg.tasks_per_step, self.dist)
+        if self.cfg.group_seeded_rollouts:
+            chunks = [(_step_seed(self.cfg.seed * 7_919 + g + 1, step), [g]) for g in mine]
+        else:  # rank 0 (and a single process) keeps the step's seed
+            chunks = [(_step_seed(self.cfg.seed, step) + self.dist.rank, list(mine))]
+        trajs: list[Trajectory] = []
+        for seed, chunk in chunks:
+            seed_everything(seed)
+            sel = [i for i, g in enumerate(groups) if g in chunk]
+            envs = [self.env_factory() for _ in sel]
+            try:
+                trajs += rollout(self.backend, self.tokenizer, envs, [ids[i] for i in sel], [groups[i] for i in sel],
+                                 self.rollout_cfg)
+            finally:
+                for e in envs:
+                    e.close()
+        return trajs
 
     def train_step(self, step: int) -> StepResult:
         cfg, arm = self.cfg, self.arm
@@ -165,31 +184,40 @@ class Trainer:
 
         t2 = time.perf_counter()
         n = len(prompts)
+        # mini-batches are drawn over every rank's rows (alone: this process's), so N ranks make the
+        # same updates on the same samples as one process; each rank scores only its own rows
+        plan = distributed.plan([int(x) for x in old.mask.sum(dim=1).tolist()], self.dist)
         gen = torch.Generator().manual_seed(_step_seed(cfg.seed, step))
         sums: dict[str, float] = {}
         updates = 0
         for _ in range(cfg.ppo_epochs):
-            perm = torch.randperm(n, generator=gen).tolist()
-            for start in range(0, n, cfg.mini_batch_size):
-                mb = perm[start : start + cfg.mini_batch_size]
+            perm = torch.randperm(plan.n, generator=gen).tolist()
+            for start in range(0, plan.n, cfg.mini_batch_size):
+                rows = perm[start : start + cfg.mini_batch_size]
+                mb, share = plan.local(rows), plan.share(rows, arm.agg)
                 cur = response_logprobs(self.model, [prompts[i] for i in mb], [responses[i] for i in mb],
                                         pad_id=self.pad_id, with_entropy=True, grad=True,
                                         allowed=[allowed[i] for i in mb])
                 T = cur.logp.shape[1]
-                idx = torch.tensor(mb)
+                idx = torch.tensor(mb, dtype=torch.long)
                 batch = LossBatch(
-                    logp=cur.logp, old_logp=old.logp[idx, :T], advantages=advantages[idx], mask=cur.mask,
+                    logp=cur.logp, old_logp=old.logp[idx, :T], advantages=advantages[idx].to(cur.logp.device),
+                    mask=cur.mask,
                     ref_logp=None if ref is None else ref.logp[idx, :T],
                     teacher_logp=None if teacher is None else teacher.logp[idx, :T],
                     entropy=cur.entropy,
                 )
                 total, metrics = compose_loss(arm, batch)
-                if not torch.isfinite(total):
+                self.optimizer.zero_grad(set_to_none=True)
+                finite = bool(torch.isfinite(total))
+                if finite and mb:
+                    # share: this rank's part of the mini-batch's loss normaliser (exactly 1.0 alone)
+                    (total * share).backward()
+                finite, metrics = distributed.sync_update(self.params, metrics, share, finite, self.dist)
+                if not finite:
                     self.skipped_updates += 1
                     self.console.print(f"[yellow]step {step}: non-finite loss, update skipped[/yellow]")
                     continue
-                self.optimizer.zero_grad(set_to_none=True)
-                total.backward()
                 gn = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
                 if not torch.isfinite(gn):
                     self.optimizer.zero_grad(set_to_none=True)
@@ -219,7 +247,9 @@ class Trainer:
             "teacher/truncated_frac": self.teacher.truncated_frac,
             "updates": float(updates), "skipped_updates": float(self.skipped_updates),
         })
-        return StepResult(step, out)
+        counts = {"trajectories": len(trajs), "turns": len(turns), "tokens": float(old.mask.sum()),
+                  "teacher_turns": self.teacher.scored_turns}
+        return StepResult(step, distributed.reduce_step_metrics(out, counts, self.dist))
 
     # ---- evaluation ---------------------------------------------------------------------
     def evaluate(self, temperature: float | None = None, tasks: list[str] | None = None, privileged: bool = False):
@@ -247,6 +277,8 @@ class Trainer:
     def save_checkpoint(self, step: int) -> None:
         from sdar.storage import write_checkpoint
 
+        if not self.dist.is_main:  # the replicas hold the same weights; one writer
+            return
         with tempfile.TemporaryDirectory() as tmp:
             trainable = {n: p.detach().cpu().clone() for n, p in self.model.named_parameters() if p.requires_grad}
             torch.save(trainable, Path(tmp) / WEIGHTS_FILE)
@@ -298,9 +330,11 @@ class Trainer:
 
         cfg = self.cfg
         self.maybe_resume()
+        distributed.assert_same(self.step, "the step to resume at", self.dist)
+        main = self.dist.is_main
         tracker = Tracker(cfg.experiment, run_name=f"{self.arm.name}-seed{cfg.seed}", parent_run_id=cfg.parent_run_id,
                           tags={"arm": self.arm.name, "family": cfg.env.family}, resume_run_id=self.run_id,
-                          enabled=cfg.tracking, output_dir=str(self.out))
+                          enabled=cfg.tracking and main, output_dir=str(self.out))
         summary: dict[str, Any] = {}
         with tracker:
             self.run_id = tracker.run_id
@@ -310,13 +344,13 @@ class Trainer:
                 tracker.log_text(json.dumps(cfg.to_dict(), indent=2), "config.json")
             with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                           TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=self.console,
-                          ) as progress:
+                          disable=not main) as progress:
                 bar = progress.add_task(f"train {self.arm.name}", total=cfg.steps, completed=self.step, info="")
                 while self.step < cfg.steps:
                     step = self.step
                     result = self.train_step(step)
                     m = result.metrics
-                    if cfg.eval_every and (step + 1) % cfg.eval_every == 0:
+                    if main and cfg.eval_every and (step + 1) % cfg.eval_every == 0:
                         ev = self.evaluate()
                         m.update(ev.metrics())
                     self.history.append({"step": step, **m})
@@ -327,14 +361,15 @@ class Trainer:
                     info = (f"success {m['success']:.2f} reward {m['reward']:.2f} "
                             f"gap {m.get('sdar/gap_mean', float('nan')):+.3f} {m['time/step_s']:.1f}s/step")
                     progress.update(bar, completed=self.step, info=info)
-                    if not self.console.is_terminal:  # logs get one line per step
+                    if main and not self.console.is_terminal:  # logs get one line per step
                         extra = f" eval {m['eval/success']:.2f}" if "eval/success" in m else ""
                         self.console.print(f"[{self.arm.name}] step {self.step}/{cfg.steps}: {info}{extra}")
             final = self.out / "final"
-            self.policy.save(final)
-            tracker.log_artifacts(str(final), "final_adapter")
-            (self.out / "history.json").write_text(json.dumps(self.history, indent=1))
-            tracker.log_artifact(str(self.out / "history.json"))
+            if main:
+                self.policy.save(final)
+                tracker.log_artifacts(str(final), "final_adapter")
+                (self.out / "history.json").write_text(json.dumps(self.history, indent=1))
+                tracker.log_artifact(str(self.out / "history.json"))
             summary = {"arm": self.arm.name, "steps": self.step, "run_id": self.run_id, "output_dir": str(self.out),
                        "final_dir": str(final), "history": self.history}
         return summary

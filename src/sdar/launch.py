@@ -1,0 +1,247 @@
+"""Training as a TorchX job: `torchrun -m sdar.cli train ...` on `nodes` x `procs_per_node` workers
+(data-parallel LoRA, sdar.train.distributed), gang-scheduled as a Volcano Job on Kubernetes, or on
+this machine with the `local_cwd` scheduler.
+
+`trainer` is a TorchX component, so the TorchX CLI can run it directly:
+
+    torchx run --workspace "" -s kubernetes -cfg queue=default,namespace=rl src/sdar/launch.py:trainer \\
+        --nnodes 2 --nproc_per_node 4 --gpu 4 -- --config configs/household-tiny.yaml --arm sdar
+
+(`--workspace ""`: run the pushed trainer image as it is, rather than have TorchX build one from
+the working directory)
+
+and `launch_training(cfg, ...)` is what the `gated_train` pipeline step calls when the config's
+`launch` section asks for more than one GPU (or `launcher: torchx`). Credentials never travel as
+parameters: the pods read them from the Kubernetes Secrets named in `secrets` (envFrom).
+"""
+
+# no `from __future__ import annotations`: TorchX reads the component's annotations as types
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from torchx import specs
+
+from sdar.train.cli import RESULT_PREFIX
+
+# environment variables that hold credentials or endpoints: they come from Kubernetes Secrets
+# (or, for local_cwd, from the launching process's environment), never from a parameter
+SECRET_ENV = frozenset({
+    "MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN",
+    "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "SDAR_S3_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "MLFLOW_S3_ENDPOINT_URL",
+})
+SCHEDULERS = ("kubernetes", "local_cwd")
+ROLE = "trainer"
+# the same Secrets the pipeline's ClusterSettings gives its steps (k8s/ creates them); their keys
+# are the variable names (MLFLOW_TRACKING_URI; AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, SDAR_S3_ENDPOINT_URL)
+DEFAULT_SECRETS = "sdar-mlflow,sdar-s3"
+SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def _torchrun_component():
+    # torchx-nightly renamed dist.ddp to dist.torchrun (ddp stays as a deprecated alias with the
+    # same arguments); the release's dist.ddp is the fallback
+    from torchx.components import dist
+
+    return getattr(dist, "torchrun", None) or dist.ddp
+
+
+def trainer(
+    *train_args: str,
+    image: str = "",
+    nnodes: int = 1,
+    nproc_per_node: int = 1,
+    gpu: int = 0,
+    cpu: int = 8,
+    memMB: int = 32768,
+    name: str = "sdar-train",
+    secrets: str = DEFAULT_SECRETS,
+    node_selector: dict[str, str] | None = None,
+    tolerations: str = "",
+    env: dict[str, str] | None = None,
+    max_retries: int = 0,
+    rdzv_port: int = 29500,
+) -> specs.AppDef:
+    """`sdar train` under torchrun: nnodes replicas of nproc_per_node workers each (DDP over LoRA).
+
+    Args:
+        train_args: arguments of `sdar train` (e.g. --config configs/household-tiny.yaml --arm sdar)
+        image: container image holding sdar ("" = $SDAR_IMAGE or <registry>/sdar-trainer:<tag>)
+        nnodes: nodes (replicas of the role; Volcano schedules them as one gang)
+        nproc_per_node: torchrun workers per node (one per GPU)
+        gpu: GPUs per node (the nvidia.com/gpu limit of each pod)
+        cpu: CPUs per node
+        memMB: memory per node in MB
+        name: the job's name
+        secrets: comma-separated Kubernetes Secrets whose keys become the workers' environment
+        node_selector: labels the nodes must carry (KEY=VALUE,...)
+        tolerations: taints to tolerate, comma-separated KEY[=VALUE]:EFFECT (e.g. nvidia.com/gpu:NoSchedule)
+        env: extra environment (not credentials: those come from `secrets`)
+        max_retries: scheduler retries of the job
+        rdzv_port: port of rank 0's rendezvous store (multi-node)
+    """
+    from sdar.images import trainer_image
+
+    if "--config" not in train_args:
+        raise ValueError("trainer needs the arguments of `sdar train`, e.g. -- --config configs/household-tiny.yaml")
+    if nnodes < 1 or nproc_per_node < 1:
+        raise ValueError(f"nnodes and nproc_per_node must be >= 1, got {nnodes} and {nproc_per_node}")
+    if gpu and nproc_per_node > gpu:
+        raise ValueError(f"nproc_per_node={nproc_per_node} workers would share gpu={gpu} GPUs; use one worker per GPU")
+    bad = sorted(set(env or {}) & SECRET_ENV)
+    if bad:
+        raise ValueError(f"{', '.join(bad)} must not be parameters: put them in a Kubernetes Secret named in "
+                         f"`secrets` (now {secrets!r})")
+    app = _torchrun_component()(
+        "train", *train_args,
+        m="sdar.cli", image=image or trainer_image(), name=name, cpu=cpu, gpu=gpu, memMB=memMB,
+        j=f"{nnodes}x{nproc_per_node}", env=dict(env or {}), max_retries=max_retries, rdzv_port=rdzv_port,
+    )
+    role = app.roles[0]
+    role.name = ROLE
+    # the nodes are gang-scheduled by Volcano; the workers' collectives go through the rendezvous
+    # above, the data-parallel reduction is sdar's own (sdar.train.distributed)
+    overlay = _pod_overlay(role.image, [s for s in secrets.split(",") if s.strip()], node_selector or {},
+                           _parse_tolerations(tolerations))
+    if overlay:
+        from torchx.specs.overlays import set_overlay
+
+        set_overlay(role, "kubernetes", "V1Pod", overlay)
+    return app
+
+
+def _parse_tolerations(text: str) -> list[dict[str, str]]:
+    out = []
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        key_value, sep, effect = item.rpartition(":")
+        if not sep or not key_value:
+            raise ValueError(f"toleration {item!r} is not KEY[=VALUE]:EFFECT (e.g. nvidia.com/gpu:NoSchedule)")
+        key, eq, value = key_value.partition("=")
+        tol = {"key": key, "operator": "Equal" if eq else "Exists", "effect": effect}
+        if eq:
+            tol["value"] = value
+        out.append(tol)
+    return out
+
+
+def _pod_overlay(image: str, secrets: list[str], node_selector: dict[str, str],
+                 tolerations: list[dict[str, str]]) -> dict[str, Any]:
+    """Secrets as envFrom of the (only) container, node selector and tolerations of each pod."""
+    from torchx.specs.overlays import JOIN
+
+    spec: dict[str, Any] = {}
+    if secrets:
+        # the container's name differs per replica, its image does not: merge on the image, adding
+        # envFrom (the container has none) and leaving the env TorchX sets untouched
+        spec[JOIN("containers", on="image")] = [
+            {"image": image, "envFrom": [{"secretRef": {"name": s.strip()}} for s in secrets]}]
+    if node_selector:
+        spec["nodeSelector"] = dict(node_selector)
+    if tolerations:
+        spec["tolerations"] = list(tolerations)
+    return {"spec": spec} if spec else {}
+
+
+# ---- from a TrainConfig ----------------------------------------------------------------------
+def _procs_per_node(launch) -> int:
+    return launch.procs_per_node or max(launch.gpus_per_node, 1)
+
+
+def train_args(config_path: str, overrides: dict[str, Any]) -> list[str]:
+    """`sdar train` arguments that rebuild the same config in the job: the file plus every override
+    as --set KEY=<JSON> (JSON is YAML, which --set parses), and --publish to hand the result back."""
+    args = ["--config", str(config_path)]
+    for key, value in overrides.items():
+        args += ["--set", f"{key}={json.dumps(value)}"]
+    return args + ["--publish"]
+
+
+def app_for_config(cfg, config_path: str, overrides: dict[str, Any]) -> specs.AppDef:
+    """The TorchX app that trains `cfg` (= load_config(config_path, overrides)) as its `launch` says."""
+    launch = cfg.launch
+    if launch.scheduler not in SCHEDULERS:
+        raise ValueError(f"unknown scheduler {launch.scheduler!r}; choose one of {', '.join(SCHEDULERS)}")
+    if launch.nodes > 1 and launch.scheduler == "local_cwd":
+        raise ValueError("local_cwd runs on this machine only: set launch.nodes=1 or scheduler=kubernetes")
+    on_k8s = launch.scheduler == "kubernetes"
+    tolerations = ",".join(f"{t['key']}{'=' + t['value'] if t.get('value') else ''}:{t.get('effect', '')}"
+                           for t in launch.tolerations) if on_k8s and launch.gpus_per_node else ""
+    name = f"sdar-{cfg.arm}-seed{cfg.seed}".replace("_", "-")
+    # on this machine the workers inherit this process's environment (credentials included); the
+    # interpreter's bin/ goes first so `torchrun` is the one installed beside sdar
+    env = {} if on_k8s else {"PATH": os.path.dirname(sys.executable)}
+    return trainer(
+        *train_args(config_path, overrides),
+        image=launch.image, nnodes=launch.nodes, nproc_per_node=_procs_per_node(launch), gpu=launch.gpus_per_node,
+        cpu=launch.cpu, memMB=launch.memory_mb, name=name, secrets=",".join(launch.secrets) if on_k8s else "",
+        node_selector=dict(launch.node_selector) if on_k8s and launch.gpus_per_node else None,
+        tolerations=tolerations, env=env,
+    )
+
+
+def scheduler_cfg(cfg) -> dict[str, Any]:
+    """The scheduler's run options: Volcano queue, namespace and service account on Kubernetes; the
+    workers' log directory (<output_dir>/torchx-logs) on this machine."""
+    launch = cfg.launch
+    if launch.scheduler != "kubernetes":
+        return {"log_dir": str(cfg.resolved_output_dir() / "torchx-logs")}
+    namespace = launch.namespace
+    if not namespace:  # inside a pod: its own namespace
+        ns_file = Path(SA_NAMESPACE_FILE)
+        namespace = ns_file.read_text().strip() if ns_file.is_file() else "default"
+    out: dict[str, Any] = {"queue": launch.queue, "namespace": namespace}
+    if launch.service_account:
+        out["service_account"] = launch.service_account
+    return out
+
+
+def dryrun(cfg, config_path: str, overrides: dict[str, Any], validate_spec: bool = True):
+    """What `launch_training` would submit (a torchx AppDryRunInfo; `.request.resource` is the
+    Volcano Job for kubernetes), without submitting anything. validate_spec=False skips the
+    Kubernetes API server's own dry run (no cluster needed)."""
+    from torchx.runner import get_runner
+
+    opts = scheduler_cfg(cfg)
+    if cfg.launch.scheduler == "kubernetes":
+        opts["validate_spec"] = validate_spec
+    with get_runner() as runner:
+        return runner.dryrun(app_for_config(cfg, config_path, overrides), cfg.launch.scheduler, cfg=opts)
+
+
+def launch_training(cfg, config_path: str, overrides: dict[str, Any], wait_interval: float = 10.0) -> dict[str, Any]:
+    """Submit the TorchX job for `cfg`, wait for it, and return a summary like `sdar.train.train`'s,
+    with the final policy downloaded from the checkpoint store (rank 0 publishes it there) into
+    <output_dir>/final of this machine.
+
+    On Kubernetes the job's pods share no disk with this one: cfg.checkpoint_uri must be s3://.
+    """
+    from torchx.runner import get_runner
+    from torchx.specs import AppState
+
+    from sdar.storage import open_store
+
+    if cfg.launch.scheduler == "kubernetes" and not str(cfg.checkpoint_uri or "").startswith("s3://"):
+        raise ValueError("a Kubernetes training job hands its result back through the checkpoint store: set "
+                         "checkpoint_uri to an s3:// URI (the pipeline's checkpoint_root)")
+    app = app_for_config(cfg, config_path, overrides)
+    opts = scheduler_cfg(cfg)
+    with get_runner() as runner:
+        handle = runner.schedule(runner.dryrun(app, cfg.launch.scheduler, cfg=opts))
+        print(f"TorchX job {handle}: {cfg.launch.nodes} x {_procs_per_node(cfg.launch)} torchrun workers", flush=True)
+        status = runner.wait(handle, wait_interval=wait_interval)
+    if status is None or status.state != AppState.SUCCEEDED:
+        where = f"the logs under {opts['log_dir']}" if "log_dir" in opts else f"`torchx log {handle}`"
+        raise RuntimeError(f"TorchX job {handle} did not succeed ({status.state if status else 'gone'}); see {where}")
+    store = open_store(cfg.resolved_checkpoint_uri())
+    out = cfg.resolved_output_dir()
+    final = out / "final"
+    if final.exists():  # local_cwd: rank 0 wrote it here already; the store's copy is the same
+        shutil.rmtree(final)
+    store.get_dir(f"{RESULT_PREFIX}/final", final)
+    summary = store.read_json(f"{RESULT_PREFIX}/summary.json")
+    summary.update({"final_dir": str(final), "output_dir": str(out), "app_handle": handle})
+    return summary
