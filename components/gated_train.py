@@ -45,8 +45,9 @@ def gated_train(
     from its latest checkpoint there. checkpoint_root: put checkpoints under this URI instead
     (s3://bucket/prefix on a cluster). checkpoint: the final policy (LoRA adapter + tokenizer).
     A TorchX job (launch.* in the config or overrides, e.g. '{"launch.nodes": 2, "launch.gpus_per_node": 4}')
-    gets the same config and overrides; on Kubernetes it needs checkpoint_root (s3://), through which
-    its rank 0 hands the result back.
+    gets the same config and overrides, and runs launch.image, else SDAR_IMAGE (the cluster pipeline
+    sets it to its own image); on Kubernetes it needs checkpoint_root (s3://), through which its
+    rank 0 hands the result back. This pod then only waits: compile with `sdar compile --gpus 0`.
     """
     import json
     import os

@@ -34,8 +34,9 @@ def launch_envs(
 
     target "local": `python -m sdar.envs.server` on a free 127.0.0.1 port, detached so it outlives
     this step; its pid goes to <output_root>/envs/<job_id>.json for teardown_envs.
-    target "cluster": a Deployment (replicas pods of env_image) and a ClusterIP Service named after
-    the job in `namespace` (default: this pod's), through the Kubernetes API; waits until ready.
+    target "cluster": a Deployment (replicas pods of env_image, default sdar.images.env_server_image():
+    SDAR_ENV_IMAGE or <registry>/sdar-env-server:<tag>) and a ClusterIP Service named after the job
+    in `namespace` ("" = this pod's), through the Kubernetes API; waits until ready.
     dry_run (cluster): build the manifests and write them to `endpoints` without calling the API.
     MLflow: when tracking, `parent_run_id` (or a new run named `run_name`) is the pipeline's parent
     run, tagged with the job id so teardown_envs can close it with the pipeline's final state.
@@ -97,7 +98,9 @@ def launch_envs(
         if not ns and sa_ns.is_file():
             ns = sa_ns.read_text().strip()
         ns = ns or "kubeflow"
-        image = env_image or os.environ.get("SDAR_ENV_IMAGE") or "ghcr.io/sdar/sdar-env-server:0.1.0"
+        from sdar.images import env_server_image
+
+        image = env_image or env_server_image()
         labels = {"app.kubernetes.io/name": "sdar-env-server", "app.kubernetes.io/component": "environment",
                   "app.kubernetes.io/managed-by": "sdar-pipeline", "sdar.io/family": fam,
                   "sdar.io/pipeline-job": re.sub(r"[^A-Za-z0-9_.-]", "-", job_id)[:63]}

@@ -3,8 +3,9 @@ cluster, submit it to one, or run it on this machine through the KFP local runne
 
 DAG: plan_runs -> launch_envs -> baseline evaluate (warm-started policy) -> ParallelFor over
 (arm, seed): gated_train -> evaluate -> compare; teardown_envs is the ExitHandler's exit task, so
-it runs even when a branch fails. `target="cluster"` adds GPUs, node selector, tolerations and
-secrets; `target="local"` leaves them out, because the local runner ignores or rejects them.
+it runs even when a branch fails. `target="cluster"` adds GPUs, node selector, tolerations, the
+env-server image and namespace, and secrets; `target="local"` leaves them out, because the local
+runner ignores or rejects them.
 """
 
 import json
@@ -30,10 +31,16 @@ class ClusterSettings:
     """What `target="cluster"` adds to the tasks (kfp-kubernetes); the secrets must exist in the
     pipeline's namespace (k8s/ creates them).
 
-    gpu_type / gpus: accelerator of each gated_train pod (set_accelerator_type / _limit).
+    gpu_type / gpus: accelerator of each gated_train pod (set_accelerator_type / _limit). gpus=0: no
+    GPU request, node selector or toleration, for clusters without GPUs (kind, minikube) or when
+    gated_train only launches a TorchX job (launch.gpus_per_node in `overrides`) and waits for it.
     train_cpu / train_memory: requests (and limits) of each gated_train pod.
     node_selector: labels a GPU node carries (EKS managed node group named "gpu" by default).
     tolerations: taints of the GPU nodes the training pods tolerate.
+    env_image: the env-server image launch_envs deploys; "" = SDAR_ENV_IMAGE, else sdar-env-server
+    beside the pipeline's image (same registry and tag), else sdar.images' default.
+    env_namespace: default of the pipeline's `namespace` parameter, where launch_envs puts the env
+    services: `sdar`, where k8s/ grants the Role and NetworkPolicies; "" = the pipeline pods' own.
     mlflow_secret / mlflow_keys: Secret name and {env var: secret key} for MLflow (tracking URI etc.).
     s3_secret / s3_keys: Secret name and {env var: secret key} for S3/MinIO (checkpoints, artifacts).
     eval_on_gpu: give the evaluation pods the same GPU settings (real models decode faster there).
@@ -48,6 +55,8 @@ class ClusterSettings:
     node_selector: dict[str, str] = field(default_factory=lambda: {"eks.amazonaws.com/nodegroup": "gpu"})
     tolerations: list[dict[str, str]] = field(
         default_factory=lambda: [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}])
+    env_image: str = ""
+    env_namespace: str = "sdar"
     mlflow_secret: str = "sdar-mlflow"
     mlflow_keys: dict[str, str] = field(default_factory=lambda: {"MLFLOW_TRACKING_URI": "MLFLOW_TRACKING_URI"})
     s3_secret: str = "sdar-s3"
@@ -74,12 +83,16 @@ def _components(image: str | None):
     return out
 
 
-def _gpu(task, cs: ClusterSettings) -> None:
+def _resources(task, cs: ClusterSettings) -> None:
+    """CPU and memory of a training-sized pod, and with cs.gpus > 0 its GPUs and the GPU nodes'
+    selector and tolerations (without GPUs the pod runs on any node)."""
     from kfp import kubernetes
 
-    task.set_accelerator_type(cs.gpu_type).set_accelerator_limit(cs.gpus)
     task.set_cpu_request(cs.train_cpu).set_cpu_limit(cs.train_cpu)
     task.set_memory_request(cs.train_memory).set_memory_limit(cs.train_memory)
+    if not cs.gpus:
+        return
+    task.set_accelerator_type(cs.gpu_type).set_accelerator_limit(cs.gpus)
     for k, v in cs.node_selector.items():
         kubernetes.add_node_selector(task, label_key=k, label_value=v)
     for t in cs.tolerations:
@@ -98,15 +111,25 @@ def build_pipeline(target: str = "local", image: str | None = None, cluster: Clu
                    parallelism: int = 0):
     """The pipeline function for `target` ("local": the KFP local runner; "cluster": Kubeflow).
 
-    image: the container image of every component (default: SDAR_IMAGE or the trainer image).
-    cluster: GPU, scheduling and secret settings, applied only for target="cluster".
+    image: the container image of every component (default: SDAR_IMAGE or the trainer image); on a
+    cluster gated_train also gets it as SDAR_IMAGE, the image of the TorchX jobs it launches.
+    cluster: GPU, scheduling, env-service and secret settings, applied only for target="cluster".
     parallelism: at most this many arms train at once (0: no limit; the local runner uses <= 2).
     """
     if target not in TARGETS:
         raise ValueError(f"target must be one of {', '.join(TARGETS)}, got {target!r}")
+    from sdar.images import env_server_image
+
     c = _components(image)
     cs = cluster or ClusterSettings()
+    if cs.gpus < 0:
+        raise ValueError(f"ClusterSettings.gpus must be >= 0 (0 = no GPU), got {cs.gpus}")
     on_cluster = target == "cluster"
+    # the image the components were built for (SDAR_IMAGE or the trainer image when `image` is None)
+    pipeline_image = c.gated_train.component_spec.implementation.container.image
+    # the env server's image and namespace matter on a cluster only; locally launch_envs starts a process
+    env_kw = {"env_image": cs.env_image or env_server_image(pipeline_image)} if on_cluster else {}
+    default_namespace = cs.env_namespace if on_cluster else ""
 
     @dsl.pipeline(name=PIPELINE_NAME, description=(
         "GRPO vs GRPO+OPSD vs SDAR on the same budget: launch environment services, evaluate the "
@@ -131,11 +154,12 @@ def build_pipeline(target: str = "local", image: str | None = None, cluster: Clu
         parent_run_id: str = "",
         output_root: str = "runs/kfp",
         checkpoint_root: str = "",
-        namespace: str = "",
+        namespace: str = default_namespace,
         report_dir: str = "",
     ):
         """Sizes left at 0 and family/model left empty keep the config's values; `overrides` is a JSON
-        object of dotted config keys applied to every step (e.g. '{"rollout.max_turns": 8}')."""
+        object of dotted config keys applied to every step (e.g. '{"rollout.max_turns": 8}');
+        `namespace` is where the env services go on a cluster ("" = the pipeline pods' own)."""
         job_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
         common = {"config_path": config_path, "overrides": overrides, "family": family}
         track = {"experiment": experiment, "tracking": tracking, "tracking_uri": tracking_uri, "output_root": output_root}
@@ -144,7 +168,7 @@ def build_pipeline(target: str = "local", image: str | None = None, cluster: Clu
         with dsl.ExitHandler(teardown, name="comparison"):
             plan = c.plan_runs(arms=arms, seeds=seeds, model=model, **common)
             launch = c.launch_envs(job_id=job_id, target=target, namespace=namespace, parent_run_id=parent_run_id,
-                                   run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER, **common, **track).after(plan)
+                                   run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER, **env_kw, **common, **track).after(plan)
             endpoints = launch.outputs["endpoints"]
             evals = {"model": model, "eval_tasks": eval_tasks, "episodes_per_task": episodes_per_task,
                      "temperature": eval_temperature, "greedy": greedy, "job_id": job_id}
@@ -176,10 +200,12 @@ def build_pipeline(target: str = "local", image: str | None = None, cluster: Clu
                 _secrets(task, cs)
             for task in (teardown, launch, train, final, baseline):
                 task.set_caching_options(False)  # side effects (services, MLflow runs) must happen every run
-            _gpu(train, cs)
+            _resources(train, cs)
+            # a TorchX job gated_train launches runs this image too (unless launch.image names another)
+            train.set_env_variable("SDAR_IMAGE", pipeline_image)
             if cs.eval_on_gpu:
-                _gpu(final, cs)
-                _gpu(baseline, cs)
+                _resources(final, cs)
+                _resources(baseline, cs)
             for task, name in ((plan, "plan runs"), (launch, "launch env services"), (baseline, "baseline eval"),
                                (train, "train arm"), (final, "evaluate arm"), (report, "compare"),
                                (teardown, "teardown env services")):

@@ -40,8 +40,29 @@ class ModelConfig:
     lora_alpha: int = 32
     lora_dropout: float = 0.0
     gradient_checkpointing: bool = False
-    generation_backend: str = "transformers"  # transformers | vllm
+    generation_backend: str = "transformers"  # transformers | vllm (CUDA; options under `vllm:`)
     tiny_overrides: dict[str, Any] = field(default_factory=dict)  # TinyModelConfig fields (tests shrink it)
+
+
+@dataclass
+class VLLMConfig:
+    """The vLLM rollout engine, used when model.generation_backend is vllm (CUDA only:
+    `pip install -e '.[gpu]'`). It loads the base weights once and the policy's LoRA adapter,
+    re-exported whenever the weights changed, under a fresh id."""
+
+    gpu_memory_utilization: float = 0.35  # GPU share vLLM takes (weights + KV cache); 0.35 leaves room for the trainer
+    enable_lora: bool = True  # serve the trained adapter (must stay true while training a LoRA policy)
+    max_lora_rank: int = 0  # largest adapter rank vLLM reserves for; 0 = model.lora_r
+    dtype: str = "bfloat16"  # vLLM's weights and activations: bfloat16 | float16 | float32 | auto
+    max_model_len: int = 0  # longest prompt + response; 0 = the model's own limit
+    enforce_eager: bool = False  # no CUDA graphs: faster start, slower decoding
+    # log-probs vLLM reports for sampled tokens: processed_logprobs = after the trie mask and temperature
+    # (what was sampled); "" = vLLM's default (raw). Diagnostic: the trainer recomputes old_logp itself
+    logprobs_mode: str = "processed_logprobs"
+    # teacher_engine vllm: prompt log-probs per position for constrained turns; a turn is scored in vLLM only
+    # when all its allowed tokens are among them, else by the training-side forward
+    teacher_topk: int = 20
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)  # passed to vllm.LLM as is (e.g. seed, max_num_seqs)
 
 
 @dataclass
@@ -76,12 +97,17 @@ class LaunchConfig:
     image: str = ""  # "" = $SDAR_IMAGE or the trainer image the pipeline uses
     queue: str = "default"  # Volcano queue
     namespace: str = ""  # "" = the namespace of the pod that launches (its service account's), else default
-    service_account: str = ""  # the job's pods' service account ("" = the namespace's default)
+    # the job's pods' service account ("" = the namespace's default; on EKS the pipeline's
+    # pipeline-runner, whose IRSA role reaches the bucket)
+    service_account: str = ""
     node_selector: dict[str, str] = field(default_factory=lambda: {"eks.amazonaws.com/nodegroup": "gpu"})
     tolerations: list[dict[str, str]] = field(
         default_factory=lambda: [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}])
     # Secrets whose keys become the pods' environment (the same ones ClusterSettings gives the pipeline)
     secrets: list[str] = field(default_factory=lambda: ["sdar-mlflow", "sdar-s3"])
+    # labels of the job's pods: ClusterSettings.pod_labels, which k8s/ NetworkPolicies admit to the
+    # env services, MLflow and MinIO (the workers play episodes and log like the pipeline's pods)
+    pod_labels: dict[str, str] = field(default_factory=lambda: {"app.kubernetes.io/part-of": "sdar-pipeline"})
 
     def wants_torchx(self) -> bool:
         """Whether training runs as a TorchX job (sdar.launch) rather than in this process."""
@@ -111,6 +137,9 @@ class TrainConfig:
     score_batch_size: int = 16  # sequences per no-grad scoring forward
     teacher_max_prompt_tokens: int = 2048  # the teacher's prompt budget (skills + turn)
     teacher_for_all_arms: bool = True  # score the teacher for arms that do not need it (gap metrics)
+    # train: the trainer's own forward; vllm: the vLLM rollout engine's prompt log-probs (needs
+    # model.generation_backend vllm; constrained turns outside vllm.teacher_topk fall back to the forward)
+    teacher_engine: str = "train"
     eval_every: int = 10  # steps; 0 disables periodic evaluation
     eval_tasks: int = 50
     eval_temperature: float = 0.4
@@ -128,6 +157,7 @@ class TrainConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
     def resolved_output_dir(self) -> Path:
         return Path(self.output_dir.format(experiment=self.experiment, arm=self.arm, seed=self.seed))

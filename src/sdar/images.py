@@ -24,6 +24,15 @@ def trainer_image() -> str:
     return os.environ.get("SDAR_IMAGE") or image_ref(TRAINER_REPOSITORY)
 
 
-def env_server_image() -> str:
-    """SDAR_ENV_IMAGE when set, else <registry>/sdar-env-server:<tag>."""
-    return os.environ.get("SDAR_ENV_IMAGE") or image_ref(ENV_SERVER_REPOSITORY)
+def env_server_image(trainer: str | None = None) -> str:
+    """SDAR_ENV_IMAGE when set; else, when `trainer` is <registry>/sdar-trainer:<tag>, the env-server
+    image beside it (same registry and tag: `make push-images` pushes both); else
+    <registry>/sdar-env-server:<tag> from SDAR_REGISTRY and SDAR_IMAGE_TAG."""
+    if os.environ.get("SDAR_ENV_IMAGE"):
+        return os.environ["SDAR_ENV_IMAGE"]
+    if trainer and "@" not in trainer:  # a digest names one image: nothing to derive from it
+        name, _, tag = trainer.rpartition(":")
+        registry, _, repository = name.rpartition("/")
+        if repository == TRAINER_REPOSITORY and registry and tag and "/" not in tag:
+            return image_ref(ENV_SERVER_REPOSITORY, registry=registry, tag=tag)
+    return image_ref(ENV_SERVER_REPOSITORY)

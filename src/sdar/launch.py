@@ -13,13 +13,21 @@ the working directory)
 and `launch_training(cfg, ...)` is what the `gated_train` pipeline step calls when the config's
 `launch` section asks for more than one GPU (or `launcher: torchx`). Credentials never travel as
 parameters: the pods read them from the Kubernetes Secrets named in `secrets` (envFrom).
+
+On Kubernetes the launching pod's service account needs, in the job's namespace, exactly what
+TorchX's kubernetes scheduler calls for submit, wait, cancel and logs: jobs.batch.volcano.sh create
+and get, jobs/status get and update, pods get, pods/log get (k8s/base/rbac.yaml, sdar-torchx-launcher).
 """
 
 # no `from __future__ import annotations`: TorchX reads the component's annotations as types
+import collections
+import contextlib
 import json
 import os
 import shutil
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +70,7 @@ def trainer(
     secrets: str = DEFAULT_SECRETS,
     node_selector: dict[str, str] | None = None,
     tolerations: str = "",
+    labels: dict[str, str] | None = None,
     env: dict[str, str] | None = None,
     max_retries: int = 0,
     rdzv_port: int = 29500,
@@ -80,6 +89,7 @@ def trainer(
         secrets: comma-separated Kubernetes Secrets whose keys become the workers' environment
         node_selector: labels the nodes must carry (KEY=VALUE,...)
         tolerations: taints to tolerate, comma-separated KEY[=VALUE]:EFFECT (e.g. nvidia.com/gpu:NoSchedule)
+        labels: extra labels of each pod (KEY=VALUE,...), e.g. the ones NetworkPolicies admit
         env: extra environment (not credentials: those come from `secrets`)
         max_retries: scheduler retries of the job
         rdzv_port: port of rank 0's rendezvous store (multi-node)
@@ -106,7 +116,7 @@ def trainer(
     # the nodes are gang-scheduled by Volcano; the workers' collectives go through the rendezvous
     # above, the data-parallel reduction is sdar's own (sdar.train.distributed)
     overlay = _pod_overlay(role.image, [s for s in secrets.split(",") if s.strip()], node_selector or {},
-                           _parse_tolerations(tolerations))
+                           _parse_tolerations(tolerations), labels or {})
     if overlay:
         from torchx.specs.overlays import set_overlay
 
@@ -129,8 +139,9 @@ def _parse_tolerations(text: str) -> list[dict[str, str]]:
 
 
 def _pod_overlay(image: str, secrets: list[str], node_selector: dict[str, str],
-                 tolerations: list[dict[str, str]]) -> dict[str, Any]:
-    """Secrets as envFrom of the (only) container, node selector and tolerations of each pod."""
+                 tolerations: list[dict[str, str]], labels: dict[str, str]) -> dict[str, Any]:
+    """Secrets as envFrom of the (only) container, node selector, tolerations and labels of each pod
+    (TorchX adds its own labels after the overlay; it sets none of these)."""
     from torchx.specs.overlays import JOIN
 
     spec: dict[str, Any] = {}
@@ -143,7 +154,10 @@ def _pod_overlay(image: str, secrets: list[str], node_selector: dict[str, str],
         spec["nodeSelector"] = dict(node_selector)
     if tolerations:
         spec["tolerations"] = list(tolerations)
-    return {"spec": spec} if spec else {}
+    out: dict[str, Any] = {"spec": spec} if spec else {}
+    if labels:
+        out["metadata"] = {"labels": dict(labels)}
+    return out
 
 
 # ---- from a TrainConfig ----------------------------------------------------------------------
@@ -179,7 +193,7 @@ def app_for_config(cfg, config_path: str, overrides: dict[str, Any]) -> specs.Ap
         image=launch.image, nnodes=launch.nodes, nproc_per_node=_procs_per_node(launch), gpu=launch.gpus_per_node,
         cpu=launch.cpu, memMB=launch.memory_mb, name=name, secrets=",".join(launch.secrets) if on_k8s else "",
         node_selector=dict(launch.node_selector) if on_k8s and launch.gpus_per_node else None,
-        tolerations=tolerations, env=env,
+        tolerations=tolerations, labels=dict(launch.pod_labels) if on_k8s else None, env=env,
     )
 
 
@@ -232,7 +246,16 @@ def launch_training(cfg, config_path: str, overrides: dict[str, Any], wait_inter
     with get_runner() as runner:
         handle = runner.schedule(runner.dryrun(app, cfg.launch.scheduler, cfg=opts))
         print(f"TorchX job {handle}: {cfg.launch.nodes} x {_procs_per_node(cfg.launch)} torchrun workers", flush=True)
-        status = runner.wait(handle, wait_interval=wait_interval)
+        try:
+            with _sigterm_raises():
+                status = runner.wait(handle, wait_interval=wait_interval)
+        except BaseException:
+            # this step was stopped (a terminated pipeline run, Ctrl-C): stop the job too, or its
+            # gang keeps the GPU nodes until it ends on its own
+            _cancel(runner, handle)
+            raise
+        if status is None or status.state != AppState.SUCCEEDED:
+            _print_log_tail(runner, handle)
     if status is None or status.state != AppState.SUCCEEDED:
         where = f"the logs under {opts['log_dir']}" if "log_dir" in opts else f"`torchx log {handle}`"
         raise RuntimeError(f"TorchX job {handle} did not succeed ({status.state if status else 'gone'}); see {where}")
@@ -245,3 +268,42 @@ def launch_training(cfg, config_path: str, overrides: dict[str, Any], wait_inter
     summary = store.read_json(f"{RESULT_PREFIX}/summary.json")
     summary.update({"final_dir": str(final), "output_dir": str(out), "app_handle": handle})
     return summary
+
+
+@contextlib.contextmanager
+def _sigterm_raises():
+    """SIGTERM (what Kubernetes sends a pod it stops) raises SystemExit here, so cleanup runs;
+    only the main thread can set a handler, elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _cancel(runner, handle: str) -> None:
+    try:
+        runner.cancel(handle)
+        print(f"cancelled TorchX job {handle}", flush=True)
+    except Exception as exc:  # noqa: BLE001 - the original error matters more; say what to do
+        print(f"could not cancel TorchX job {handle} ({exc}); run `torchx cancel {handle}`", flush=True)
+
+
+def _print_log_tail(runner, handle: str, lines: int = 50) -> None:
+    """The last `lines` lines of node 0's log, so a failed step shows why in its own log."""
+    try:
+        tail = collections.deque(runner.log_lines(handle, ROLE, k=0), maxlen=lines)
+    except Exception as exc:  # noqa: BLE001 - best effort: the error below names the logs anyway
+        print(f"(could not read the logs of TorchX job {handle}: {exc})", flush=True)
+        return
+    print(f"--- last {len(tail)} log lines of {ROLE} node 0 of TorchX job {handle} ---", flush=True)
+    for line in tail:
+        print(line, end="" if line.endswith("\n") else "\n")
+    sys.stdout.flush()

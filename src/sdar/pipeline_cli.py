@@ -79,9 +79,18 @@ def _sets(items: list[str] | None) -> dict[str, Any]:
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     mod = _pipeline_module()
-    path = mod.compile_pipeline(args.out, target=args.target, image=args.image)
-    print(f"wrote {path} (target {args.target}); run it with: kfp run create -e EXPERIMENT -f {path}  "
+    if args.gpus is not None and args.gpus < 0:
+        raise SystemExit(f"--gpus must be >= 0 (0 = no GPU request, node selector or toleration), got {args.gpus}")
+    changes = {k: v for k, v in (("gpus", args.gpus), ("env_image", args.env_image),
+                                 ("env_namespace", args.env_namespace), ("train_cpu", args.train_cpu),
+                                 ("train_memory", args.train_memory)) if v is not None}
+    cluster = replace(mod.ClusterSettings(), **changes)
+    path = mod.compile_pipeline(args.out, target=args.target, image=args.image, cluster=cluster)
+    where = f", {cluster.gpus} GPU(s) per training pod" if args.target == "cluster" else ""
+    print(f"wrote {path} (target {args.target}{where}); run it with: kfp run create -e EXPERIMENT -f {path}  "
           f"(or sdar submit --host URL --experiment EXPERIMENT --yaml {path})")
     return 0
 
@@ -129,8 +138,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser("compile", help="write the comparison pipeline's KFP IR YAML")
     c.add_argument("--out", default="pipeline.yaml", help="output YAML (default pipeline.yaml)")
     c.add_argument("--target", choices=("cluster", "local"), default="cluster",
-                   help="cluster adds GPUs, node selector, tolerations and secrets (default cluster)")
+                   help="cluster adds GPUs, node selector, tolerations, the env image and secrets (default cluster)")
     c.add_argument("--image", default=None, help="component image (default: $SDAR_IMAGE or ghcr.io/sdar/sdar-trainer:<version>, see make images)")
+    c.add_argument("--gpus", type=int, default=None, metavar="N",
+                   help="GPUs per training pod (default 1); 0: no GPU request, node selector or toleration "
+                        "(kind/minikube, or a pod that only launches a TorchX job)")
+    c.add_argument("--train-cpu", default=None, help="CPU request and limit of each training pod (default 8)")
+    c.add_argument("--train-memory", default=None, help="memory request and limit of each training pod (default 32G)")
+    c.add_argument("--env-image", default=None,
+                   help="env-server image launch_envs deploys (default: $SDAR_ENV_IMAGE, else sdar-env-server "
+                        "with the registry and tag of --image)")
+    c.add_argument("--env-namespace", default=None,
+                   help="default namespace of the env services (default sdar, where k8s/ grants access; "
+                        "'' = the pipeline pods' own)")
     c.set_defaults(func=_cmd_compile)
 
     r = sub.add_parser("run", help="run the comparison pipeline here through the KFP local runner (--local)")

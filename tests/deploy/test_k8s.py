@@ -1,6 +1,7 @@
 """k8s/ rendered with `kubectl kustomize` (base, local and eks overlays), and the eksctl config:
 every object validated strictly against the Kubernetes schemas, then checked against what the
-pipeline, its components and the sdar-envs chart really do (RBAC verbs, labels, taints, secrets)."""
+pipeline, its components, the TorchX jobs they launch and the sdar-envs chart really do (RBAC
+verbs, labels, taints, secrets)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ PIPELINE_SA = "pipeline-runner"
 # once docs/cluster.md's sed has run (the checks read them from the files, never assume them)
 ECR_HOST = re.compile(r"(?P<account>[0-9]{12})\.dkr\.ecr\.(?P<region>[a-z0-9-]+)\.amazonaws\.com")
 WORKLOADS = ("Deployment", "StatefulSet", "Job", "DaemonSet")
+ENV_ROLE = "sdar-env-manager"  # launch_envs / teardown_envs, in SERVICES_NS
+TORCHX_ROLE = "sdar-torchx-launcher"  # gated_train launching TorchX jobs, in PIPELINE_NS
 CREDENTIAL_KEY = re.compile(r"PASSWORD|SECRET|ACCESS_KEY|TOKEN", re.IGNORECASE)
 
 
@@ -280,15 +283,17 @@ def test_everything_is_namespaced_except_the_namespace_and_storage_class(build, 
             assert ns is None
         else:
             assert ns in (SERVICES_NS, PIPELINE_NS), (obj["kind"], obj["metadata"]["name"])
-            # only the Secrets the pipeline's pods read live in KFP's namespace
-            assert ns == SERVICES_NS or obj["kind"] == "Secret", (
-                obj["kind"],
-                obj["metadata"]["name"],
-            )
+            # only the Secrets the pipeline's pods read, and the TorchX launcher's Role (the jobs go
+            # beside the launching pod), live in KFP's namespace
+            assert (
+                ns == SERVICES_NS
+                or obj["kind"] == "Secret"
+                or (obj["kind"] in ("Role", "RoleBinding") and obj["metadata"]["name"] == TORCHX_ROLE)
+            ), (obj["kind"], obj["metadata"]["name"])
     assert objs.names("Namespace") == {SERVICES_NS}
 
 
-# ---- RBAC: exactly what launch_envs and teardown_envs call --------------------------------------
+# ---- RBAC: exactly what launch_envs, teardown_envs and the TorchX launcher call -----------------
 _API_GROUPS = {"AppsV1Api": "apps", "CoreV1Api": ""}
 _VERBS = {
     "create": "create",
@@ -417,32 +422,70 @@ def test_rbac_grants_exactly_what_the_env_components_call_in_one_namespace(
 
     objs = build(target)
     assert not objs.kind("ClusterRole", "ClusterRoleBinding")
-    (role,) = objs.kind("Role")
-    assert role["metadata"]["namespace"] == SERVICES_NS
+    assert objs.names("Role") == objs.names("RoleBinding") == {ENV_ROLE, TORCHX_ROLE}
+    _check_role(objs, ENV_ROLE, SERVICES_NS, needed)
+
+
+def _check_role(objs: Objects, name: str, namespace: str, needed: set[tuple[str, str, str]]) -> None:
+    """Role `name` in `namespace` grants exactly `needed`, to the pipeline's pods and nobody else."""
+    role = objs.get("Role", name, namespace)
     assert _granted(role["rules"]) == needed
-    (binding,) = objs.kind("RoleBinding")
-    assert binding["metadata"]["namespace"] == SERVICES_NS
+    binding = objs.get("RoleBinding", name, namespace)
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
         "kind": "Role",
-        "name": role["metadata"]["name"],
+        "name": name,
     }
-    # bound to the pipeline's pods and nothing else
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": PIPELINE_SA, "namespace": PIPELINE_NS}
     ]
 
 
-def test_the_role_does_not_let_the_pipeline_read_secrets_or_exec(build):
-    granted = _granted(build("overlays/eks").get("Role", "sdar-env-manager")["rules"])
-    for forbidden in [
-        ("", "secrets", "get"),
-        ("", "secrets", "list"),
-        ("", "pods/exec", "create"),
-        ("rbac.authorization.k8s.io", "roles", "create"),
-        ("apps", "deployments", "patch"),
-    ]:
-        assert forbidden not in granted
+@pytest.fixture(scope="module")
+def torchx_launcher_runs(tmp_path_factory):
+    """launch_training (what gated_train calls for a multi-GPU config) from a pipeline pod, against a
+    fake API server that records every call TorchX's kubernetes scheduler makes: a job that
+    succeeds, one that fails (its log tail is read), and a step stopped while waiting (it cancels)."""
+    from tests.deploy.test_torchx import launch_on_a_fake_cluster
+
+    return launch_on_a_fake_cluster(tmp_path_factory.mktemp("torchx"), namespace=PIPELINE_NS)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_rbac_grants_exactly_what_the_torchx_launcher_calls_where_its_jobs_go(
+    build, target, torchx_launcher_runs
+):
+    calls = [c for run in torchx_launcher_runs.values() for c in run["calls"]]
+    needed = {(g, res, verb) for g, res, verb, _ in calls}
+    # the calls TorchX makes today on the paths launch_training takes: a new one must be granted on purpose
+    assert needed == {
+        ("batch.volcano.sh", "jobs", "create"),  # submit (and its server-side dry run)
+        ("batch.volcano.sh", "jobs/status", "get"),  # wait
+        ("", "pods", "get"),  # wait: each replica's address; the log tail
+        ("", "pods/log", "get"),  # the log tail of a failed job
+        ("batch.volcano.sh", "jobs", "get"),  # cancel
+        ("batch.volcano.sh", "jobs/status", "update"),  # cancel: phase Aborted
+    }
+    # the jobs go to the launching pod's own namespace, where the pipeline's Secrets are
+    assert {ns for *_, ns in calls} == {PIPELINE_NS}
+    _check_role(build(target), TORCHX_ROLE, PIPELINE_NS, needed)
+
+
+def test_the_roles_do_not_let_the_pipeline_read_secrets_or_exec(build):
+    objs = build("overlays/eks")
+    for name, namespace in ((ENV_ROLE, SERVICES_NS), (TORCHX_ROLE, PIPELINE_NS)):
+        granted = _granted(objs.get("Role", name, namespace)["rules"])
+        for forbidden in [
+            ("", "secrets", "get"),
+            ("", "secrets", "list"),
+            ("", "pods", "create"),
+            ("", "pods/exec", "create"),
+            ("rbac.authorization.k8s.io", "roles", "create"),
+            ("apps", "deployments", "patch"),
+            ("batch.volcano.sh", "jobs", "delete"),
+            ("batch.volcano.sh", "jobs", "list"),
+        ]:
+            assert forbidden not in granted, (name, forbidden)
 
 
 # ---- secrets hold placeholders only -------------------------------------------------------------
@@ -689,6 +732,31 @@ def test_network_policies_admit_the_pipeline_to_env_pods_launch_envs_creates(
 
 
 @pytest.mark.parametrize("target", OVERLAYS)
+def test_network_policies_admit_the_torchx_workers_like_the_pipeline(
+    build, target, env_component_calls
+):
+    # a TorchX job's workers play episodes on the run's env service, log to MLflow and publish to
+    # S3 (MinIO locally): the job gated_train would submit, as its pods would be
+    from sdar.config import load_config
+    from sdar.launch import dryrun
+
+    overrides = {"launch.nodes": 2, "launch.gpus_per_node": 4, "launch.namespace": PIPELINE_NS}
+    config = str(REPO / "configs" / "household-tiny.yaml")
+    job = dryrun(load_config(config, overrides), config, overrides, validate_spec=False).request.resource
+    objs = build(target)
+    policies = objs.kind("NetworkPolicy")
+    sdar_pods = {o["metadata"]["name"]: Pod.of(SERVICES_NS, t) for o, t in pod_templates(objs)}
+    env = _launched_env_pod(env_component_calls)
+    for task in job["spec"]["tasks"]:
+        worker = Pod(PIPELINE_NS, tuple(sorted(task["template"].metadata.labels.items())))
+        assert admits(policies, env, worker, "http")
+        assert admits(policies, sdar_pods["sdar-mlflow"], worker, "http")
+        if "sdar-minio" in sdar_pods:
+            assert admits(policies, sdar_pods["sdar-minio"], worker, "api")
+        assert not admits(policies, sdar_pods["sdar-postgres"], worker, "postgres")
+
+
+@pytest.mark.parametrize("target", OVERLAYS)
 def test_network_policies_admit_the_pipeline_to_env_pods_of_the_chart(
     build, render, target, pipeline_pod_labels
 ):
@@ -925,8 +993,8 @@ def test_irsa_roles_match_the_service_accounts_and_the_bucket(build, cluster_con
     ]
     mlflow = accounts[(SERVICES_NS, "sdar-mlflow")]
     assert mlflow["roleOnly"] is True and arn.endswith(f":role/{mlflow['roleName']}")
-    # the pipeline's ServiceAccount (the RoleBinding's subject) gets one too
-    (subject,) = objs.get("RoleBinding", "sdar-env-manager")["subjects"]
+    # the pipeline's ServiceAccount (the RoleBindings' subject) gets one too
+    (subject,) = objs.get("RoleBinding", ENV_ROLE)["subjects"]
     pipeline = accounts[(subject["namespace"], subject["name"])]
     assert (
         pipeline["roleOnly"] is True
@@ -980,6 +1048,10 @@ def test_the_walkthrough_names_real_paths_and_the_pipelines_secrets():
         "helm install sdar-envs charts/sdar-envs",
         "make push-images REGISTRY=",
         "sdar compile --target cluster",
+        "--gpus 0",  # the launcher pod of a TorchX job, and kind/minikube
+        "helm install volcano",
+        "kubectl get crd jobs.batch.volcano.sh",
+        "kubectl auth can-i create jobs.batch.volcano.sh -n kubeflow",
         "kfp --endpoint",
         "sdar submit --host",
         "port-forward svc/sdar-mlflow",

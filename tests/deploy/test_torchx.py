@@ -5,11 +5,17 @@ gated_train really launches it with the local_cwd scheduler (torchrun, 2 CPU wor
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
+import re
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -154,3 +160,158 @@ def test_gated_train_launches_a_torchx_job_of_two_workers(tmp_path, monkeypatch)
                  for log in logs for line in log.read_text().splitlines() if '"world_size"' in line]
     assert summaries and {s["world_size"] for s in summaries} == {2}
     assert out.final_dir == ckpt.path
+
+
+# ---- what launch_training asks of the Kubernetes API -----------------------------------------
+_CUSTOM_CALL = re.compile(r"(create|get|list|delete|replace|patch)_namespaced_custom_object(_status|_scale)?")
+_CORE_CALL = re.compile(r"(read|list|create|delete|patch)_namespaced_pod(_log|_status|_exec)?")
+_VERBS = {"create": "create", "get": "get", "read": "get", "list": "list", "delete": "delete", "replace": "update",
+          "patch": "patch"}
+_TASK_PHASE = {"Pending": "Pending", "Running": "Running", "Completed": "Succeeded", "Terminated": "Failed"}
+
+
+def _fake_kubernetes(mp: pytest.MonkeyPatch, phases: list[str], calls: list, on_status=None) -> None:
+    """Replace the Kubernetes client TorchX's scheduler builds with one that records each call as
+    (group, resource, verb, namespace), the way the API server authorises it. The Volcano job is in
+    phases[i] at the i-th status read (the last one repeats); on_status(i) runs at each read."""
+    import kubernetes.client
+    import kubernetes.config
+
+    reads = {"n": 0}
+
+    def phase() -> str:
+        return phases[min(reads["n"], len(phases) - 1)]
+
+    def job(name: str) -> dict:
+        return {"metadata": {"name": name}, "status": {
+            "state": {"phase": phase()}, "taskStatusCount": {"trainer-0": {"phase": {_TASK_PHASE[phase()]: 1}}}}}
+
+    class CustomObjects:
+        def __init__(self, api_client=None):
+            pass
+
+        def __getattr__(self, method: str):
+            m = _CUSTOM_CALL.fullmatch(method)
+            assert m, f"TorchX calls {method}, which this fake does not map to RBAC; extend _CUSTOM_CALL"
+            verb, sub = m.groups()
+
+            def call(**kw):
+                calls.append((kw["group"], kw["plural"] + (f"/{sub[1:]}" if sub else ""), _VERBS[verb],
+                              kw["namespace"]))
+                if verb == "create":
+                    return {"metadata": {"name": kw["body"]["metadata"]["name"]}}
+                if verb == "get" and sub == "_status":
+                    if on_status:
+                        on_status(reads["n"])
+                    out = job(kw["name"])
+                    reads["n"] += 1
+                    return out
+                return kw.get("body") or job(kw.get("name", ""))
+
+            return call
+
+    class CoreV1:
+        def __init__(self, api_client=None):
+            pass
+
+        def __getattr__(self, method: str):
+            m = _CORE_CALL.fullmatch(method)
+            assert m, f"TorchX calls {method}, which this fake does not map to RBAC; extend _CORE_CALL"
+            verb, sub = m.groups()
+
+            def call(**kw):
+                calls.append(("", "pods" + (f"/{sub[1:]}" if sub else ""), _VERBS[verb], kw["namespace"]))
+                if sub == "_log":
+                    return "step 0 done\nTraceback (most recent call last):\nRuntimeError: boom\n"
+                return SimpleNamespace(status=SimpleNamespace(pod_ip="10.0.0.5"),
+                                       spec=SimpleNamespace(containers=[SimpleNamespace(name="trainer-0")]))
+
+            return call
+
+    mp.setattr(kubernetes.client, "CustomObjectsApi", CustomObjects)
+    mp.setattr(kubernetes.client, "CoreV1Api", CoreV1)
+    mp.setattr(kubernetes.config, "load_incluster_config", lambda **kw: None)
+
+
+class _Store:
+    """The checkpoint store rank 0 publishes to (s3:// on a cluster), with a finished run in it."""
+
+    def get_dir(self, prefix: str, local_dir) -> list[Path]:
+        Path(local_dir).mkdir(parents=True)
+        (Path(local_dir) / "adapter_config.json").write_text("{}")
+        return [Path(local_dir) / "adapter_config.json"]
+
+    def read_json(self, rel: str):
+        return {"steps": 1, "history": [{"step": 0}], "run_id": ""}
+
+
+def launch_on_a_fake_cluster(tmp_path: Path, namespace: str = "kubeflow") -> dict[str, dict]:
+    """launch_training on Kubernetes, from a pod in `namespace`, against a fake API server, three
+    ways: the job succeeds; it fails; the step is stopped (SIGTERM) while it waits. Returns, per way,
+    the API calls (group, resource, verb, namespace), what it printed, and its result or error."""
+    import sdar.launch
+    import sdar.storage
+    from sdar.config import load_config
+
+    sa_ns = tmp_path / "namespace"
+    sa_ns.write_text(namespace + "\n")
+    overrides = {"launch.gpus_per_node": 2, "checkpoint_uri": "s3://bucket/job/sdar-seed0"}
+
+    sent = []
+
+    def stop_the_step(i: int) -> None:
+        if i == 1 and not sent:  # the pod is being deleted while the job runs
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL, "SIGTERM would kill the step as it is"
+            sent.append(i)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    out = {}
+    for way, phases, hook in (("succeeded", ["Pending", "Running", "Completed"], None),
+                              ("failed", ["Running", "Terminated"], None),
+                              ("stopped", ["Running"], stop_the_step)):
+        calls: list = []
+        printed = io.StringIO()
+        cfg = load_config(CONFIG, {**overrides, "output_dir": str(tmp_path / way)})
+        with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(printed):
+            _fake_kubernetes(mp, phases, calls, hook)
+            mp.setattr(sdar.launch, "SA_NAMESPACE_FILE", str(sa_ns))
+            mp.setattr(sdar.storage, "open_store", lambda uri, **kw: _Store())
+            try:
+                result = sdar.launch.launch_training(cfg, CONFIG, overrides, wait_interval=0)
+            except BaseException as exc:  # noqa: BLE001 - SystemExit included: it is what SIGTERM became
+                result = exc
+        out[way] = {"calls": calls, "printed": printed.getvalue(), "result": result}
+    return out
+
+
+def test_launch_training_waits_shows_the_failure_and_cancels_when_stopped(tmp_path):
+    runs = launch_on_a_fake_cluster(tmp_path)
+    ok = runs["succeeded"]
+    assert ok["result"]["steps"] == 1 and ok["result"]["app_handle"].startswith("kubernetes://")
+    assert Path(ok["result"]["final_dir"], "adapter_config.json").is_file()
+    assert ("batch.volcano.sh", "jobs", "create", "kubeflow") in ok["calls"]  # in the launching pod's namespace
+    # a failed job: its rank 0 log tail is in this step's log, then a clear error
+    failed = runs["failed"]
+    assert isinstance(failed["result"], RuntimeError) and "did not succeed (FAILED)" in str(failed["result"])
+    assert "RuntimeError: boom" in failed["printed"] and "torchx log" in str(failed["result"])
+    assert ("batch.volcano.sh", "jobs/status", "update", "kubeflow") not in failed["calls"]  # it ended already
+    # a stopped step (pipeline run terminated): the job is aborted, not left holding the GPU nodes
+    stopped = runs["stopped"]
+    assert isinstance(stopped["result"], SystemExit) and stopped["result"].code == 128 + signal.SIGTERM
+    assert "cancelled TorchX job" in stopped["printed"]
+    assert stopped["calls"][-1] == ("batch.volcano.sh", "jobs/status", "update", "kubeflow")
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is put back
+
+
+def test_the_jobs_pods_carry_the_pipelines_labels():
+    # the workers play episodes and log to MLflow: k8s/ NetworkPolicies admit only pods with these labels
+    from pipelines.sdar_comparison import ClusterSettings
+    from sdar.config import load_config
+    from sdar.launch import dryrun
+
+    overrides = {"launch.nodes": 2, "launch.gpus_per_node": 4}
+    job = dryrun(load_config(CONFIG, overrides), CONFIG, overrides, validate_spec=False).request.resource
+    for task in job["spec"]["tasks"]:
+        labels = task["template"].metadata.labels
+        assert ClusterSettings().pod_labels.items() <= labels.items()
+        assert labels["app.kubernetes.io/managed-by"] == "torchx.pytorch.org"  # TorchX's own are kept

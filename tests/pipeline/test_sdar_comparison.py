@@ -1,6 +1,7 @@
 """The comparison pipeline compiles to KFP IR with the expected DAG: launch, baseline eval,
 per-arm train and eval in a ParallelFor, compare, teardown as the ExitHandler's exit task; the
-cluster target adds GPUs, scheduling and secrets, the local target none of them."""
+cluster target adds GPUs (or none), scheduling, the env-server image and namespace, the image of
+TorchX jobs and secrets, the local target none of them."""
 
 from __future__ import annotations
 
@@ -14,6 +15,19 @@ def _compile(tmp_path, target: str, **kw) -> tuple[dict, dict]:
     path = compile_pipeline(tmp_path / f"{target}.yaml", target=target, **kw)
     docs = list(yaml.safe_load_all(path.read_text()))
     return docs[0], (docs[1] if len(docs) > 1 else {})
+
+
+def _executor(spec: dict, platform: dict, name: str) -> tuple[dict, dict]:
+    """(container, kubernetes platform config) of executor `name`."""
+    k8s = platform.get("platforms", {}).get("kubernetes", {}).get("deploymentSpec", {}).get("executors", {})
+    return spec["deploymentSpec"]["executors"][name]["container"], k8s.get(name, {})
+
+
+def _launch_input(spec: dict, name: str):
+    """The constant the launch-envs task passes as `name` (None: not passed)."""
+    _, body = _body(spec)
+    param = body["launch-envs"]["inputs"]["parameters"].get(name)
+    return param["runtimeValue"]["constant"] if param else None
 
 
 def _body(spec: dict) -> tuple[str, dict]:
@@ -89,6 +103,77 @@ def test_cluster_target_adds_gpu_scheduling_and_secrets(cluster):
     assert not [p for p in params if "secret" in p or "password" in p or "key" in p.lower()]
 
 
+def test_cluster_target_deploys_the_env_server_image_into_the_sdar_namespace(cluster, local, tmp_path, monkeypatch):
+    spec, _ = cluster
+    # the image `make images` tags beside the trainer, not a hard-coded one
+    assert _launch_input(spec, "env_image") == "ghcr.io/sdar/sdar-env-server:0.1.0"
+    # env services go where k8s/ grants the Role and NetworkPolicies; a run can still say "" (own namespace)
+    assert spec["root"]["inputDefinitions"]["parameters"]["namespace"]["defaultValue"] == "sdar"
+    _, body = _body(spec)
+    for task in ("launch-envs", "teardown-envs"):
+        inputs = (body.get(task) or spec["root"]["dag"]["tasks"][task])["inputs"]["parameters"]
+        # the pipeline's parameter (inside the exit handler as its pipelinechannel)
+        assert inputs["namespace"]["componentInputParameter"] in ("namespace", "pipelinechannel--namespace"), task
+    # --image REGISTRY/sdar-trainer:TAG: the env server from the same registry and tag
+    custom, _ = _compile(tmp_path, "cluster", image="123.dkr.ecr.example/team/sdar-trainer:7")
+    assert _launch_input(custom, "env_image") == "123.dkr.ecr.example/team/sdar-env-server:7"
+    monkeypatch.setenv("SDAR_ENV_IMAGE", "reg.example/envs:3")  # named outright, it wins
+    assert _launch_input(_compile(tmp_path, "cluster")[0], "env_image") == "reg.example/envs:3"
+    own, _ = _compile(tmp_path, "cluster", cluster=ClusterSettings(env_image="reg.example/e:1", env_namespace=""))
+    assert _launch_input(own, "env_image") == "reg.example/e:1"
+    assert own["root"]["inputDefinitions"]["parameters"]["namespace"]["defaultValue"] == ""
+    # locally the env server is a process: no image, no namespace
+    local_spec, _ = local
+    assert _launch_input(local_spec, "env_image") is None
+    assert local_spec["root"]["inputDefinitions"]["parameters"]["namespace"]["defaultValue"] == ""
+
+
+def test_a_gpu_free_cluster_build_asks_for_no_gpu_node(tmp_path):
+    spec, platform = _compile(tmp_path, "cluster", cluster=ClusterSettings(gpus=0, train_cpu="2", train_memory="4G",
+                                                                           eval_on_gpu=True))
+    for ex in spec["deploymentSpec"]["executors"]:
+        container, k8s = _executor(spec, platform, ex)
+        assert "accelerator" not in container.get("resources", {}), ex
+        assert "nodeSelector" not in k8s and "tolerations" not in k8s, ex
+        # still a pipeline pod: labels for the NetworkPolicies, and the Secrets
+        assert k8s["podMetadata"]["labels"] == {"app.kubernetes.io/part-of": "sdar-pipeline"}, ex
+    container, k8s = _executor(spec, platform, "exec-gated-train")
+    res = container["resources"]
+    assert (res["resourceCpuRequest"], res["resourceCpuLimit"]) == ("2", "2")
+    assert (res["resourceMemoryRequest"], res["resourceMemoryLimit"]) == ("4G", "4G")
+    assert {s["secretName"] for s in k8s["secretAsEnv"]} == {"sdar-mlflow", "sdar-s3"}
+    with pytest.raises(ValueError, match="gpus must be >= 0"):
+        build_pipeline("cluster", cluster=ClusterSettings(gpus=-1))
+
+
+def test_torchx_jobs_of_the_training_step_run_the_pipelines_image(tmp_path, monkeypatch):
+    # multi-GPU training as a TorchX job: the step only launches and waits (--gpus 0), the job asks
+    # for the GPUs (launch.gpus_per_node in the run's overrides)
+    from sdar.config import load_config
+    from sdar.launch import dryrun
+
+    image = "123.dkr.ecr.example/team/sdar-trainer:7"
+    spec, platform = _compile(tmp_path, "cluster", image=image, cluster=ClusterSettings(gpus=0))
+    container, k8s = _executor(spec, platform, "exec-gated-train")
+    assert container["image"] == image
+    assert {e["name"]: e["value"] for e in container["env"]}["SDAR_IMAGE"] == image
+    assert "accelerator" not in container["resources"] and "nodeSelector" not in k8s
+    # the step's environment is what sdar.launch reads: the job's pods get the same image and the GPUs
+    for e in container["env"]:
+        monkeypatch.setenv(e["name"], e["value"])
+    overrides = {"launch.nodes": 2, "launch.gpus_per_node": 4, "checkpoint_uri": "s3://b/ckpt"}
+    job = dryrun(load_config("configs/household-tiny.yaml", overrides), "configs/household-tiny.yaml", overrides,
+                 validate_spec=False).request.resource
+    for task in job["spec"]["tasks"]:
+        pod = task["template"]
+        assert pod.spec.containers[0].image == image
+        assert pod.spec.containers[0].resources.limits["nvidia.com/gpu"] == "4"
+        assert pod.spec.node_selector == ClusterSettings().node_selector
+    # the default build passes its own image the same way
+    default_container, _ = _executor(_compile(tmp_path, "cluster")[0], {}, "exec-gated-train")
+    assert default_container["env"] == [{"name": "SDAR_IMAGE", "value": "ghcr.io/sdar/sdar-trainer:0.1.0"}]
+
+
 def test_local_target_has_no_cluster_settings(local):
     spec, platform = local
     assert platform == {}
@@ -139,5 +224,24 @@ def test_cli_compile_writes_the_yaml(tmp_path, capsys):
     spec = yaml.safe_load_all(out.read_text()).__next__()
     assert spec["pipelineInfo"]["name"] == "sdar-comparison"
     assert f"wrote {out}" in capsys.readouterr().out
+    # kind/minikube: no GPU, small requests
+    assert main(["compile", "--out", str(out), "--gpus", "0", "--train-cpu", "2", "--train-memory", "4G",
+                 "--image", "localhost:5001/sdar-trainer:dev"]) == 0
+    assert "0 GPU(s) per training pod" in capsys.readouterr().out
+    spec, platform = list(yaml.safe_load_all(out.read_text()))
+    container, k8s = _executor(spec, platform, "exec-gated-train")
+    assert "accelerator" not in container["resources"] and container["resources"]["resourceCpuRequest"] == "2"
+    assert "nodeSelector" not in k8s and "tolerations" not in k8s
+    assert _launch_input(spec, "env_image") == "localhost:5001/sdar-env-server:dev"
+    assert main(["compile", "--out", str(out), "--gpus", "8", "--env-image", "reg.example/e:2",
+                 "--env-namespace", ""]) == 0
+    spec, platform = list(yaml.safe_load_all(out.read_text()))
+    container, k8s = _executor(spec, platform, "exec-gated-train")
+    assert container["resources"]["accelerator"]["resourceCount"] == "8"
+    assert k8s["nodeSelector"]["labels"] == {"eks.amazonaws.com/nodegroup": "gpu"}
+    assert _launch_input(spec, "env_image") == "reg.example/e:2"
+    assert spec["root"]["inputDefinitions"]["parameters"]["namespace"]["defaultValue"] == ""
+    with pytest.raises(SystemExit, match="--gpus must be >= 0"):
+        main(["compile", "--out", str(out), "--gpus", "-1"])
     with pytest.raises(SystemExit, match="needs --local"):
         main(["run", "--quick"])

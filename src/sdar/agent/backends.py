@@ -1,22 +1,36 @@
-"""Generation backends behind one interface: transformers `generate` (CPU default, KV cache)
-and vLLM (GPU; import-guarded, loads the current LoRA adapter per step)."""
+"""Generation backends behind one interface: transformers `generate` (CPU default, KV cache) and
+vLLM (GPU; import-guarded, serving the trainer's current LoRA adapter, re-exported when it changes)."""
 
 from __future__ import annotations
 
+import contextlib
+import shutil
+import tempfile
 from dataclasses import dataclass
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Protocol
 
 import torch
+
+BACKENDS = ("transformers", "vllm")
+GPU_INSTALL_HINT = "pip install -e '.[gpu]' on a CUDA machine (install a CUDA torch build first)"
 
 
 @dataclass
 class Generation:
     """One sampled response: its token ids (ending with EOS when it finished), text, and
-    whether it finished before the token limit."""
+    whether it finished before the token limit.
+
+    logprobs: the sampler's log-prob of each token, or None. vLLM fills it (with
+    `logprobs_mode='processed_logprobs'` these are of the distribution actually sampled: after the
+    trie mask and temperature); transformers leaves it None. Diagnostic only: the trainer
+    recomputes `old_logp` with its own forward, so nothing in the update depends on it.
+    """
 
     token_ids: list[int]
     text: str
     finished: bool
+    logprobs: list[float] | None = None
 
 
 class GenerationBackend(Protocol):
@@ -34,6 +48,12 @@ def _eos_ids(tokenizer) -> list[int]:
     if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
         ids.add(im_end)
     return sorted(i for i in ids if i is not None)
+
+
+def _cut_at_eos(row: list[int], eos_ids) -> tuple[list[int], bool]:
+    """The tokens up to and including the first EOS, and whether there was one."""
+    cut = next((j for j, t in enumerate(row) if t in eos_ids), None)
+    return (row, False) if cut is None else (row[: cut + 1], True)
 
 
 class TransformersBackend:
@@ -85,52 +105,280 @@ class TransformersBackend:
         )
         gens = []
         for row in seqs[:, width:].tolist():
-            cut = next((j for j, t in enumerate(row) if t in self.eos_ids), None)
-            toks = row if cut is None else row[: cut + 1]
-            text = self.tokenizer.decode(toks, skip_special_tokens=True)
-            gens.append(Generation(toks, text, cut is not None))
+            toks, finished = _cut_at_eos(row, self.eos_ids)
+            gens.append(Generation(toks, self.tokenizer.decode(toks, skip_special_tokens=True), finished))
         return gens
+
+
+# ---- vLLM -------------------------------------------------------------------------------------
+def vllm_problems(has_vllm: bool, has_cuda: bool) -> str | None:
+    """Why the vLLM backend cannot run here (None when it can), as one sentence with the fix."""
+    missing = ([] if has_vllm else ["the vllm package is not installed"]) + (
+        [] if has_cuda else ["no CUDA device is visible (torch.cuda.is_available() is False)"])
+    if not missing:
+        return None
+    return (f"the vLLM rollout engine needs vllm on a CUDA machine, but {' and '.join(missing)}: "
+            f"{GPU_INSTALL_HINT}, or set model.generation_backend: transformers")
+
+
+def require_vllm() -> None:
+    """Raise `RuntimeError` saying what is missing (vllm, a CUDA device) and what to do about it."""
+    import importlib.util
+
+    why = vllm_problems(importlib.util.find_spec("vllm") is not None, torch.cuda.is_available())
+    if why:
+        raise RuntimeError(why)
+
+
+@dataclass(frozen=True)
+class AdapterVersion:
+    """One exported adapter: vLLM's `LoRARequest(name, id, path)` for it."""
+
+    name: str
+    id: int
+    path: str
+
+
+class AdapterExporter:
+    """Writes the live LoRA adapter (peft `save_pretrained`) to `<root>/policy-<id>` whenever its
+    weights changed since the last export, under a fresh integer id: vLLM caches adapters by id, so
+    a reused id would keep serving stale weights.
+
+    Change detection reads each trainable tensor's in-place version counter and storage address:
+    optimizer steps and checkpoint loads bump them, so checking costs no copy and no hash.
+    keep: exported directories kept on disk (vLLM reads one when its id is first requested).
+    """
+
+    def __init__(self, root: str | Path, keep: int = 2) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.keep = max(1, keep)
+        self.current: AdapterVersion | None = None
+        self._fingerprint: tuple | None = None
+        self._next_id = 1
+        self._dirs: list[Path] = []
+
+    @staticmethod
+    def fingerprint(model: torch.nn.Module) -> tuple:
+        return tuple((n, p.data_ptr(), p._version) for n, p in model.named_parameters() if p.requires_grad)
+
+    def sync(self, model: torch.nn.Module) -> AdapterVersion:
+        """The adapter version matching `model` now (exported first if the weights changed)."""
+        fp = self.fingerprint(model)
+        if self.current is None or fp != self._fingerprint:
+            self.export(model)
+            self._fingerprint = fp
+        return self.current
+
+    def export(self, model: torch.nn.Module) -> AdapterVersion:
+        """Export unconditionally under the next id."""
+        from peft import PeftModel
+
+        if not isinstance(model, PeftModel):
+            raise TypeError("the vLLM backend serves the policy as a LoRA adapter; this model has none "
+                            "(set model.lora: true, or use model.generation_backend: transformers)")
+        vid = self._next_id
+        self._next_id += 1
+        path = self.root / f"policy-{vid}"
+        # embeddings are never LoRA targets here; False also keeps peft from looking the base up on a hub
+        model.save_pretrained(str(path), save_embedding_layers=False)
+        self._dirs.append(path)
+        while len(self._dirs) > self.keep:
+            shutil.rmtree(self._dirs.pop(0), ignore_errors=True)
+        self.current = AdapterVersion(f"policy-{vid}", vid, str(path))
+        return self.current
+
+
+def export_base_model(policy, directory: str | Path) -> str:
+    """What vLLM should load as the base weights: the checkpoint name the policy's base came from
+    (a local directory or a hub id), else (a freshly built tiny model) its initial weights and
+    tokenizer written to `directory`."""
+    from sdar.models.policy import resolve_name
+
+    if policy.base_source is not None:
+        kind, where = resolve_name(policy.base_source)
+        if kind in ("local", "hub"):
+            return where
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    policy._initial_weights().save_pretrained(out)
+    policy.tokenizer.save_pretrained(out)
+    return str(out)
+
+
+def generation_from_vllm(token_ids, logprobs, eos_ids, tokenizer) -> Generation:
+    """A `Generation` from one vLLM CompletionOutput's `token_ids` and `logprobs` (a list, per
+    token, of {token id: Logprob}; or None), cut and decoded exactly as `TransformersBackend` does."""
+    toks, finished = _cut_at_eos([int(t) for t in token_ids], eos_ids)
+    lps = [float(logprobs[j][t].logprob) for j, t in enumerate(toks)] if logprobs else None
+    return Generation(toks, tokenizer.decode(toks, skip_special_tokens=True), finished, lps)
+
+
+def follows_trie(trie, token_ids: list[int]) -> bool:
+    """Whether every token of a response was allowed by `trie` at its position."""
+    return all(t in a for t, a in zip(token_ids, trie.allowed_along(token_ids)))
 
 
 class VLLMBackend:
-    """vLLM engine for GPU rollouts. `load_adapter(dir)` makes the next calls use a new LoRA
-    adapter (one per RL step) without reloading the base weights."""
+    """vLLM engine for GPU rollouts and (optionally) teacher scoring, with the same `generate` as
+    `TransformersBackend`.
 
-    def __init__(self, model_path: str, tokenizer, *, dtype: str = "bfloat16", max_lora_rank: int = 16,
-                 gpu_memory_utilization: float = 0.35, enable_lora: bool = True, **engine_kwargs) -> None:
-        try:
-            from vllm import LLM
-        except ImportError as exc:  # pragma: no cover - exercised on GPU machines only
-            raise ImportError(
-                "the vLLM backend needs vllm on a CUDA machine: pip install -e '.[gpu]'; "
-                "use generation_backend='transformers' on CPU"
-            ) from exc
-        self.tokenizer = tokenizer
-        self.eos_ids = _eos_ids(tokenizer)
-        self.llm = LLM(model=model_path, dtype=dtype, enable_lora=enable_lora, max_lora_rank=max_lora_rank,
-                       gpu_memory_utilization=gpu_memory_utilization, **engine_kwargs)
+    The base weights are loaded once; the policy's LoRA adapter is exported and handed to vLLM as a
+    `LoRARequest` with a fresh id whenever its weights changed (checked at every call), so each RL
+    step samples from the current policy without reloading the model. Constrained decoding runs the
+    `ActionTrie` as a per-request logits processor: on the V1 engine through the
+    `sdar.agent.vllm_trie` plug-in (trie in `SamplingParams.extra_args`; the legacy V1 model runner
+    interface, so VLLM_USE_V2_MODEL_RUNNER defaults to 0 here), on the V0 engine as a callable in
+    `SamplingParams.logits_processors`.
+    """
+
+    def __init__(self, policy, *, gpu_memory_utilization: float = 0.35, enable_lora: bool = True,
+                 max_lora_rank: int = 0, dtype: str = "bfloat16", max_model_len: int = 0,
+                 enforce_eager: bool = False, logprobs_mode: str = "processed_logprobs", teacher_topk: int = 20,
+                 workdir: str | None = None, engine_kwargs: dict[str, Any] | None = None) -> None:
+        require_vllm()
+        import os
+
+        from vllm import LLM
+
+        if policy.is_lora and not enable_lora:
+            raise ValueError("vllm.enable_lora is false but the policy trains a LoRA adapter: vLLM would sample from "
+                             "the base weights forever; set vllm.enable_lora: true")
+        if not policy.is_lora:
+            raise ValueError("the vLLM backend serves the policy as base weights + a LoRA adapter re-exported each "
+                             "step; full fine-tuning (model.lora: false) would need a weight sync into vLLM that sdar "
+                             "does not do: set model.lora: true or model.generation_backend: transformers")
+        self.policy, self.tokenizer = policy, policy.tokenizer
+        self.eos_ids = _eos_ids(self.tokenizer)
+        self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="sdar-vllm-")
+        root = Path(workdir or self._tmp.name)
+        self.model_path = export_base_model(policy, root / "base")
+        self.exporter = AdapterExporter(root / "adapters")
         self._lora = None
-        self._lora_version = 0
+        self.logprobs_mode = logprobs_mode
+        kwargs: dict[str, Any] = {
+            "model": self.model_path, "dtype": dtype, "gpu_memory_utilization": gpu_memory_utilization,
+            "enable_lora": True, "max_lora_rank": max_lora_rank or policy.spec.lora_r, "max_loras": 1,
+            "max_logprobs": max(20, teacher_topk), "enforce_eager": enforce_eager,
+        }
+        if max_model_len:
+            kwargs["max_model_len"] = max_model_len
+        if logprobs_mode:  # vLLM >= 0.10.2; "" keeps vLLM's default (raw, unconstrained log-probs)
+            kwargs["logprobs_mode"] = logprobs_mode
+        try:  # the V0 engine (vLLM < 0.11, VLLM_USE_V1=0) takes per-request callables; V1 needs the plug-in
+            import vllm.envs as venvs
 
-    def load_adapter(self, adapter_dir: str) -> None:  # pragma: no cover - GPU only
+            self._v0 = not getattr(venvs, "VLLM_USE_V1", True)
+        except ImportError:
+            self._v0 = False
+        self._trie_plugin = False
+        if not self._v0:
+            try:
+                import vllm.v1.sample.logits_processor as lp
+
+                self._trie_plugin = hasattr(lp, "AdapterLogitsProcessor")
+            except ImportError:
+                pass
+            if self._trie_plugin:
+                from sdar.agent.vllm_trie import PROCESSOR_FQCN
+
+                # the plug-in implements the legacy V1 runner's interface (MRV2 has its own)
+                os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+                kwargs["logits_processors"] = [PROCESSOR_FQCN]
+        kwargs.update(engine_kwargs or {})
+        try:
+            self.llm = LLM(**kwargs)
+        except TypeError as exc:
+            if "logprobs_mode" in str(exc):
+                raise TypeError(f"{exc}; this vLLM predates logprobs_mode (0.10.2): set vllm.logprobs_mode: '' "
+                                "(sampled log-probs are then unconstrained; the trainer does not use them)") from exc
+            raise
+
+    # -- the policy's adapter --------------------------------------------------------------------
+    def sync_policy(self, model=None) -> AdapterVersion:
+        """Point vLLM at the adapter matching the policy's current weights (exported if they changed)."""
         from vllm.lora.request import LoRARequest
 
-        self._lora_version += 1
-        self._lora = LoRARequest(f"policy-{self._lora_version}", self._lora_version, adapter_dir)
+        version = self.exporter.sync(model if model is not None else self.policy.model)
+        if self._lora is None or self._lora.lora_int_id != version.id:
+            old = self._lora
+            self._lora = LoRARequest(version.name, version.id, version.path)
+            if old is not None:  # free the slot now; best effort, vLLM's LRU cache would evict it anyway
+                with contextlib.suppress(Exception):
+                    self.llm.llm_engine.remove_lora(old.lora_int_id)
+        return version
 
-    def generate(self, prompts, *, max_new_tokens, temperature, top_p=1.0, tries=None):  # pragma: no cover - GPU only
-        from vllm import SamplingParams, TokensPrompt
+    # -- generation -------------------------------------------------------------------------------
+    def _constraint_kwargs(self, trie) -> dict[str, Any]:
+        if trie is None:
+            return {}
+        if self._v0:
+            from sdar.agent.constrained import TrieTokenFilter
 
-        if tries and any(t is not None for t in tries):
-            raise NotImplementedError("constrained decoding is not wired to vLLM yet (guided choice); "
-                                      "set rollout.constrained=false or use the transformers backend")
-        params = SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                stop_token_ids=self.eos_ids, skip_special_tokens=True)
-        results = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params,
+            return {"logits_processors": [TrieTokenFilter(trie)]}
+        if not self._trie_plugin:
+            raise RuntimeError("this vLLM has no per-request logits-processor plug-ins (vllm.v1.sample.logits_processor."
+                               "AdapterLogitsProcessor, vLLM >= 0.10.2): upgrade vllm, or set rollout.constrained: false "
+                               "or model.generation_backend: transformers")
+        from sdar.agent.vllm_trie import TRIE_ARG
+
+        return {"extra_args": {TRIE_ARG: trie.sequences}}
+
+    def generate(self, prompts, *, max_new_tokens, temperature, top_p=1.0, tries=None):
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if not prompts:
+            return []
+        self.sync_policy()
+        tries = tries or [None] * len(prompts)
+        # detokenize=False: text is decoded here exactly as the transformers backend does
+        base = {"max_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
+                "stop_token_ids": self.eos_ids, "detokenize": False, "logprobs": 0 if self.logprobs_mode else None}
+        if any(t is not None for t in tries):
+            params = [SamplingParams(**base, **self._constraint_kwargs(t)) for t in tries]
+        else:
+            params = SamplingParams(**base)
+        results = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
                                     lora_request=self._lora, use_tqdm=False)
-        gens = []
-        for r in results:
-            o = r.outputs[0]
-            toks = list(o.token_ids)
-            gens.append(Generation(toks, o.text, o.finish_reason == "stop"))
+        gens = [generation_from_vllm(r.outputs[0].token_ids, r.outputs[0].logprobs if self.logprobs_mode else None,
+                                     self.eos_ids, self.tokenizer) for r in results]
+        for g, trie in zip(gens, tries):
+            if trie is not None and not follows_trie(trie, g.token_ids):
+                # e.g. a model runner whose logits processors see placeholder ids: never train on such samples
+                raise RuntimeError(f"vLLM sampled {g.token_ids} outside the admissible actions: the trie plug-in did "
+                                   "not constrain it (run with VLLM_USE_V2_MODEL_RUNNER=0 and "
+                                   "vllm.engine_kwargs: {async_scheduling: false}), or set rollout.constrained: false")
         return gens
+
+    # -- teacher scoring ---------------------------------------------------------------------------
+    def prompt_logprobs(self, sequences: list[list[int]], topk: list[int]) -> list:
+        """vLLM's `RequestOutput.prompt_logprobs` of each sequence under the current adapter: per
+        token, None for the first, else {token id: Logprob} holding that token and the `topk[i]`
+        most likely ones. Raw log-probs (no temperature, no logits processors)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if not sequences:
+            return []
+        self.sync_policy()
+        params = [SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=int(k), detokenize=False)
+                  for k in topk]
+        results = self.llm.generate([TokensPrompt(prompt_token_ids=list(s)) for s in sequences], params,
+                                    lora_request=self._lora, use_tqdm=False)
+        return [r.prompt_logprobs for r in results]
+
+
+def make_backend(name: str, policy, *, vllm=None, batch_size: int = 64):
+    """The generation backend `name` (model.generation_backend) for `policy`.
+
+    vllm: a `sdar.config.VLLMConfig` (or anything with its fields) for the vLLM engine.
+    """
+    if name == "transformers":
+        return TransformersBackend(policy.model, policy.tokenizer, batch_size=batch_size)
+    if name == "vllm":
+        opts = {} if vllm is None else {k: getattr(vllm, k) for k in (
+            "gpu_memory_utilization", "enable_lora", "max_lora_rank", "dtype", "max_model_len", "enforce_eager",
+            "logprobs_mode", "teacher_topk", "engine_kwargs")}
+        return VLLMBackend(policy, **opts)
+    raise ValueError(f"unknown generation_backend {name!r}; choose one of {', '.join(BACKENDS)}")

@@ -17,8 +17,10 @@ class ActionTrie:
     """A prefix tree of token sequences (one per admissible response, each ending in EOS)."""
 
     def __init__(self, sequences: list[list[int]]) -> None:
+        # kept as plain lists: what crosses a process boundary (vLLM's engine rebuilds the trie from them)
+        self.sequences = [[int(t) for t in seq] for seq in sequences]
         self.root: dict[int, dict] = {}
-        for seq in sequences:
+        for seq in self.sequences:
             node = self.root
             for tok in seq:
                 node = node.setdefault(tok, {})
@@ -65,6 +67,30 @@ class TrieLogitsProcessor(LogitsProcessor):
             scores[i] = float("-inf")
             scores[i, allowed] = keep
         return scores
+
+
+class TrieTokenFilter:
+    """One request's constraint as vLLM's per-request logits-processor function:
+    `(output_ids, logits [V]) -> logits` with every token the trie does not allow next at -inf.
+
+    The same masking as `TrieLogitsProcessor` (a row of it), so vLLM samples from the renormalised
+    distribution that `allowed_mask` makes the trainer score. Used directly as a V0
+    `SamplingParams.logits_processors` entry, and wrapped per request by
+    `sdar.agent.vllm_trie.TrieAdapterLogitsProcessor` on the V1 engine.
+    """
+
+    def __init__(self, trie: ActionTrie) -> None:
+        self.trie = trie
+
+    def __call__(self, output_ids, logits: torch.Tensor) -> torch.Tensor:
+        allowed = self.trie.allowed(list(output_ids))
+        if not allowed:  # complete (EOS emitted) or off the tree: the engine stops the request anyway
+            return logits
+        idx = torch.tensor(allowed, dtype=torch.long, device=logits.device)
+        keep = logits.index_select(-1, idx)
+        logits.fill_(float("-inf"))
+        logits.index_copy_(-1, idx, keep)
+        return logits
 
 
 def allowed_mask(prompts: list[list[int]], responses: list[list[int]], allowed: list[list[list[int]] | None],

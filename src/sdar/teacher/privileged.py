@@ -17,6 +17,10 @@ class TeacherScorer:
     history pairs are dropped, never the skills; every such turn is counted in
     `truncated_turns` (reported as `teacher/truncated_frac`), and a turn that cannot fit
     even with no history raises an error instead of silently losing its skills.
+    engine: None scores with the training-side forward; a `VLLMBackend` scores through vLLM's prompt
+    log-probs (`sdar.teacher.vllm_scoring`), falling back to the forward per row where the
+    constrained renormalisation needs tokens outside vLLM's top-`engine_topk` (counted in
+    `fallback_turns`).
     """
 
     builder: PromptBuilder
@@ -26,6 +30,10 @@ class TeacherScorer:
     truncated_turns: int = 0
     scored_turns: int = 0
     skills_by_type: dict[str, str] = field(default_factory=dict)
+    engine: object | None = None
+    engine_topk: int = 20
+    engine_turns: int = 0
+    fallback_turns: int = 0
 
     def prompts(self, trajectories) -> list[list[int]]:
         out = []
@@ -46,9 +54,22 @@ class TeacherScorer:
         prompts = self.prompts(trajectories)
         responses = [t.response_ids for traj in trajectories for t in traj.turns]
         allowed = [t.allowed for traj in trajectories for t in traj.turns]
+        if self.engine is not None:
+            from sdar.teacher.vllm_scoring import vllm_response_logprobs
+
+            out, fell_back = vllm_response_logprobs(self.engine, model, prompts, responses, pad_id=pad_id,
+                                                    batch_size=self.batch_size, allowed=allowed, topk=self.engine_topk)
+            self.engine_turns += len(prompts)
+            self.fallback_turns += fell_back
+            return out
         return response_logprobs(model, prompts, responses, pad_id=pad_id, batch_size=self.batch_size,
                                  allowed=allowed)
 
     @property
     def truncated_frac(self) -> float:
         return self.truncated_turns / max(self.scored_turns, 1)
+
+    @property
+    def fallback_frac(self) -> float:
+        """Share of engine-scored turns that needed the training-side forward (NaN without an engine)."""
+        return self.fallback_turns / self.engine_turns if self.engine_turns else float("nan")

@@ -21,12 +21,13 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from sdar.agent.backends import TransformersBackend
+from sdar.agent.backends import make_backend
 from sdar.agent.prompts import PromptBuilder
 from sdar.agent.rollout import Trajectory, rollout, turn_rewards
 from sdar.algos import LossBatch, compose_loss, get_arm, grpo_advantages
 from sdar.config import TrainConfig
 from sdar.teacher import TeacherScorer, response_logprobs
+from sdar.teacher.vllm_scoring import select_teacher_engine
 from sdar.train import distributed
 
 STATE_FILE = "trainer_state.pt"
@@ -95,8 +96,10 @@ class Trainer:
                                    skills_in_prompt=self.arm.skills_in_student_prompt)
         self.builder = PromptBuilder(cfg.env.family, history=self.rollout_cfg.history,
                                      show_admissible=self.rollout_cfg.show_admissible)
-        self.teacher = TeacherScorer(self.builder, self.tokenizer, cfg.teacher_max_prompt_tokens, cfg.score_batch_size)
         self.backend = self._backend()
+        self.teacher = TeacherScorer(self.builder, self.tokenizer, cfg.teacher_max_prompt_tokens, cfg.score_batch_size,
+                                     engine=select_teacher_engine(cfg.teacher_engine, self.backend),
+                                     engine_topk=cfg.vllm.teacher_topk)
         self.env_factory = env_factory or make_env_factory(cfg)
         probe = self.env_factory()
         try:
@@ -116,13 +119,8 @@ class Trainer:
         self.history: list[dict[str, float]] = []
 
     def _backend(self):
-        if self.cfg.model.generation_backend == "transformers":
-            return TransformersBackend(self.model, self.tokenizer)
-        if self.cfg.model.generation_backend == "vllm":
-            from sdar.agent.backends import VLLMBackend
-
-            return VLLMBackend(self.cfg.model.name_or_path, self.tokenizer, dtype=self.cfg.model.dtype)
-        raise ValueError(f"unknown generation_backend {self.cfg.model.generation_backend!r}; choose transformers or vllm")
+        # vLLM serves the current LoRA adapter, re-exported when the weights change (checked per call)
+        return make_backend(self.cfg.model.generation_backend, self.policy, vllm=self.cfg.vllm)
 
     # ---- one RL step --------------------------------------------------------------------
     def sample_tasks(self, step: int) -> tuple[list[str], list[int]]:
@@ -245,6 +243,7 @@ class Trainer:
             "time/step_s": time.perf_counter() - t0,
             "teacher/gap_all_tokens": float("nan") if teacher is None else _masked_mean(teacher.logp - old.logp, old.mask),
             "teacher/truncated_frac": self.teacher.truncated_frac,
+            "teacher/vllm_fallback_frac": self.teacher.fallback_frac,
             "updates": float(updates), "skipped_updates": float(self.skipped_updates),
         })
         counts = {"trajectories": len(trajs), "turns": len(turns), "tokens": float(old.mask.sum()),

@@ -1,0 +1,161 @@
+"""Generation tokens/s of the transformers and vLLM rollout engines on the same model and prompts,
+plus teacher scoring through vLLM prompt log-probs vs the training-side forward. GPU only.
+
+Prompts are real first-turn household prompts (the rollout's own prompt builder), optionally
+constrained to the admissible actions. Besides speed it checks that the engines agree: vLLM's
+sampled-token log-probs (processed: after the trie mask) against the trainer's scoring of the
+same tokens, and the vLLM teacher scores against the training-side ones. Run on a CUDA machine
+with `pip install -e '.[gpu]'`:
+  python benchmarks/bench_vllm.py [--model smollm2 | <dir> | <hub id>] [--prompts 128] [--constrained]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+
+def household_prompts(tokenizer, n: int, max_tokens: int, skills: bool = False):
+    """`n` first-turn prompts of household train tasks (repeated when there are fewer) and their
+    admissible actions, built exactly as the rollout builds them."""
+    from sdar.agent.prompts import PromptBuilder, fit_prompt_ids
+    from sdar.agent.rollout import EpisodeState
+    from sdar.envs import make_env
+    from sdar.envs.base import privileged_skills_for
+
+    env = make_env("household")
+    builder = PromptBuilder("household")
+    out = []
+    try:
+        tasks = env.task_ids("train")
+        for i in range(n):
+            first = env.reset(task_id=tasks[i % len(tasks)])
+            view = EpisodeState(first, "household", True, getattr(env, "task_text", "")).view(0, 50)
+            text = privileged_skills_for(env, "household", first.metadata) if skills else None
+            ids, _ = fit_prompt_ids(tokenizer, builder, view, max_tokens, skills=text)
+            out.append((ids, view.admissible_actions))
+    finally:
+        env.close()
+    return out
+
+
+def timed(fn):
+    import torch
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    result = fn()
+    torch.cuda.synchronize()
+    return result, time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2", help="smollm2, a local checkpoint directory or a hub id")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="both engines' weights")
+    ap.add_argument("--prompts", type=int, default=128)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--hf-batch-size", type=int, default=64, help="transformers generate chunk size")
+    ap.add_argument("--constrained", action="store_true", help="decode only admissible actions (the action trie)")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.35)
+    ap.add_argument("--teacher-topk", type=int, default=20)
+    ap.add_argument("--out", help="also write the results as JSON here")
+    args = ap.parse_args()
+
+    from sdar.agent.backends import require_vllm
+
+    try:
+        require_vllm()
+    except RuntimeError as exc:
+        sys.exit(f"bench_vllm: {exc}")
+
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    from sdar.agent.backends import TransformersBackend, VLLMBackend
+    from sdar.agent.constrained import action_trie
+    from sdar.models import ModelSpec, load_policy
+    from sdar.teacher import response_logprobs
+    from sdar.teacher.vllm_scoring import vllm_response_logprobs
+
+    console = Console()
+    policy = load_policy(ModelSpec(args.model, dtype=args.dtype, lora=True, lora_r=16, lora_alpha=32)).to("cuda")
+    torch.manual_seed(0)
+    with torch.no_grad():  # a non-zero adapter, so both engines really apply it
+        for n, p in policy.model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(std=1e-3)
+    policy.model.eval()
+    tok = policy.tokenizer
+    data = household_prompts(tok, args.prompts, max_tokens=1024)
+    prompts = [p for p, _ in data]
+    tries = None
+    if args.constrained:
+        eos = tok.convert_tokens_to_ids("<|im_end|>")
+        tries = [action_trie(tok, "household", acts, eos) for _, acts in data]
+    gen_kw = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "tries": tries}
+
+    rows: dict[str, dict] = {}
+    hf = TransformersBackend(policy.model, tok, batch_size=args.hf_batch_size)
+    hf.generate(prompts[:4], **{**gen_kw, "tries": tries[:4] if tries else None})  # warm-up
+    gens, secs = timed(lambda: hf.generate(prompts, **gen_kw))
+    rows["transformers"] = {"tokens": sum(len(g.token_ids) for g in gens), "seconds": secs}
+
+    t0 = time.perf_counter()
+    engine = VLLMBackend(policy, gpu_memory_utilization=args.gpu_memory_utilization, dtype=args.dtype,
+                         teacher_topk=args.teacher_topk)
+    startup = time.perf_counter() - t0
+    engine.generate(prompts[:4], **{**gen_kw, "tries": tries[:4] if tries else None})  # warm-up + adapter load
+    vgens, secs = timed(lambda: engine.generate(prompts, **gen_kw))
+    rows["vllm"] = {"tokens": sum(len(g.token_ids) for g in vgens), "seconds": secs, "startup_s": startup}
+
+    base = rows["transformers"]["tokens"] / rows["transformers"]["seconds"]
+    table = Table(title=f"generation, {args.model} ({args.dtype}), {len(prompts)} prompts, "
+                        f"<= {args.max_new_tokens} new tokens, T={args.temperature}"
+                        + (", constrained" if args.constrained else ""))
+    for col in ("engine", "tokens", "seconds", "tokens/s", "x transformers"):
+        table.add_column(col, justify="right")
+    for name, r in rows.items():
+        r["tokens_per_s"] = r["tokens"] / r["seconds"]
+        table.add_row(name, str(r["tokens"]), f"{r['seconds']:.2f}", f"{r['tokens_per_s']:.0f}",
+                      f"{r['tokens_per_s'] / base:.1f}")
+    console.print(table)
+    console.print(f"vLLM engine start (base load, CUDA graphs): {startup:.1f}s, paid once per training run")
+
+    # agreement: vLLM's processed sampled-token log-probs vs the trainer's scoring of the same tokens
+    responses = [g.token_ids for g in vgens]
+    allowed = [t.allowed_along(r) for t, r in zip(tries, responses)] if tries else None
+    pad = tok.pad_token_id
+    checks = {}
+    if args.temperature == 1.0 and all(g.logprobs is not None for g in vgens):
+        ref = response_logprobs(policy.model, prompts, responses, pad_id=pad, batch_size=16, allowed=allowed)
+        diffs = [abs(lp - ref.logp[i, k].item()) for i, g in enumerate(vgens) for k, lp in enumerate(g.logprobs)]
+        checks["sampler_vs_trainer_logp_abs_mean"] = sum(diffs) / max(len(diffs), 1)
+        checks["sampler_vs_trainer_logp_abs_max"] = max(diffs, default=0.0)
+
+    # teacher scoring: vLLM prompt log-probs vs the training-side forward, on the same sequences
+    teacher_prompts = [p for p, _ in household_prompts(tok, args.prompts, max_tokens=2048, skills=True)]
+    ref, t_train = timed(lambda: response_logprobs(policy.model, teacher_prompts, responses, pad_id=pad, batch_size=16,
+                                                   allowed=allowed))
+    (out, fell_back), t_vllm = timed(lambda: vllm_response_logprobs(
+        engine, policy.model, teacher_prompts, responses, pad_id=pad, batch_size=16, allowed=allowed,
+        topk=args.teacher_topk))
+    checks.update({"teacher_train_s": t_train, "teacher_vllm_s": t_vllm, "teacher_vllm_fallback_rows": fell_back,
+                   "teacher_logp_abs_max": float(((out.logp - ref.logp) * ref.mask).abs().max())})
+    table = Table(title="agreement and teacher scoring")
+    table.add_column("check")
+    table.add_column("value", justify="right")
+    for k, v in checks.items():
+        table.add_row(k, f"{v:.4g}" if isinstance(v, float) else str(v))
+    console.print(table)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"args": vars(args), "generation": rows, "checks": checks}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
