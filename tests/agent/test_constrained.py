@@ -54,3 +54,29 @@ def test_constrained_sampling_matches_the_scored_distribution(small):
     for text, p in probs.items():
         freq = texts.count(text) / len(texts)
         assert freq == pytest.approx(p, abs=4 * math.sqrt(p * (1 - p) / len(texts)) + 0.01)
+
+
+def test_prompt_lm_term_is_the_prompt_log_likelihood_and_trains(small):
+    """prompt_lm=True returns, from the same forward, the summed log-probs of every prompt token
+    after the first (hand-computed from the logits here); its gradient reaches the weights."""
+    tok, model = small
+    prompts = [tok("what now? please", add_special_tokens=False)["input_ids"],
+               tok("now", add_special_tokens=False)["input_ids"]]
+    responses = [tok("<action>look</action>", add_special_tokens=False)["input_ids"]] * 2
+    out = response_logprobs(model, prompts, responses, pad_id=tok.pad_token_id, prompt_lm=True, grad=True)
+    want, n = 0.0, 0
+    with torch.no_grad():
+        for p in prompts:
+            logits = model(torch.tensor([p])).logits[0].float()
+            logp = torch.log_softmax(logits, -1)
+            want += sum(logp[i, p[i + 1]].item() for i in range(len(p) - 1))
+            n += len(p) - 1
+    assert out.prompt_tokens == n
+    assert out.prompt_logp_sum.item() == pytest.approx(want, rel=1e-5, abs=1e-5)
+    model.zero_grad()
+    (-out.prompt_logp_sum).backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+    model.zero_grad()
+    plain = response_logprobs(model, prompts, responses, pad_id=tok.pad_token_id)
+    assert plain.prompt_logp_sum is None and plain.prompt_tokens == 0
+    assert torch.allclose(plain.logp, out.logp.detach(), atol=1e-6)  # the response scores are unchanged

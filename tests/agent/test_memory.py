@@ -21,7 +21,7 @@ def test_memory_follows_a_real_sim_episode():
     out = env.reset(task_id=env.task_ids("test")[3])
     m = HouseholdMemory()
     m.update(out.observation)
-    assert m.room and m.render().endswith("Not visited: " + ", ".join(m.room) + ".")
+    assert m.room and m.render().endswith("Not visited: " + ", ".join(m.room) + f". Next unvisited: {m.room[0]}.")
     picked = None
     while not out.done:
         a = env.expert_action()
@@ -33,3 +33,5 @@ def test_memory_follows_a_real_sim_episode():
     assert out.metadata["won"]
     assert m.seen, "the expert visited receptacles; memory must list them"
     assert all(r not in m.render().split("Not visited:")[1] for r in m.seen if r in m.room)
+    unvisited = [r for r in m.room if r not in m.seen]
+    assert m.render().endswith(f"Next unvisited: {unvisited[0]}." if unvisited else "Not visited: none.")

@@ -15,7 +15,8 @@ def test_student_prompt_holds_task_step_memory_history_and_actions():
     assert "Task: put a clean apple in fridge" in text and "Step 4 of 12." in text
     assert "Holding: apple 1." in text
     assert "obs 0" not in text and "obs 1" in text and "act 2" in text  # last 2 pairs only
-    assert text.endswith("Admissible actions: go to fridge 1, clean apple 1 with sinkbasin 1")
+    assert "\nAdmissible actions: go to fridge 1, clean apple 1 with sinkbasin 1\n" in text
+    assert text.endswith("\nSeen: nothing yet. Holding: apple 1.")  # the memory comes last
 
 
 def test_teacher_prompt_is_the_student_prompt_with_the_privileged_prefix():

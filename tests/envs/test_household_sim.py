@@ -884,3 +884,78 @@ def test_simulator_runs_thousands_of_steps_per_second():
             step = backend.reset(task_id="sim/pick/000001")
     rate = 5000 / (time.perf_counter() - t0)
     assert rate > 2000, f"{rate:.0f} steps/s"
+
+
+# ---- the three experts behind the warm start ------------------------------------------------
+def _tiny_env_kwargs() -> dict:
+    """The environment of the laptop experiment, configs/household-tiny.yaml."""
+    from pathlib import Path
+
+    from sdar.config import load_config
+
+    return load_config(Path(__file__).parents[2] / "configs" / "household-tiny.yaml").env.kwargs
+
+
+_TINY = _tiny_env_kwargs()
+_TINY_DIFFICULTY = _TINY["difficulty"]
+
+
+def _expert_success(env, method: str, tasks: list[str]) -> float:
+    wins = 0
+    for tid in tasks:
+        env.reset(task_id=tid)
+        out = None
+        for _ in range(60):
+            out = env.step(getattr(env, method)())
+            if out.done:
+                break
+        wins += bool(out.metadata["won"])
+    return wins / len(tasks)
+
+
+def test_uninformed_expert_searches_in_listing_order():
+    """It knows neither priors nor which types hold what: its first move is always the first
+    receptacle of the memory's listing order (type, then number)."""
+    from sdar.agent.memory import HouseholdMemory
+
+    env = make_env("household", backend="sim", difficulty=_TINY_DIFFICULTY)
+    for tid in env.task_ids("test")[:60]:
+        out = env.reset(task_id=tid)
+        m = HouseholdMemory()
+        m.update(out.observation)
+        assert env.uninformed_expert_action() == f"go to {m.room[0]}"
+        assert m.render().endswith(f"Next unvisited: {m.room[0]}.")
+
+
+def test_skilled_expert_follows_the_skills_text_then_listing_order():
+    from sdar.envs.household.skills import listed_search_order
+
+    env = make_env("household", backend="sim", difficulty=_TINY_DIFFICULTY,
+                   skills={"top_k": 1, "compact": True, "target_only": True})  # top 1: one listed type
+    moved_to_listed = 0
+    for tid in env.task_ids("test")[:60]:
+        env.reset(task_id=tid)
+        game = env.backend.game
+        goal = env.backend.problem.goal.object_type
+        listed = listed_search_order(env.task_type, goal, 1)
+        assert listed and listed[0] in env.privileged_skills()  # the rule reads the text it is given
+        first = env.skilled_expert_action()
+        holders = sorted((game.rtype[r], int(game.rname[r].rsplit(" ", 1)[1]), game.rname[r])
+                         for r in range(len(game.rname)) if game.rtype[r] == listed[0])
+        if holders and env.task_type != "look_at_obj_in_light":
+            assert first == f"go to {holders[0][2]}"
+            moved_to_listed += 1
+    assert moved_to_listed >= 20
+
+
+def test_skills_are_worth_it_at_the_tiny_difficulty():
+    """In expert space the skills-following expert beats the uninformed one clearly (the gap the
+    privileged teacher can show), and the full-prior expert always wins."""
+    env = make_env("household", **_TINY)
+    tasks = env.task_ids("test")[:120]
+    informed = _expert_success(env, "expert_action", tasks)
+    skilled = _expert_success(env, "skilled_expert_action", tasks)
+    uninformed = _expert_success(env, "uninformed_expert_action", tasks)
+    assert informed == 1.0
+    assert skilled >= uninformed + 0.1, (skilled, uninformed)
+    assert 0.3 <= uninformed <= 0.7, uninformed

@@ -82,6 +82,11 @@ class HouseholdMemory:
         unvisited = [r for r in self.room if r not in self.seen]
         if self.room:
             text += f" Not visited: {', '.join(unvisited) if unvisited else 'none'}."
+        if unvisited:
+            # the search frontier, last in the prompt: a systematic search goes there next (a
+            # fixed place to read it from, which a small model learns far faster than a lookup
+            # into a list); the skills say when to go elsewhere first
+            text += f" Next unvisited: {unvisited[0]}."
         return text
 
     def _render_seen(self) -> str:

@@ -64,8 +64,6 @@ class PromptBuilder:
     def user_text(self, view: TurnView, history: int | None = None) -> str:
         h = self.history if history is None else history
         lines = [f"Task: {view.task}", f"Step {view.step + 1} of {view.max_steps}."]
-        if view.memory:
-            lines.append(view.memory)
         past = view.history[-h:] if h > 0 else []
         if past:
             lines.append("Recent:")
@@ -75,6 +73,8 @@ class PromptBuilder:
         lines.append(f"Now: {view.observation}")
         if self.show_admissible and view.admissible_actions:
             lines.append("Admissible actions: " + ", ".join(view.admissible_actions))
+        if view.memory:  # last: what the agent tracked (seen, held, where to search next)
+            lines.append(view.memory)
         return "\n".join(lines)
 
     def messages(self, view: TurnView, skills: str | None = None, history: int | None = None) -> list[dict[str, str]]:

@@ -19,6 +19,9 @@ class ScoredBatch:
     logp: torch.Tensor
     entropy: torch.Tensor | None
     mask: torch.Tensor
+    # with prompt_lm=True: summed log-probs of the prompt tokens (after the first) and their count
+    prompt_logp_sum: torch.Tensor | None = None
+    prompt_tokens: int = 0
 
 
 def response_logprobs(
@@ -31,6 +34,7 @@ def response_logprobs(
     with_entropy: bool = False,
     grad: bool = False,
     allowed: list[list[list[int]] | None] | None = None,
+    prompt_lm: bool = False,
 ) -> ScoredBatch:
     """Score `responses[i]` after `prompts[i]` for every i.
 
@@ -41,6 +45,8 @@ def response_logprobs(
     batch_size: rows per forward (None = all at once); grad=False runs under no_grad.
     allowed: per row, the allowed tokens at each response position (constrained decoding) or
         None; those rows are scored under the same renormalised distribution they were sampled from.
+    prompt_lm: also return the summed log-probs of the prompt tokens from the same forward
+        (a language-modelling term for supervised warm starts; free of extra compute).
     """
     if len(prompts) != len(responses):
         raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
@@ -53,6 +59,7 @@ def response_logprobs(
     step = batch_size or max(n, 1)
     ctx = torch.enable_grad() if grad else torch.no_grad()
     chunks_lp, chunks_ent = [], []
+    prompt_sum, prompt_n = torch.zeros((), device=device), 0
     with ctx:
         for start in range(0, n, step):
             rows = range(start, min(start + step, n))
@@ -70,6 +77,12 @@ def response_logprobs(
                                       [allowed[i] for i in rows], L, vocab)
             lp, e = token_logprobs(model, ids.to(device), att.to(device), return_entropy=with_entropy,
                                    allowed=mask_v)
+            if prompt_lm:
+                pm = torch.zeros_like(lp)
+                for j, i in enumerate(rows):
+                    pm[j, : len(prompts[i]) - 1] = 1
+                prompt_sum = prompt_sum + (lp * pm).sum()
+                prompt_n += int(pm.sum().item())
             # token at position p is scored at index p - 1 of the [B, L-1] output
             idx = torch.zeros(len(seqs), T, dtype=torch.long)
             m = torch.zeros(len(seqs), T)
@@ -87,4 +100,5 @@ def response_logprobs(
         logp = torch.cat(chunks_lp)
         if with_entropy:
             ent = torch.cat(chunks_ent)
-    return ScoredBatch(logp=logp, entropy=ent, mask=mask)
+    return ScoredBatch(logp=logp, entropy=ent, mask=mask,
+                       prompt_logp_sum=prompt_sum if prompt_lm else None, prompt_tokens=prompt_n)

@@ -27,7 +27,7 @@ from sdar.agent.rollout import EpisodeState
 from sdar.config import TrainConfig
 from sdar.teacher.scoring import response_logprobs
 
-WARMSTART_VERSION = 3
+WARMSTART_VERSION = 6
 MARKER = "warmstart.json"
 
 
@@ -48,8 +48,9 @@ def expert_turns(cfg: TrainConfig, episodes: int, seed: int) -> list[dict[str, A
         for turn in range(rc.max_turns):
             if state.done:
                 break
-            uninformed = getattr(env, "uninformed_expert_action", None)
-            action = env.expert_action() if privileged or uninformed is None else uninformed()
+            expert = getattr(env, "skilled_expert_action" if privileged else "uninformed_expert_action",
+                             env.expert_action)
+            action = expert()
             out.append({"view": state.view(turn, rc.max_turns), "action": action, "skills": skills,
                         "privileged": privileged})
             state.advance(action, env.step(action))
@@ -99,7 +100,7 @@ def build_tiny_checkpoint(cfg: TrainConfig, out_dir: Path, console=None) -> dict
             allowed = action_trie(tokenizer, cfg.env.family, t["view"].admissible_actions, eos).allowed_along(resp)
         examples.append((ids, resp, allowed))
     stats = sft(model, examples, pad_id=tokenizer.pad_token_id, epochs=ws.epochs, lr=ws.lr,
-                batch_size=ws.batch_size, seed=cfg.seed, console=console)
+                batch_size=ws.batch_size, seed=cfg.seed, console=console, prompt_lm=ws.prompt_lm_weight)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     info = {"examples": len(examples), "privileged_examples": sum(t["privileged"] for t in turns),
@@ -109,7 +110,7 @@ def build_tiny_checkpoint(cfg: TrainConfig, out_dir: Path, console=None) -> dict
 
 
 def sft(model, examples: list[tuple[list[int], list[int], list | None]], *, pad_id: int, epochs: int, lr: float,
-        batch_size: int, seed: int, console=None) -> dict[str, float]:
+        batch_size: int, seed: int, console=None, prompt_lm: float = 0.0) -> dict[str, float]:
     """Negative log-likelihood of the response tokens (prompts are context); examples with
     allowed-token lists use the constrained distribution, as the policy does when it acts."""
     from rich.progress import Progress
@@ -132,8 +133,13 @@ def sft(model, examples: list[tuple[list[int], list[int], list | None]], *, pad_
             for b in torch.randperm(len(batches), generator=g).tolist():
                 rows = [examples[i] for i in batches[b]]
                 scored = response_logprobs(model, [p for p, _, _ in rows], [r for _, r, _ in rows], pad_id=pad_id,
-                                           grad=True, allowed=[a for _, _, a in rows])
+                                           grad=True, allowed=[a for _, _, a in rows], prompt_lm=prompt_lm > 0)
                 loss = -(scored.logp * scored.mask).sum() / scored.mask.sum().clamp(min=1.0)
+                if prompt_lm > 0 and scored.prompt_tokens:
+                    # language modelling on the prompts (observations, memory, lists) from the
+                    # same forward: far more signal per update, so a model trained from scratch
+                    # learns to read and copy from its context in fewer updates
+                    loss = loss - prompt_lm * scored.prompt_logp_sum / scored.prompt_tokens
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

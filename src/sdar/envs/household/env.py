@@ -85,6 +85,23 @@ class HouseholdEnv(TextEnv):
             return self.backend.expert_action()
         return self.backend.expert_action(use_priors=False)
 
+    def skilled_expert_action(self) -> str:
+        """The gold next action of an expert that knows exactly what this episode's skills text
+        says (the listed likeliest receptacle types of the goal object, and of the desklamp),
+        searching those first and then in listing order; the warm-start imitates it in prompts
+        that carry the skills, so the teacher's edge is a rule it can read off its context."""
+        if self.backend_name != "sim":
+            return self.backend.expert_action()
+        from sdar.envs.household.skills import PRIOR_TOP_K, listed_search_order
+
+        task_type = self.backend.task_type
+        top_k = int(self.skill_options.get("top_k", PRIOR_TOP_K))
+        goal = self.backend.problem.goal.object_type
+        known = {goal: listed_search_order(task_type, goal, top_k)}
+        if task_type == "look_at_obj_in_light":
+            known["desklamp"] = listed_search_order(task_type, "desklamp", top_k)
+        return self.backend.expert_action(use_priors=False, known_order=known)
+
     def skills_key(self) -> str | None:
         # retrieval is rule-based: the task type selects the per-type skills
         return self.backend.task_type

@@ -655,9 +655,24 @@ class SimGame:
         return None
 
     def _search(self, otype: str, skip_type: str | None) -> str:
-        """Next step of a search for `otype`: the likeliest unseen receptacle by location prior
-        (or, for the uninformed expert, the first unseen one that can hold it)."""
-        prior = LOCATION_PRIORS.get(otype, {}) if self.use_priors else {}
+        """Next step of a search for `otype`: the likeliest unseen receptacle by location prior.
+
+        The uninformed expert knows neither the priors nor which receptacle types can hold
+        what: it goes through the unseen receptacles in listing order (type, then number),
+        the order of the agent memory's "Not visited" line, so its choice is a rule a small
+        model can read off the prompt while the skills text carries what it lacks.
+        """
+        if not self.use_priors:
+            known = self.known_order.get(otype, [])
+            unseen = sorted(
+                (r for r in self.rorder if not self.observed[r]),
+                key=lambda r: known.index(self.rtype[r]) if self.rtype[r] in known else len(known),
+            )
+            if not unseen:
+                return "look"
+            step = self._go_or_open(unseen[0])
+            return step if step is not None else "look"
+        prior = LOCATION_PRIORS.get(otype, {})
         best, best_key = None, None
         for r in self.rorder:
             if (
@@ -727,18 +742,25 @@ class SimGame:
 
     # the expert searches by location priors; the warm-start's uninformed expert switches them off
     use_priors: bool = True
+    known_order: dict[str, list[str]] = {}
 
-    def expert_action(self, use_priors: bool = True) -> str:
+    def expert_action(
+        self, use_priors: bool = True, known_order: dict[str, list[str]] | None = None
+    ) -> str:
         """The gold next action from the current state (any state, including after mistakes).
 
         use_priors=False searches unseen receptacles in listing order instead of by location
         prior: an expert without the privileged knowledge the skills text carries.
+        known_order (with use_priors=False): object type -> receptacle types to search first,
+        in order, before the listing order: an expert that knows just what a skills text says.
         """
         self.use_priors = use_priors
+        self.known_order = dict(known_order or {})
         try:
             return self._expert_action()
         finally:
             self.use_priors = True
+            self.known_order = {}
 
     def _expert_action(self) -> str:
         if self.won:
@@ -998,5 +1020,7 @@ class SimHousehold(HouseholdBackend):
     def task_type(self) -> str:
         return self._require().problem.task_type
 
-    def expert_action(self, use_priors: bool = True) -> str:
-        return self._require().expert_action(use_priors=use_priors)
+    def expert_action(
+        self, use_priors: bool = True, known_order: dict[str, list[str]] | None = None
+    ) -> str:
+        return self._require().expert_action(use_priors=use_priors, known_order=known_order)

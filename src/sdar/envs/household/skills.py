@@ -185,8 +185,21 @@ def prior_line(otype: str, top_k: int = PRIOR_TOP_K, present: set[str] | None = 
 
     present: renormalise over these receptacle types (a task type's rooms); all when None.
     """
-    ranked = sorted(priors_for(otype, present).items(), key=lambda kv: (-kv[1], kv[0]))[:top_k]
+    ranked = _ranked(otype, top_k, present)
     return f"{otype}: " + ", ".join(f"{r} {round(100 * w)}%" for r, w in ranked)
+
+
+def _ranked(otype: str, top_k: int, present: set[str] | None) -> list[tuple[str, float]]:
+    return sorted(priors_for(otype, present).items(), key=lambda kv: (-kv[1], kv[0]))[:top_k]
+
+
+def listed_search_order(task_type: str, otype: str, top_k: int = PRIOR_TOP_K) -> list[str]:
+    """The receptacle types the skills text lists for `otype` in a `task_type` task, likeliest
+    first: what a reader of the skills knows about where to search (the desklamp too)."""
+    present = task_receptacle_types(task_type)
+    if otype == "desklamp":
+        present = present & set(LAMP_HOLDERS)
+    return [r for r, _ in _ranked(otype, top_k, present)]
 
 
 def _type_skills(task_type: str, top_k: int) -> list[str]:
