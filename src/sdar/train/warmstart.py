@@ -60,7 +60,8 @@ def expert_turns(cfg: TrainConfig, episodes: int, seed: int) -> list[dict[str, A
 
 def _cache_key(cfg: TrainConfig, tiny) -> str:
     blob = json.dumps({
-        "v": WARMSTART_VERSION, "env": asdict(cfg.env), "warmstart": asdict(cfg.warmstart), "tiny": tiny.to_dict(),
+        # where episodes are served (env.url) does not change what the warm start imitates
+        "v": WARMSTART_VERSION, "env": {k: v for k, v in asdict(cfg.env).items() if k != "url"}, "warmstart": asdict(cfg.warmstart), "tiny": tiny.to_dict(),
         "rollout": {k: getattr(cfg.rollout, k) for k in ("history", "use_memory", "max_prompt_tokens", "max_turns", "constrained",
                                                           "show_admissible")},
         "teacher_max": cfg.teacher_max_prompt_tokens, "seed": cfg.seed,
