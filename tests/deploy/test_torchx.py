@@ -285,6 +285,7 @@ def launch_on_a_fake_cluster(tmp_path: Path, namespace: str = "kubeflow") -> dic
 
 
 def test_launch_training_waits_shows_the_failure_and_cancels_when_stopped(tmp_path):
+    handler_before = signal.getsignal(signal.SIGTERM)  # other libraries (torch elastic) may own it
     runs = launch_on_a_fake_cluster(tmp_path)
     ok = runs["succeeded"]
     assert ok["result"]["steps"] == 1 and ok["result"]["app_handle"].startswith("kubernetes://")
@@ -300,7 +301,7 @@ def test_launch_training_waits_shows_the_failure_and_cancels_when_stopped(tmp_pa
     assert isinstance(stopped["result"], SystemExit) and stopped["result"].code == 128 + signal.SIGTERM
     assert "cancelled TorchX job" in stopped["printed"]
     assert stopped["calls"][-1] == ("batch.volcano.sh", "jobs/status", "update", "kubeflow")
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is put back
+    assert signal.getsignal(signal.SIGTERM) is handler_before  # the handler is put back
 
 
 def test_the_jobs_pods_carry_the_pipelines_labels():
