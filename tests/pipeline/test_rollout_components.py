@@ -102,3 +102,32 @@ def test_sessions_of_an_env_server_carry_the_in_process_privileged_text():
                 assert privileged_skills_for(env, "household", got.metadata) == local.privileged_skills()
     finally:
         handle.stop()
+
+
+@pytest.mark.skipif(not __import__("os").environ.get("SDAR_ALFWORLD_DATA"),
+                    reason="SDAR_ALFWORLD_DATA is not set (the Makefile sets it to ../shared/data/alfworld)")
+def test_evaluate_plays_the_official_valid_seen_games_on_the_real_engine(tiny_dir, tmp_path):
+    """With the alfworld backend the evaluate component plays the official valid_seen games
+    (the paper's evaluation set) through the real engine, in a fixed order, the same for every arm."""
+    from kfp.dsl import Artifact
+
+    from components.evaluate import evaluate
+    from sdar.envs.household import alfworld_backend as ab
+
+    ov = {**_overrides(tiny_dir), "env.kwargs": {"backend": "alfworld"}, "rollout.max_turns": 2}
+    results = []
+    for arm in ("grpo", "sdar"):
+        res = Artifact(name="result", uri=str(tmp_path / f"{arm}.json"))
+        met = Metrics(name="metrics", uri=str(tmp_path / f"{arm}-metrics"))
+        out = evaluate.python_func(config_path=CONFIG, overrides=json.dumps(ov), result=res, metrics=met, arm=arm, job_id="t",
+                                   eval_tasks=2, tracking=False, output_root=str(tmp_path))
+        results.append(json.loads(Path(res.path).read_text()))
+        assert 0.0 <= out.success <= 1.0 and out.ci_low <= out.success <= out.ci_high
+    root = ab.resolve_data_root(None)
+    official = ab.list_games(root, "valid_seen")
+    a, b = results
+    assert a["task_ids"] == b["task_ids"] == official[:2]  # the same games for every arm
+    assert all(t.startswith("valid_seen/") and (Path(root) / t).is_file() for t in a["task_ids"])
+    assert a["n"] == 2 and set(a["per_type"]) <= {"look_at_obj_in_light", "pick_and_place_simple",
+                                                   "pick_clean_then_place_in_recep", "pick_cool_then_place_in_recep",
+                                                   "pick_heat_then_place_in_recep", "pick_two_obj_and_place"}

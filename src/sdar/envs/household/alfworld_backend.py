@@ -223,6 +223,13 @@ def forbid_network() -> None:
     socket.create_connection = _refuse  # type: ignore[assignment]
 
 
+# TextWorld parses PDDL and derives its text with tatsu, whose parser contexts are not
+# thread-safe: in-process engines driven from several threads at once (the rollout's env
+# workers) corrupt each other's rule stack ("IndexError: pop from empty list"). In-process
+# engines therefore take turns; the worker pool (one process per engine) runs in parallel.
+_ENGINE_LOCK = threading.RLock()
+
+
 def _make_pddl_env_class() -> type:
     """TextWorld's PddlEnv without the duplicate translation of the first reset after a load.
 
@@ -1003,7 +1010,8 @@ class AlfworldHousehold(HouseholdBackend):
 
     def _call(self, method: str, *args: Any) -> Any:
         if self._engine is not None:
-            return getattr(self._engine, method)(*args)
+            with _ENGINE_LOCK:
+                return getattr(self._engine, method)(*args)
         if self._pool is None or self._session is None:
             raise RuntimeError("this ALFWorld backend is closed; create a new one")
         return self._pool.call(self._session, method, *args)
