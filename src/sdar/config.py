@@ -185,8 +185,26 @@ def from_dict(cls, data: dict[str, Any], where: str = "config"):
         if is_dataclass(tp):
             kwargs[name] = from_dict(tp, value or {}, f"{where}.{name}")
         else:
-            kwargs[name] = value
+            kwargs[name] = _coerce_number(tp, value, f"{where}.{name}")
     return cls(**kwargs)
+
+
+def _coerce_number(tp: Any, value: Any, where: str) -> Any:
+    """Numbers for float/int fields: YAML 1.1 reads `2e-3` (no dot) as a string, and a KFP dict
+    parameter turns ints into floats; anything else that is not a number is a clear error."""
+    if tp is float and isinstance(value, (str, int)) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except ValueError:
+            raise ValueError(f"{where} must be a number, got {value!r}") from None
+    if tp is int and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if tp is int and isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            raise ValueError(f"{where} must be an integer, got {value!r}") from None
+    return value
 
 
 def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
