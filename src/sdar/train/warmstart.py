@@ -2,10 +2,12 @@
 
 The tokenizer is trained on environment text, the Qwen2-architecture model is built from
 the repo's config, and it imitates expert turns rendered with exactly the rollout's prompts.
-A share of the examples carries the privileged skills with the informed expert's action,
-the rest has no skills and the uninformed expert's action (household: the expert that does
-not know the location priors), so the skills-conditioned teacher starts out better than the
-student, as SDAR assumes. The result is cached by a hash of everything that shapes it.
+A share of the examples carries the privileged skills with the action of an expert that
+follows exactly those skills (household: it searches the listed receptacle types first), the
+rest has no skills and the uninformed expert's action (household: listing-order search), so
+the skills-conditioned teacher can start out better than the student, as SDAR assumes. An
+optional language-modelling term on the prompt tokens (`warmstart.prompt_lm_weight`) speeds
+up learning to read the prompt. The result is cached by a hash of everything that shapes it.
 """
 
 from __future__ import annotations
