@@ -79,6 +79,10 @@ class WarmStartConfig:
     # weight of a language-modelling loss on the prompt tokens (0 = imitation only): the same
     # forward gives a model trained from scratch far more signal per update
     prompt_lm_weight: float = 0.0
+    # DART-style noise: with this probability an expert episode executes a random admissible action
+    # instead of the expert's (not imitated); the expert's recovery from the states that leads to is.
+    # A student trained only on expert states never sees its own mistakes and compounds them.
+    noise: float = 0.0
 
 
 @dataclass
@@ -152,6 +156,9 @@ class TrainConfig:
     # roll out each task group under its own seed (seed, step, group): the trajectories then do not
     # depend on how groups are split over torchrun ranks, at the cost of lock-step batching across groups
     group_seeded_rollouts: bool = False
+    # where the policy runs when not under torchrun (which puts rank r on cuda:LOCAL_RANK):
+    # auto = the first CUDA device when one is visible, else the CPU; or cpu, cuda, cuda:N
+    device: str = "auto"
     env: EnvConfig = field(default_factory=EnvConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -161,6 +168,23 @@ class TrainConfig:
 
     def resolved_output_dir(self) -> Path:
         return Path(self.output_dir.format(experiment=self.experiment, arm=self.arm, seed=self.seed))
+
+    def resolved_device(self) -> "torch.device":
+        """`device` as a torch.device; `auto` picks CUDA when available."""
+        import torch
+
+        want = (self.device or "auto").strip().lower()
+        if want == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        try:
+            dev = torch.device(want)
+        except RuntimeError as e:
+            raise ValueError(f"device={self.device!r} is not a device; use auto, cpu, cuda or cuda:N") from e
+        if dev.type not in ("cpu", "cuda"):
+            raise ValueError(f"device={self.device!r}: only cpu and cuda are supported (or auto)")
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device={self.device!r} but no CUDA device is visible; use device: cpu (or auto)")
+        return dev
 
     def resolved_checkpoint_uri(self) -> str:
         """checkpoint_uri, else <output_dir>/checkpoints (where the trainer keeps its checkpoints)."""

@@ -924,7 +924,7 @@ def test_uninformed_expert_searches_in_listing_order():
         m = HouseholdMemory()
         m.update(out.observation)
         assert env.uninformed_expert_action() == f"go to {m.room[0]}"
-        assert m.render().endswith(f"Next unvisited: {m.room[0]}.")
+        assert m.render().endswith(f"Search next: go to {m.room[0]}.")
 
 
 def test_skilled_expert_follows_the_skills_text_then_listing_order():

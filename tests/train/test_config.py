@@ -28,3 +28,33 @@ def test_non_numbers_name_the_key():
         load_config(CONFIG, {"lr": "fast"}).lr  # noqa: B018
     with pytest.raises(ValueError, match=r"rollout\.max_turns must be an integer"):
         load_config(CONFIG, {"rollout.max_turns": "ten"})
+
+
+def test_device_auto_picks_the_cpu_without_cuda_and_bad_devices_name_the_fix(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert load_config(CONFIG).resolved_device() == torch.device("cpu")  # device: auto (default)
+    assert load_config(CONFIG, {"device": "cpu"}).resolved_device() == torch.device("cpu")
+    with pytest.raises(ValueError, match=r"no CUDA device is visible; use device: cpu"):
+        load_config(CONFIG, {"device": "cuda:0"}).resolved_device()
+    with pytest.raises(ValueError, match=r"device='tpu0' is not a device; use auto, cpu, cuda or cuda:N"):
+        load_config(CONFIG, {"device": "tpu0"}).resolved_device()
+    with pytest.raises(ValueError, match=r"only cpu and cuda are supported"):
+        load_config(CONFIG, {"device": "meta"}).resolved_device()
+    # auto follows CUDA when a device is visible (a GPU machine; CUDA itself is not touched here)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert load_config(CONFIG).resolved_device() == torch.device("cuda")
+
+
+def test_every_config_in_configs_loads_and_the_gpu_config_only_scales_the_cpu_one():
+    from pathlib import Path
+
+    root = Path(__file__).parents[2] / "configs"
+    for path in sorted(root.glob("*.yaml")):
+        load_config(path)
+    cpu, gpu = load_config(root / "household-tiny.yaml"), load_config(root / "household-tiny-gpu.yaml")
+    # the same experiment (env, rollout, model, RL step size), only larger budgets
+    assert gpu.env == cpu.env and gpu.rollout == cpu.rollout and gpu.model == cpu.model and gpu.lr == cpu.lr
+    assert gpu.warmstart.episodes > cpu.warmstart.episodes and gpu.warmstart.batch_size > cpu.warmstart.batch_size
+    assert gpu.tasks_per_step > cpu.tasks_per_step and gpu.eval_tasks > cpu.eval_tasks

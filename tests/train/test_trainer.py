@@ -102,3 +102,13 @@ def test_arms_that_do_not_need_the_teacher_can_skip_it(tiny_ckpt, tmp_path, mlfl
     # an arm that needs the teacher scores it regardless of the switch
     hist = train(small_config(tmp_path / "s", arm="sdar", steps=1, teacher_for_all_arms=False))["history"]
     assert "sdar/gate_mean" in hist[0]
+
+
+def test_sdar_tracking_off_in_the_environment_turns_mlflow_off_for_sdar_train(tiny_ckpt, tmp_path, mlflow_uri, monkeypatch):
+    # machines without MLflow (a bare GPU box) train with SDAR_TRACKING=0 and no config change
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("SDAR_TRACKING", "0")
+    summary = train(small_config(tmp_path, arm="grpo", steps=1, teacher_for_all_arms=False))
+    assert summary["run_id"] is None and (tmp_path / "history.json").is_file()
+    assert MlflowClient(mlflow_uri).search_experiments(filter_string="name = 'household-tiny'") == []

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 
+from sdar.envs.household.catalog import OBJECT_TYPES, RECEPTACLE_TYPES
+
 _ARRIVE_ON = re.compile(r"You arrive at (?P<r>[\w ]+?)\. On the (?P=r), you see (?P<items>.+?)\.(?:\s|$)")
 _ARRIVE_CLOSED = re.compile(r"You arrive at (?P<r>[\w ]+?)\. The (?P=r) is closed\.")
 _ARRIVE_OPEN = re.compile(r"You arrive at (?P<r>[\w ]+?)\. The (?P=r) is open\. In it, you see (?P<items>.+?)\.(?:\s|$)")
@@ -26,6 +28,12 @@ def _receptacle_order(name: str) -> tuple[str, int]:
     return (kind, int(num)) if num.isdigit() else (name, 0)
 
 
+def _type(name: str) -> str:
+    # "cabinet 3" -> "cabinet"
+    kind, _, num = name.rpartition(" ")
+    return kind if num.isdigit() else name
+
+
 def _items(text: str) -> list[str]:
     text = text.strip()
     if text == "nothing":
@@ -37,7 +45,15 @@ def _items(text: str) -> list[str]:
 class HouseholdMemory:
     """Tracks visited receptacles, their contents, the held object and its state."""
 
-    def __init__(self) -> None:
+    def __init__(self, task: str = "") -> None:
+        # the object and receptacle types the task names ("put a cool apple in diningtable"): task
+        # objects are flagged where they were seen, so matching the goal against what is lying around
+        # is a lookup in the memory rather than a comparison across the prompt (a tiny model picked up
+        # whatever it saw first), and the search frontier is shown only while there is something to
+        # search for (a tiny model kept searching with the object in hand)
+        words = set(re.findall(r"[a-z]+", task.lower()))
+        self.task_objects = words & set(OBJECT_TYPES)
+        self.task_receptacles = words & set(RECEPTACLE_TYPES)
         self.seen: dict[str, list[str] | None] = {}  # None = closed, not looked inside
         self.holding: str | None = None
         self.states: dict[str, str] = {}
@@ -79,15 +95,34 @@ class HouseholdMemory:
 
     def render(self) -> str:
         text = self._render_seen()
+        found = self._task_objects_found()
+        if self.task_objects:
+            text += f" Task objects seen: {'; '.join(f'{o} at {r}' for o, r in found) if found else 'none yet'}."
         unvisited = [r for r in self.room if r not in self.seen]
         if self.room:
             text += f" Not visited: {', '.join(unvisited) if unvisited else 'none'}."
-        if unvisited:
-            # the search frontier, last in the prompt: a systematic search goes there next (a
-            # fixed place to read it from, which a small model learns far faster than a lookup
-            # into a list); the skills say when to go elsewhere first
-            text += f" Next unvisited: {unvisited[0]}."
+        if unvisited and self._searching(found):
+            # the search frontier, last in the prompt and worded as the action itself: following it
+            # is a plain induction copy after "go to" (as "Next unvisited: X" the tiny model copied
+            # the wrong receptacle type a quarter of the time); the skills say when to go elsewhere first
+            text += f" Search next: go to {unvisited[0]}."
         return text
+
+    def _task_objects_found(self) -> list[tuple[str, str]]:
+        """(object, receptacle) of task objects lying around, except in a receptacle of the type
+        the task puts them in (already placed, e.g. the first of two)."""
+        return [(o, r) for r, items in self.seen.items() if _type(r) not in self.task_receptacles
+                for o in (items or []) if _type(o) in self.task_objects]
+
+    def _searching(self, found: list[tuple[str, str]]) -> bool:
+        """Whether to show the search frontier: always without a task; else while an object type the
+        task names was never seen, or while the hands are empty and no task object is known."""
+        if not self.task_objects:
+            return True
+        seen_types = {_type(o) for items in self.seen.values() for o in (items or [])}
+        if self.holding:
+            seen_types.add(_type(self.holding))
+        return bool(self.task_objects - seen_types) or (self.holding is None and not found)
 
     def _render_seen(self) -> str:
         if not self.seen and self.holding is None:
@@ -113,5 +148,6 @@ class NoMemory:
         return ""
 
 
-def memory_for(family: str) -> HouseholdMemory | NoMemory:
-    return HouseholdMemory() if family == "household" else NoMemory()
+def memory_for(family: str, task: str = "") -> HouseholdMemory | NoMemory:
+    """The memory of `family`; `task` (household) flags the objects the task names where they were seen."""
+    return HouseholdMemory(task) if family == "household" else NoMemory()

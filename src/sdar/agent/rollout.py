@@ -87,7 +87,7 @@ class EpisodeState:
         self.obs, self.md = first.observation, first.metadata
         self.task = self.md.get("task") or task_text
         self.history: list[tuple[str, str]] = []
-        self.mem = memory_for(family if use_memory else "none")
+        self.mem = memory_for(family if use_memory else "none", self.task)
         self.mem.update(first.observation)
         self.done = bool(first.done)
 

@@ -82,8 +82,9 @@ class Trainer:
             from sdar.train.warmstart import build_policy
 
             policy = build_policy(cfg, console=self.console)
-        if self.dist.device.type == "cuda":
-            policy.to(self.dist.device)
+        self.device = self.dist.device if self.dist.enabled else cfg.resolved_device()
+        if policy.device != self.device:
+            policy.to(self.device)
         self.policy = policy
         self.model, self.tokenizer = policy.model, policy.tokenizer
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
@@ -333,7 +334,7 @@ class Trainer:
         main = self.dist.is_main
         tracker = Tracker(cfg.experiment, run_name=f"{self.arm.name}-seed{cfg.seed}", parent_run_id=cfg.parent_run_id,
                           tags={"arm": self.arm.name, "family": cfg.env.family}, resume_run_id=self.run_id,
-                          enabled=cfg.tracking and main, output_dir=str(self.out))
+                          enabled=None if cfg.tracking and main else False, output_dir=str(self.out))
         summary: dict[str, Any] = {}
         with tracker:
             self.run_id = tracker.run_id

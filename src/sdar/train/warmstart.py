@@ -29,18 +29,25 @@ from sdar.agent.rollout import EpisodeState
 from sdar.config import TrainConfig
 from sdar.teacher.scoring import response_logprobs
 
-WARMSTART_VERSION = 6
+WARMSTART_VERSION = 7
 MARKER = "warmstart.json"
 
 
 def expert_turns(cfg: TrainConfig, episodes: int, seed: int) -> list[dict[str, Any]]:
-    """Expert turns with the views the rollout would build: [{view, action, skills, privileged}]."""
+    """Expert turns with the views the rollout would build: [{view, action, skills, privileged}].
+
+    With `warmstart.noise` > 0 some turns execute a random admissible action instead (DART); those
+    turns are not in the result, the expert's turns after them are.
+    """
     from sdar.envs import make_env
 
     rng = random.Random(seed)
     env = make_env(cfg.env.family, **cfg.env.kwargs)
     pool = env.task_ids(cfg.env.train_split)
     rc = cfg.rollout
+    noise = cfg.warmstart.noise
+    if not 0.0 <= noise < 1.0:
+        raise ValueError(f"warmstart.noise={noise} must be in [0, 1): the probability of a random action per expert turn")
     out = []
     for _ in range(episodes):
         privileged = rng.random() < cfg.warmstart.privileged_fraction
@@ -53,15 +60,28 @@ def expert_turns(cfg: TrainConfig, episodes: int, seed: int) -> list[dict[str, A
             expert = getattr(env, "skilled_expert_action" if privileged else "uninformed_expert_action",
                              env.expert_action)
             action = expert()
-            out.append({"view": state.view(turn, rc.max_turns), "action": action, "skills": skills,
-                        "privileged": privileged})
+            view = state.view(turn, rc.max_turns)
+            if noise and view.admissible_actions and rng.random() < noise:
+                action = rng.choice(view.admissible_actions)  # a perturbation: executed, not imitated
+            else:
+                out.append({"view": view, "action": action, "skills": skills, "privileged": privileged})
             state.advance(action, env.step(action))
     env.close()
     return out
 
 
+def _prompt_fingerprint(cfg: TrainConfig) -> str:
+    """The rendered prompts of a few expert turns: any change to prompt or memory wording (code, not
+    config) changes the warm start's cache key, so a stale model is never reused silently."""
+    builder = PromptBuilder(cfg.env.family, history=cfg.rollout.history, show_admissible=cfg.rollout.show_admissible)
+    turns = expert_turns(cfg, 2, seed=cfg.seed + 4242)
+    return json.dumps([builder.messages(t["view"], skills=t["skills"] if t["privileged"] else None)
+                       for t in turns[:8]] + [format_action(cfg.env.family, t["action"]) for t in turns[:8]])
+
+
 def _cache_key(cfg: TrainConfig, tiny) -> str:
     blob = json.dumps({
+        "prompts": hashlib.sha256(_prompt_fingerprint(cfg).encode()).hexdigest(),
         # where episodes are served (env.url) does not change what the warm start imitates
         "v": WARMSTART_VERSION, "env": {k: v for k, v in asdict(cfg.env).items() if k != "url"}, "warmstart": asdict(cfg.warmstart), "tiny": tiny.to_dict(),
         "rollout": {k: getattr(cfg.rollout, k) for k in ("history", "use_memory", "max_prompt_tokens", "max_turns", "constrained",
@@ -102,11 +122,13 @@ def build_tiny_checkpoint(cfg: TrainConfig, out_dir: Path, console=None) -> dict
             # the policy samples from, so no capacity goes into spelling actions
             allowed = action_trie(tokenizer, cfg.env.family, t["view"].admissible_actions, eos).allowed_along(resp)
         examples.append((ids, resp, allowed))
+    # the SFT runs where the trainer would (cfg.device: a GPU when one is visible); saved from the CPU
+    model.to(cfg.resolved_device())
     stats = sft(model, examples, pad_id=tokenizer.pad_token_id, epochs=ws.epochs, lr=ws.lr,
                 batch_size=ws.batch_size, seed=cfg.seed, console=console, prompt_lm=ws.prompt_lm_weight)
-    model.save_pretrained(out_dir)
+    model.to("cpu").save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
-    info = {"examples": len(examples), "privileged_examples": sum(t["privileged"] for t in turns),
+    info = {"device": str(cfg.resolved_device()), "examples": len(examples), "privileged_examples": sum(t["privileged"] for t in turns),
             "episodes": ws.episodes, "seconds": time.perf_counter() - t0, **stats}
     (out_dir / MARKER).write_text(json.dumps(info, indent=2))
     return info

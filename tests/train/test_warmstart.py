@@ -1,0 +1,52 @@
+"""Warm-start data: DART-style noise (perturbations executed, never imitated) and the cache key."""
+
+from __future__ import annotations
+
+import pytest
+
+from sdar.config import load_config
+from sdar.train.warmstart import expert_turns
+
+CONFIG = "configs/household-tiny.yaml"
+
+
+def _skipped_turns(turns):
+    # turn indices within an episode: a perturbed turn leaves a gap (executed, not kept)
+    gaps, prev = 0, None
+    for t in turns:
+        step = t["view"].step
+        if prev is not None and step > prev:
+            gaps += step - prev - 1
+        prev = step
+    return gaps
+
+
+def test_noise_drops_the_perturbed_turns_and_keeps_the_experts_recovery():
+    clean = expert_turns(load_config(CONFIG), 40, seed=3)
+    noisy = expert_turns(load_config(CONFIG, {"warmstart.noise": 0.3}), 40, seed=3)
+    assert _skipped_turns(clean) == 0
+    # about 30% of the executed turns were perturbations and none of them is imitated
+    skipped = _skipped_turns(noisy)
+    assert 0.15 < skipped / (skipped + len(noisy)) < 0.45
+    # every kept turn is the expert's action on the state shown, also right after a perturbation
+    for t in clean + noisy:
+        assert t["action"] in t["view"].admissible_actions
+
+
+def test_noise_out_of_range_is_an_error_naming_the_key():
+    with pytest.raises(ValueError, match=r"warmstart.noise=1.0 must be in \[0, 1\)"):
+        expert_turns(load_config(CONFIG, {"warmstart.noise": 1.0}), 1, seed=0)
+
+
+def test_cache_key_follows_the_prompt_wording_not_just_the_config(monkeypatch):
+    from sdar.agent.memory import HouseholdMemory
+    from sdar.train.warmstart import _cache_key, tiny_config
+
+    cfg = load_config(CONFIG)
+    key = _cache_key(cfg, tiny_config(cfg))
+    assert key == _cache_key(cfg, tiny_config(cfg))  # deterministic
+    assert key != _cache_key(load_config(CONFIG, {"warmstart.noise": 0.1}), tiny_config(cfg))
+    # a code change to what the prompts say (here the memory's wording) must not reuse the old model
+    render = HouseholdMemory.render
+    monkeypatch.setattr(HouseholdMemory, "render", lambda self: render(self).replace("Seen:", "Visited:"))
+    assert _cache_key(cfg, tiny_config(cfg)) != key
