@@ -50,3 +50,42 @@ def test_cache_key_follows_the_prompt_wording_not_just_the_config(monkeypatch):
     render = HouseholdMemory.render
     monkeypatch.setattr(HouseholdMemory, "render", lambda self: render(self).replace("Seen:", "Visited:"))
     assert _cache_key(cfg, tiny_config(cfg)) != key
+
+
+def test_decision_turns_are_take_and_go_to_off_the_search_frontier():
+    from sdar.train.warmstart import is_decision
+
+    turns = expert_turns(load_config(CONFIG), 60, seed=11)
+    student = [t for t in turns if not t["privileged"]]
+    for t in student:
+        frontier = "Search next: go to " in t["view"].memory
+        if t["action"].startswith("go to ") and frontier:
+            # the listing-order expert always follows the frontier when it is shown: not a decision
+            assert not is_decision(t)
+        if t["action"].startswith("take "):
+            assert is_decision(t)
+    # some go-to turns of the student are decisions (appliance, target) and none are opens
+    assert any(is_decision(t) and t["action"].startswith("go to ") for t in student)
+    assert not any(is_decision(t) for t in turns if t["action"].startswith("open "))
+    with pytest.raises(ValueError, match=r"decision_repeats=0 must be >= 1"):
+        expert_turns(load_config(CONFIG, {"warmstart.decision_repeats": 0}), 1, seed=0)
+
+
+def test_decision_repeats_multiply_exactly_the_decision_examples(tmp_path, monkeypatch):
+    from sdar.train import warmstart
+
+    from .conftest import small_config
+
+    seen = {}
+
+    def fake_sft(model, examples, **kw):  # the data is what is under test, not the optimiser
+        seen.setdefault("n", []).append(len(examples))
+        return {"sft_updates": 0}
+
+    monkeypatch.setattr(warmstart, "sft", fake_sft)
+    for repeats in (1, 3):
+        cfg = small_config(tmp_path / str(repeats), **{"warmstart.decision_repeats": repeats})
+        warmstart.build_tiny_checkpoint(cfg, tmp_path / f"ckpt{repeats}")
+    turns = warmstart.expert_turns(small_config(tmp_path), 24, seed=1)  # the SFT's episodes (seed + 1)
+    decisions = sum(map(warmstart.is_decision, turns))
+    assert decisions > 0 and seen["n"] == [len(turns), len(turns) + 2 * decisions]

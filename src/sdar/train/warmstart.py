@@ -46,6 +46,8 @@ def expert_turns(cfg: TrainConfig, episodes: int, seed: int) -> list[dict[str, A
     pool = env.task_ids(cfg.env.train_split)
     rc = cfg.rollout
     noise = cfg.warmstart.noise
+    if cfg.warmstart.decision_repeats < 1:
+        raise ValueError(f"warmstart.decision_repeats={cfg.warmstart.decision_repeats} must be >= 1 (1 = no repeats)")
     if not 0.0 <= noise < 1.0:
         raise ValueError(f"warmstart.noise={noise} must be in [0, 1): the probability of a random action per expert turn")
     out = []
@@ -68,6 +70,15 @@ def expert_turns(cfg: TrainConfig, episodes: int, seed: int) -> list[dict[str, A
             state.advance(action, env.step(action))
     env.close()
     return out
+
+
+def is_decision(turn: dict[str, Any]) -> bool:
+    """Household turns that decide an episode: `take`, and `go to` anywhere but the memory's
+    "Search next: go to X" (to an appliance, the target, a seen object)."""
+    action, memory = turn["action"], turn["view"].memory or ""
+    if action.startswith("take "):
+        return True
+    return action.startswith("go to ") and f"Search next: {action}." not in memory
 
 
 def _prompt_fingerprint(cfg: TrainConfig) -> str:
@@ -121,7 +132,7 @@ def build_tiny_checkpoint(cfg: TrainConfig, out_dir: Path, console=None) -> dict
             # imitate the choice among admissible actions: the same constrained distribution
             # the policy samples from, so no capacity goes into spelling actions
             allowed = action_trie(tokenizer, cfg.env.family, t["view"].admissible_actions, eos).allowed_along(resp)
-        examples.append((ids, resp, allowed))
+        examples.extend([(ids, resp, allowed)] * (ws.decision_repeats if is_decision(t) else 1))
     # the SFT runs where the trainer would (cfg.device: a GPU when one is visible); saved from the CPU
     model.to(cfg.resolved_device())
     stats = sft(model, examples, pad_id=tokenizer.pad_token_id, epochs=ws.epochs, lr=ws.lr,
