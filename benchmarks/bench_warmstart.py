@@ -3,7 +3,8 @@
 Builds (or loads from the cache) the warm-started tiny model of a config, then prints:
 - greedy accuracy on fresh expert turns (student turns: listing-order expert; teacher turns:
   the skills-following expert with the skills in the prompt), split by the action's verb and,
-  for `go to`, by whether the memory's "Search next: go to X" names the expert's target;
+  for `go to`, by whether the memory names the expert's target: go-search ("Search next: go to
+  X"), go-next ("Next: go to X", a known place), go-other (neither: the skills' search order);
 - success on the held-out eval tasks of the student and of the teacher (skills in the prompt)
   at the eval temperature, with 95% Wilson intervals, and the teacher-student log-prob gap.
 This is how the household difficulty and warm-start size of configs/household-tiny.yaml were
@@ -59,8 +60,11 @@ def main() -> None:
             a = x["action"]
             kind = a.split()[0]
             if kind == "go":
-                m = re.search(r"Search next: go to ([^.]+)\.", x["view"].memory or "")
-                kind = "go-next" if m and m.group(1) == a[len("go to "):] else "go-other"
+                mem = x["view"].memory or ""
+                m = re.search(r"Search next: go to ([^.]+)\.", mem)
+                n = re.search(r"(?<!Search )Next: go to ([^.]+)\.", mem)
+                kind = ("go-search" if m and m.group(1) == a[len("go to "):] else
+                        "go-next" if n and n.group(1) == a[len("go to "):] else "go-other")
             who = "teacher" if x["privileged"] else "student"
             ok = g.text == f"<action>{a}</action>"
             acc[f"{who}/{kind}"].append(ok)
