@@ -28,14 +28,15 @@ def small():
     return tok, model
 
 
-def test_constrained_sampling_matches_the_scored_distribution(small):
+@pytest.mark.parametrize("temperature", [1.0, 0.1])
+def test_constrained_sampling_matches_the_scored_distribution(small, temperature):
     tok, model = small
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     trie = action_trie(tok, "household", ACTIONS, eos)
     prompt = tok("what now?", add_special_tokens=False)["input_ids"]
     backend = TransformersBackend(model, tok, batch_size=400)
     torch.manual_seed(1)
-    gens = backend.generate([prompt] * 400, max_new_tokens=12, temperature=1.0, tries=[trie] * 400)
+    gens = backend.generate([prompt] * 400, max_new_tokens=12, temperature=temperature, tries=[trie] * 400)
     texts = [g.text for g in gens]
     assert all(g.finished for g in gens)
     assert set(texts) <= {f"<action>{a}</action>" for a in ACTIONS}
@@ -43,14 +44,21 @@ def test_constrained_sampling_matches_the_scored_distribution(small):
     seqs = {g.text: g.token_ids for g in gens}
     probs = {}
     for text, ids in seqs.items():
-        lp = response_logprobs(model, [prompt], [ids], pad_id=tok.pad_token_id, allowed=[trie.allowed_along(ids)])
+        lp = response_logprobs(model, [prompt], [ids], pad_id=tok.pad_token_id, allowed=[trie.allowed_along(ids)],
+                               temperature=temperature)
         probs[text] = math.exp(lp.logp.sum().item())
     total = sum(math.exp(response_logprobs(
         model, [prompt], [tok(f"<action>{a}</action>", add_special_tokens=False)["input_ids"] + [eos]],
         pad_id=tok.pad_token_id,
         allowed=[trie.allowed_along(tok(f"<action>{a}</action>", add_special_tokens=False)["input_ids"] + [eos])],
+        temperature=temperature,
     ).logp.sum().item()) for a in ACTIONS)
     assert total == pytest.approx(1.0, abs=1e-4)  # a proper distribution over the admissible actions
+    if temperature != 1.0:  # the temperature must matter here, or this case would prove nothing
+        at_one = {t: math.exp(response_logprobs(model, [prompt], [ids], pad_id=tok.pad_token_id,
+                                                allowed=[trie.allowed_along(ids)]).logp.sum().item())
+                  for t, ids in seqs.items()}
+        assert max(abs(probs[t] - at_one[t]) for t in probs) > 0.1
     for text, p in probs.items():
         freq = texts.count(text) / len(texts)
         assert freq == pytest.approx(p, abs=4 * math.sqrt(p * (1 - p) / len(texts)) + 0.01)

@@ -112,3 +112,15 @@ def test_sdar_tracking_off_in_the_environment_turns_mlflow_off_for_sdar_train(ti
     summary = train(small_config(tmp_path, arm="grpo", steps=1, teacher_for_all_arms=False))
     assert summary["run_id"] is None and (tmp_path / "history.json").is_file()
     assert MlflowClient(mlflow_uri).search_experiments(filter_string="name = 'household-tiny'") == []
+
+
+def test_rollouts_are_scored_at_their_sampling_temperature(tiny_ckpt, tmp_path, mlflow_uri):
+    # one mini-batch per step: before it updates, the policy is the sampling policy, so the PPO
+    # ratio is exactly 1 when old and current log-probs are both taken at the rollout temperature
+    cfg = small_config(tmp_path, arm="sdar", steps=1, mini_batch_size=100000, **{"rollout.temperature": 0.5})
+    h = train(cfg)["history"][0]
+    assert h["updates"] == 1
+    assert h["pg/approx_kl"] == pytest.approx(0.0, abs=1e-6) and h["pg/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    bad = small_config(tmp_path / "greedy", arm="grpo", steps=1, **{"rollout.temperature": 0.0})
+    with pytest.raises(ValueError, match="rollout.temperature"):
+        Trainer(bad).train_step(1)

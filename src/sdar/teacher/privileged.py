@@ -49,12 +49,14 @@ class TeacherScorer:
                 out.append(ids)
         return out
 
-    def score(self, model, trajectories, pad_id: int) -> ScoredBatch:
-        """Teacher log-probs [N_turns, T] of every turn's response, in trajectory order."""
+    def score(self, model, trajectories, pad_id: int, temperature: float = 1.0) -> ScoredBatch:
+        """Teacher log-probs [N_turns, T] of every turn's response, in trajectory order, under
+        softmax(logits / temperature) (the rollout temperature, as the student's are scored)."""
         prompts = self.prompts(trajectories)
         responses = [t.response_ids for traj in trajectories for t in traj.turns]
         allowed = [t.allowed for traj in trajectories for t in traj.turns]
-        if self.engine is not None:
+        if self.engine is not None and temperature == 1.0:
+            # vLLM's prompt log-probs are those of the raw logits; other temperatures are scored here
             from sdar.teacher.vllm_scoring import vllm_response_logprobs
 
             out, fell_back = vllm_response_logprobs(self.engine, model, prompts, responses, pad_id=pad_id,
@@ -63,7 +65,7 @@ class TeacherScorer:
             self.fallback_turns += fell_back
             return out
         return response_logprobs(model, prompts, responses, pad_id=pad_id, batch_size=self.batch_size,
-                                 allowed=allowed)
+                                 allowed=allowed, temperature=temperature)
 
     @property
     def truncated_frac(self) -> float:

@@ -35,6 +35,7 @@ def response_logprobs(
     grad: bool = False,
     allowed: list[list[list[int]] | None] | None = None,
     prompt_lm: bool = False,
+    temperature: float = 1.0,
 ) -> ScoredBatch:
     """Score `responses[i]` after `prompts[i]` for every i.
 
@@ -47,6 +48,8 @@ def response_logprobs(
         None; those rows are scored under the same renormalised distribution they were sampled from.
     prompt_lm: also return the summed log-probs of the prompt tokens from the same forward
         (a language-modelling term for supervised warm starts; free of extra compute).
+    temperature: score under softmax(logits / temperature): the rollout temperature, so that
+        the scores are those of the distribution the responses were sampled from.
     """
     if len(prompts) != len(responses):
         raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
@@ -76,7 +79,7 @@ def response_logprobs(
                 mask_v = allowed_mask([prompts[i] for i in rows], [responses[i] for i in rows],
                                       [allowed[i] for i in rows], L, vocab)
             lp, e = token_logprobs(model, ids.to(device), att.to(device), return_entropy=with_entropy,
-                                   allowed=mask_v)
+                                   allowed=mask_v, temperature=temperature)
             if prompt_lm:
                 pm = torch.zeros_like(lp)
                 for j, i in enumerate(rows):

@@ -155,6 +155,10 @@ class Trainer:
 
     def train_step(self, step: int) -> StepResult:
         cfg, arm = self.cfg, self.arm
+        if self.rollout_cfg.temperature <= 0:
+            raise ValueError(f"rollout.temperature={self.rollout_cfg.temperature}: RL samples its rollouts and "
+                             "scores them at that temperature, so it must be > 0 (paper: 1.0); greedy decoding "
+                             "is for evaluation (eval_temperature: 0)")
         t0 = time.perf_counter()
         trajs = self.collect(step)
         t_rollout = time.perf_counter() - t0
@@ -166,19 +170,21 @@ class Trainer:
         advantages = grpo_advantages(rewards, groups)
 
         t1 = time.perf_counter()
+        # every score is taken at the rollout temperature: the distribution the tokens were sampled from
+        temp = self.rollout_cfg.temperature
         old = response_logprobs(self.model, prompts, responses, pad_id=self.pad_id, batch_size=cfg.score_batch_size,
-                                allowed=allowed)
+                                allowed=allowed, temperature=temp)
         ref = None
         if arm.kl_coef != 0.0:
             # LoRA: the same module with the adapter disabled; full fine-tuning: the frozen copy
             with self.policy.reference() as ref_model:
                 ref = response_logprobs(ref_model, prompts, responses, pad_id=self.pad_id,
-                                        batch_size=cfg.score_batch_size, allowed=allowed)
+                                        batch_size=cfg.score_batch_size, allowed=allowed, temperature=temp)
         # the teacher is theta_old with the skills in context; scored for every arm so the
         # teacher-student gap can be compared across arms, used in the loss only by SDAR/OPSD
         teacher = None
         if arm.needs_teacher or cfg.teacher_for_all_arms:
-            teacher = self.teacher.score(self.model, trajs, self.pad_id)
+            teacher = self.teacher.score(self.model, trajs, self.pad_id, temperature=temp)
         t_score = time.perf_counter() - t1
 
         t2 = time.perf_counter()
@@ -196,7 +202,7 @@ class Trainer:
                 mb, share = plan.local(rows), plan.share(rows, arm.agg)
                 cur = response_logprobs(self.model, [prompts[i] for i in mb], [responses[i] for i in mb],
                                         pad_id=self.pad_id, with_entropy=True, grad=True,
-                                        allowed=[allowed[i] for i in mb])
+                                        allowed=[allowed[i] for i in mb], temperature=temp)
                 T = cur.logp.shape[1]
                 idx = torch.tensor(mb, dtype=torch.long)
                 batch = LossBatch(
