@@ -124,3 +124,24 @@ def test_rollouts_are_scored_at_their_sampling_temperature(tiny_ckpt, tmp_path, 
     bad = small_config(tmp_path / "greedy", arm="grpo", steps=1, **{"rollout.temperature": 0.0})
     with pytest.raises(ValueError, match="rollout.temperature"):
         Trainer(bad).train_step(1)
+
+
+def test_teacher_engine_is_bypassed_and_counted_at_other_temperatures(tiny_ckpt, tmp_path):
+    # vLLM's prompt log-probs are of the raw logits: at another rollout temperature the teacher is scored
+    # by the trainer's forward, and every such turn counts as a fallback (the engine is a stand-in that
+    # must not be called: vLLM cannot be installed here)
+    from sdar.teacher import response_logprobs
+
+    class MustNotScore:
+        def prompt_logprobs(self, *a, **k):
+            raise AssertionError("the vLLM engine scored at a temperature it cannot")
+
+    trainer = Trainer(small_config(tmp_path, arm="sdar", steps=1, tracking=False))
+    trajs = trainer.collect(1)
+    trainer.teacher.engine = MustNotScore()
+    got = trainer.teacher.score(trainer.model, trajs, trainer.pad_id, temperature=0.5)
+    want = response_logprobs(trainer.model, trainer.teacher.prompts(trajs),
+                             [t.response_ids for tr in trajs for t in tr.turns], pad_id=trainer.pad_id,
+                             allowed=[t.allowed for tr in trajs for t in tr.turns], temperature=0.5)
+    torch.testing.assert_close(got.logp, want.logp)
+    assert trainer.teacher.fallback_frac == 1.0 and trainer.teacher.engine_turns == got.logp.shape[0]

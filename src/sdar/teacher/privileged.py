@@ -64,6 +64,9 @@ class TeacherScorer:
             self.engine_turns += len(prompts)
             self.fallback_turns += fell_back
             return out
+        if self.engine is not None:  # every turn falls back to the trainer's forward: count them
+            self.engine_turns += len(prompts)
+            self.fallback_turns += len(prompts)
         return response_logprobs(model, prompts, responses, pad_id=pad_id, batch_size=self.batch_size,
                                  allowed=allowed, temperature=temperature)
 
