@@ -50,7 +50,8 @@ def main() -> None:
         prompts, tries = [], []
         for x in turns:
             limit = cfg.teacher_max_prompt_tokens if x["privileged"] else cfg.rollout.max_prompt_tokens
-            ids, _ = fit_prompt_ids(tok, trainer.builder, x["view"], limit, skills=x["skills"] if x["privileged"] else None)
+            ids, _ = fit_prompt_ids(tok, trainer.builder, x["view"], limit, skills=x["skills"] if x["privileged"] else None,
+                                    placement=trainer.rollout_cfg.privileged_placement)
             prompts.append(ids)
             tries.append(action_trie(tok, cfg.env.family, x["view"].admissible_actions, eos) if cfg.rollout.constrained else None)
         gens = trainer.backend.generate(prompts, max_new_tokens=cfg.rollout.max_response_tokens, temperature=0.0,

@@ -34,7 +34,8 @@ def evaluate(
     tracking_uri: str = "",
     output_root: str = "runs/kfp",
 ) -> NamedTuple("EvalOutputs", [("success", float), ("ci_low", float), ("ci_high", float)]):
-    """Play the first `eval_tasks` tasks of the config's eval split `episodes_per_task` times each.
+    """Play `eval_tasks` tasks of the config's eval split (stratified over task types unless the
+    config's eval_task_order is "first"; see sdar.eval.tasks) `episodes_per_task` times each.
 
     checkpoint: the policy to evaluate (a gated_train output); None evaluates the config's model
     as built (the warm-started tiny model by default), i.e. the baseline before RL.
@@ -72,7 +73,7 @@ def evaluate(
     if episodes_per_task < 1:
         raise ValueError(f"episodes_per_task must be >= 1, got {episodes_per_task}")
     # builds the policy, the rollout settings of `arm` and the env factory
-    trainer = Trainer(cfg)
+    trainer = Trainer(cfg, train=False)
     tasks = list(trainer.eval_tasks)
     if len(tasks) < cfg.eval_tasks:
         print(f"note: the {cfg.env.eval_split!r} split has {len(tasks)} tasks, fewer than eval_tasks={cfg.eval_tasks}")

@@ -65,10 +65,11 @@ def teacher_replay(
     cfg = load_config(config_path, ov)
     trainer = Trainer(cfg)
     out = replay(trainer.model, trainer.tokenizer, trainer.teacher, trajs, pad_id=trainer.pad_id,
-                 beta=get_arm(arm, **cfg.arm_overrides).sdar_beta, batch_size=cfg.score_batch_size)
+                 beta=get_arm(arm, **cfg.arm_overrides).sdar_beta, batch_size=cfg.score_batch_size,
+                 temperature=cfg.rollout.temperature, mask_forced_tokens=cfg.rollout.mask_forced_tokens)
     Path(scores.path).parent.mkdir(parents=True, exist_ok=True)
     Path(scores.path).write_text(json.dumps(out, indent=1))
-    for k in ("gap_mean", "gate_mean", "pos_gap_frac", "truncated_frac"):
+    for k in ("gap_mean", "gate_mean", "pos_gap_frac", "forced_frac"):
         metrics.log_metric(k, float(out[k]))
     metrics.log_metric("turns", float(out["turns"]))
     print(f"{len(trajs)} trajectories, {out['turns']} turns: gap {out['gap_mean']:+.4f}, gate {out['gate_mean']:.4f}, "

@@ -138,9 +138,21 @@ class TrainConfig:
     tasks_per_step: int = 16
     group_size: int = 8  # G rollouts per task
     lr: float = 1e-6  # constant
-    weight_decay: float = 0.0
-    mini_batch_size: int = 32  # turn-samples per optimizer step
+    weight_decay: float = 0.01  # AdamW (the reference's verl actor optimizer default)
+    # turn-samples per optimizer step (reference: ppo_mini_batch_size 256; 64 for shop, a family default)
+    mini_batch_size: int = 256
+    # turn-samples per forward/backward inside a mini-batch (reference: ppo_micro_batch_size_per_gpu 32)
+    micro_batch_size: int = 32
+    # micro_batch: each micro-batch's loss is aggregated (agg, e.g. token-mean) over its own tokens and the
+    # mini-batch's gradient is the mean over its micro-batches (the reference: verl dp_actor divides each
+    # micro-batch's loss by gradient_accumulation); mini_batch: aggregated over the whole mini-batch's tokens
+    loss_normalisation: str = "micro_batch"
+    # draw mini-batches in a random order; false takes them in rollout order (the reference: batch.split)
+    shuffle_mini_batches: bool = False
     ppo_epochs: int = 1
+    # the reward trained on (sdar.agent.rollout.REWARDS): reference = 10 on a win for household and shop
+    # (shop: WebShop score 1), exact match for search; env = the environment's own reward
+    reward: str = "reference"
     grad_clip: float = 1.0
     score_batch_size: int = 16  # sequences per no-grad scoring forward
     teacher_max_prompt_tokens: int = 2048  # the teacher's prompt budget (skills + turn)
@@ -150,6 +162,10 @@ class TrainConfig:
     teacher_engine: str = "train"
     eval_every: int = 10  # steps; 0 disables periodic evaluation
     eval_tasks: int = 50
+    # how the eval_tasks ids are taken from env.eval_split: stratified = round-robin over task types
+    # (sdar.eval.tasks.select_tasks); first = the first N as the split lists them
+    eval_task_order: str = "stratified"
+    eval_task_ids: list[str] = field(default_factory=list)  # explicit eval tasks (then eval_tasks/order are unused)
     eval_temperature: float = 0.4
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
@@ -169,6 +185,21 @@ class TrainConfig:
     warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
+
+    def validate(self) -> None:
+        """Errors that name the setting and its valid values (called by load_config)."""
+        from sdar.agent.prompts import PLACEMENTS
+        from sdar.agent.rollout import PENALIZE, REWARDS
+
+        choices = {"loss_normalisation": (self.loss_normalisation, ("micro_batch", "mini_batch")),
+                   "reward": (self.reward, REWARDS), "rollout.penalize": (self.rollout.penalize, PENALIZE),
+                   "rollout.privileged_placement": (self.rollout.privileged_placement, PLACEMENTS)}
+        for key, (value, valid) in choices.items():
+            if value not in valid:
+                raise ValueError(f"{key}={value!r} is not one of {', '.join(valid)}")
+        for key in ("mini_batch_size", "micro_batch_size", "ppo_epochs"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key}={getattr(self, key)} must be >= 1")
 
     def resolved_output_dir(self) -> Path:
         return Path(self.output_dir.format(experiment=self.experiment, arm=self.arm, seed=self.seed))
@@ -254,9 +285,41 @@ def parse_overrides(text: str | None) -> dict[str, Any]:
     return ov
 
 
+# Settings that differ by task family in the reference's example scripts (ZJU-REAL/SDAR
+# examples/sdar_trainer/run_{alfworld,webshop,search}_3b.sh: env.max_steps, env.history_length,
+# actor.kl_loss_coef, actor.invalid_action_penalty_coef, actor.ppo_mini_batch_size). `load_config`
+# fills each one the config file and the overrides leave unset.
+FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    # KL 0.01 for household and shop is every arm's own default (ArmConfig.kl_coef)
+    "household": {"rollout.max_turns": 50, "rollout.history": 2, "rollout.invalid_penalty": 0.1,
+                  "mini_batch_size": 256},
+    "shop": {"rollout.max_turns": 15, "rollout.history": 2, "rollout.invalid_penalty": 0.1, "mini_batch_size": 64},
+    "searchqa": {"rollout.max_turns": 4, "rollout.history": 4, "arm_overrides.kl_coef": 0.001,
+                 "rollout.invalid_penalty": 0.01, "mini_batch_size": 256},
+}
+
+
+def _has_dotted(data: dict[str, Any], key: str) -> bool:
+    for part in key.split("."):
+        if not isinstance(data, dict) or part not in data:
+            return False
+        data = data[part]
+    return True
+
+
+def apply_family_defaults(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` with the family's defaults (FAMILY_DEFAULTS) for every key it does not set itself."""
+    family = (data.get("env") or {}).get("family", EnvConfig.family)
+    for key, value in FAMILY_DEFAULTS.get(family, {}).items():
+        if not _has_dotted(data, key):
+            _set_dotted(data, key, value)
+    return data
+
+
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
     """A TrainConfig from a YAML file (or the defaults) plus dotted overrides
-    (`{"steps": 3, "rollout.max_turns": 10}`)."""
+    (`{"steps": 3, "rollout.max_turns": 10}`), with the family's defaults (FAMILY_DEFAULTS) for the
+    keys neither sets. Settings are checked here, once."""
     data: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -265,4 +328,8 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         data = yaml.safe_load(p.read_text()) or {}
     for k, v in (overrides or {}).items():
         _set_dotted(data, k, v)
-    return from_dict(TrainConfig, data, where=str(path or "config"))
+    if isinstance(data, dict):
+        apply_family_defaults(data)
+    cfg = from_dict(TrainConfig, data, where=str(path or "config"))
+    cfg.validate()
+    return cfg

@@ -89,3 +89,27 @@ def test_decision_repeats_multiply_exactly_the_decision_examples(tmp_path, monke
     turns = warmstart.expert_turns(small_config(tmp_path), 24, seed=1)  # the SFT's episodes (seed + 1)
     decisions = sum(map(warmstart.is_decision, turns))
     assert decisions > 0 and seen["n"] == [len(turns), len(turns) + 2 * decisions]
+
+
+def test_the_alfworld_backend_keeps_the_sim_trained_warm_start(monkeypatch):
+    # evaluating on the official games (`sdar eval --backend alfworld --split valid_seen`, or the
+    # same as --set overrides) must find the cached sim-trained model, not train one on the engine
+    from sdar.train.warmstart import _cache_key, tiny_config, warmstart_config
+
+    monkeypatch.delenv("SDAR_ALFWORLD_DATA", raising=False)  # the warm start never touches the games
+    cfg = load_config(CONFIG)
+    assert warmstart_config(cfg) is cfg  # a sim config maps to itself: existing caches stay valid
+    key = _cache_key(cfg, tiny_config(cfg))
+    for ov in ({"env.kwargs.backend": "alfworld", "env.eval_split": "valid_seen"},
+               {"env.kwargs.backend": "alfworld", "env.kwargs.workers": 2, "env.kwargs.data_dir": "/games",
+                "env.train_split": "valid_train"},
+               {"env.eval_split": "valid_seen"}):
+        engine = load_config(CONFIG, ov)
+        assert _cache_key(engine, tiny_config(engine)) == key, ov
+        assert warmstart_config(engine).env == cfg.env
+    # what the warm start imitates comes from the sim (sim task ids, its two experts) either way
+    turns = expert_turns(load_config(CONFIG, {"env.kwargs.backend": "alfworld"}), 3, seed=5)
+    assert [t["action"] for t in turns] == [t["action"] for t in expert_turns(cfg, 3, seed=5)]
+    # a sim setting still shapes the warm start
+    harder = load_config(CONFIG, {"env.kwargs.backend": "alfworld", "env.kwargs.difficulty.max_steps": 12})
+    assert _cache_key(harder, tiny_config(harder)) != key

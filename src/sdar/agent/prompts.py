@@ -1,8 +1,11 @@
 """Turn prompts for the student and for the privileged teacher.
 
 The student sees: task, step count, memory (household), the last `history` (observation,
-action) pairs, the current observation and the admissible actions. The teacher sees the same
-text with "[Privileged Skill Information]\\n{skills}\\n\\n" prepended to the user message.
+action) pairs, the current observation and the admissible actions. The teacher sees exactly the
+student's prompt with "[Privileged Skill Information]\\n{skills}\\n\\n" added, placed as the
+reference does (`placement="prefix"`: in front of the whole chat-templated prompt, before the system
+turn; ZJU-REAL/SDAR verl/trainer/ppo/rlsd_ray_trainer.py, the teacher batch of `main_sdar`) or, as an
+option, at the start of the user message (`placement="user"`).
 """
 
 from __future__ import annotations
@@ -10,6 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 PRIVILEGED_HEADER = "[Privileged Skill Information]"
+# where the privileged text goes: "prefix" = before the chat-templated prompt (the reference),
+# "user" = at the start of the user message (this project's first placement)
+PLACEMENTS = ("prefix", "user")
 
 SYSTEM_PROMPTS = {
     "household": (
@@ -85,19 +91,39 @@ class PromptBuilder:
         return [{"role": "system", "content": SYSTEM_PROMPTS[self.family]}, {"role": "user", "content": user}]
 
 
-def fit_prompt_ids(tokenizer, builder: PromptBuilder, view: TurnView, max_tokens: int, skills: str | None = None) -> tuple[list[int], int]:
+def check_placement(placement: str) -> str:
+    if placement not in PLACEMENTS:
+        raise ValueError(f"unknown privileged placement {placement!r}; choose one of {', '.join(PLACEMENTS)} "
+                         "(rollout.privileged_placement)")
+    return placement
+
+
+def chat_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
+    """The chat-templated token ids of `messages`, ending with the assistant's generation prompt."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+def prefix_ids(tokenizer, skills: str) -> list[int]:
+    """Token ids of the privileged prefix alone (placement "prefix" puts them before the chat)."""
+    return list(tokenizer(privileged_prefix(skills), add_special_tokens=False)["input_ids"])
+
+
+def fit_prompt_ids(tokenizer, builder: PromptBuilder, view: TurnView, max_tokens: int, skills: str | None = None,
+                   placement: str = "prefix") -> tuple[list[int], int]:
     """Token ids of the turn's prompt within `max_tokens`, dropping history pairs first.
 
+    skills: the privileged text, placed per `placement` (see PLACEMENTS); None = the student's prompt.
     Returns (ids, history_pairs_dropped). The skills are never cut: when the prompt cannot
     fit even with no history, a ValueError says by how much.
     """
+    check_placement(placement)
+    head = prefix_ids(tokenizer, skills) if skills is not None and placement == "prefix" else []
+    in_user = skills if placement == "user" else None
     for h in range(builder.history, -1, -1):
-        ids = tokenizer.apply_chat_template(
-            builder.messages(view, skills=skills, history=h), add_generation_prompt=True, tokenize=True
-        )
-        if hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        ids = list(ids)
+        ids = head + chat_ids(tokenizer, builder.messages(view, skills=in_user, history=h))
         if len(ids) <= max_tokens:
             return ids, builder.history - h
     what = "the prompt (privileged skills + turn)" if skills is not None else "the prompt"
@@ -105,3 +131,17 @@ def fit_prompt_ids(tokenizer, builder: PromptBuilder, view: TurnView, max_tokens
         f"{what} needs {len(ids)} tokens with no history, over the limit of {max_tokens}; "
         "raise max_prompt_tokens (or teacher_max_prompt_tokens) or shorten the skills"
     )
+
+
+def teacher_prompt_ids(tokenizer, builder: PromptBuilder, view: TurnView, student_ids: list[int],
+                       history_dropped: int, skills: str, placement: str = "prefix") -> list[int]:
+    """The privileged teacher's prompt for a turn the student saw as `student_ids`: exactly the student's
+    context plus the privileged text, never rebuilt with more (or less) history than the student had.
+
+    prefix: prefix ids + the student's very ids (token for token; the reference decodes the student
+        prompt and re-encodes `prefix + text`, which is the same sequence since the chat starts with a
+        special token). user: the same turn with the same history pairs, the skills in the user message.
+    """
+    if check_placement(placement) == "prefix":
+        return prefix_ids(tokenizer, skills) + list(student_ids)
+    return chat_ids(tokenizer, builder.messages(view, skills=skills, history=builder.history - history_dropped))

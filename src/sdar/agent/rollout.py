@@ -27,6 +27,16 @@ class RolloutConfig:
     temperature: float = 1.0  # 1.0 for training, 0.4 for evaluation
     top_p: float = 1.0
     invalid_penalty: float = 0.1  # subtracted from the turn's reward on an invalid action
+    # which turns pay invalid_penalty: "format" = the response has no well-formed action block (or no
+    # <think> when require_think), as the reference's projection functions decide; "invalid" = also an
+    # action that is inadmissible, rejected by the environment, or a response cut off unfinished
+    penalize: str = "format"
+    # where the privileged text goes in the teacher's prompt (and in a prompt that acts with the skills):
+    # "prefix" = before the chat-templated prompt (the reference), "user" = in the user message
+    privileged_placement: str = "prefix"
+    # leave tokens that constrained decoding forced (one allowed token: no choice was made) out of every
+    # loss term and every per-token statistic; false scores them like free tokens (log-prob 0 for all)
+    mask_forced_tokens: bool = True
     require_think: bool = False
     show_admissible: bool = True
     use_memory: bool = True  # the household's compact memory of what was seen
@@ -51,6 +61,7 @@ class Turn:
     hint_template_key: str | None = None
     history_dropped: int = 0
     allowed: list[list[int]] | None = None  # constrained decoding: allowed tokens per response position
+    format_valid: bool = True  # the response held a well-formed action block (what the reference penalises)
 
 
 @dataclass
@@ -133,7 +144,8 @@ def rollout(
             for i in live:
                 view = state[i].view(turn, cfg.max_turns)
                 skills = trajs[i].skills if cfg.skills_in_prompt else None
-                ids, d = fit_prompt_ids(tokenizer, builder, view, cfg.max_prompt_tokens, skills=skills)
+                ids, d = fit_prompt_ids(tokenizer, builder, view, cfg.max_prompt_tokens, skills=skills,
+                                        placement=cfg.privileged_placement)
                 views.append(view), prompts.append(ids), dropped.append(d)
             tries = None
             if cfg.constrained:
@@ -154,6 +166,7 @@ def rollout(
                     reward=float(res.reward), error_kind=md.get("error_kind") or (None if p.valid else "format"),
                     hint_template_key=md.get("hint_template_key"), history_dropped=d,
                     allowed=trie.allowed_along(gen.token_ids) if trie is not None else None,
+                    format_valid=p.valid_format and gen.finished,
                 ))
                 trajs[i].reward += float(res.reward)
                 state[i].advance(p.action, res)
@@ -166,11 +179,40 @@ def rollout(
     return trajs
 
 
-def turn_rewards(trajs: list[Trajectory], invalid_penalty: float) -> list[tuple[int, int, float]]:
+PENALIZE = ("format", "invalid")
+# "reference": the reward the reference trains on (ZJU-REAL/SDAR agent_system/environments/env_package:
+# alfworld/envs.py compute_reward = 10 * won; webshop/envs.py 10 when the WebShop score is 1, else 0;
+# search/envs.py the exact-match reward as the environment gives it); "env": the environment's own reward
+# (household 1 on a win, shop the continuous WebShop score, search exact match)
+REWARDS = ("reference", "env")
+WIN_REWARD = {"household": 10.0, "shop": 10.0}
+
+
+def episode_reward(traj: Trajectory, family: str, mode: str = "reference") -> float:
+    """The trajectory's training reward under `mode` (see REWARDS)."""
+    if mode not in REWARDS:
+        raise ValueError(f"unknown reward {mode!r}; choose one of {', '.join(REWARDS)}")
+    if mode == "reference" and family in WIN_REWARD:
+        return WIN_REWARD[family] * float(traj.won)
+    return traj.reward
+
+
+def penalized(turn: Turn, penalize: str) -> bool:
+    """Whether `turn` pays the invalid-action penalty (see RolloutConfig.penalize)."""
+    if penalize == "format":
+        return not turn.format_valid
+    if penalize == "invalid":
+        return not (turn.valid and turn.env_valid)
+    raise ValueError(f"unknown penalize mode {penalize!r}; choose one of {', '.join(PENALIZE)}")
+
+
+def turn_rewards(trajs: list[Trajectory], invalid_penalty: float, penalize: str = "format", family: str = "",
+                 reward: str = "env") -> list[tuple[int, int, float]]:
     """(trajectory index, turn index, reward) per turn-sample: every turn gets its episode's
-    reward, minus `invalid_penalty` on turns whose action was invalid."""
+    reward (`episode_reward`), minus `invalid_penalty` on the turns `penalized` says."""
     out = []
     for ti, t in enumerate(trajs):
+        r = episode_reward(t, family, reward)
         for k, turn in enumerate(t.turns):
-            out.append((ti, k, t.reward - (invalid_penalty if not (turn.valid and turn.env_valid) else 0.0)))
+            out.append((ti, k, r - (invalid_penalty if penalized(turn, penalize) else 0.0)))
     return out

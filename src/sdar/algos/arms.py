@@ -77,14 +77,15 @@ register_arm(
 register_arm(
     ArmConfig("sdar", "GRPO + sigmoid-gated self-distillation (SDAR)", sdar_coef=0.01, sdar_beta=5.0)
 )
-# With no policy-gradient term, lambda only sets distillation's scale against KL and
-# entropy; 1.0 makes it the dominant term, which is what this arm is meant to isolate.
+# As the reference's OPSD script (ZJU-REAL/SDAR examples/opsd_trainer/run_alfworld_3b.sh: pg_loss_coef=0,
+# sdar_coef=0.01, gate_beta 5): lambda stays 0.01, so distillation is weighed against KL 0.01 and entropy
+# 0.001 exactly as in the sdar arm, with the policy gradient switched off.
 register_arm(
     ArmConfig(
         "opsd",
         "Gated self-distillation alone (no policy gradient); KL and entropy kept",
         pg_coef=0.0,
-        sdar_coef=1.0,
+        sdar_coef=0.01,
         sdar_beta=5.0,
     )
 )

@@ -34,7 +34,10 @@ def trajectory_record(traj: Trajectory, family: str, backend: str = "policy") ->
             "memory": t.view.memory, "prompt_ids": list(t.prompt_ids), "response_ids": list(t.response_ids),
             "response": t.response_text, "valid": bool(t.valid), "env_valid": bool(t.env_valid),
             "error_kind": t.error_kind, "hint_template_key": t.hint_template_key,
-            "history_dropped": int(t.history_dropped),
+            "history_dropped": int(t.history_dropped), "format_valid": bool(t.format_valid),
+            # constrained decoding: the allowed tokens per response position, so a replay scores the same
+            # renormalised distribution and knows which tokens were forced (null when unconstrained)
+            "allowed": t.allowed,
         })
     task = traj.turns[0].view.task if traj.turns else ""
     return {
@@ -77,7 +80,8 @@ def trajectory_from_record(rec: dict[str, Any], where: str = "record") -> Trajec
                                response_text=t["response"], action=step["action"], valid=bool(t["valid"]),
                                env_valid=bool(t["env_valid"]), reward=float(step["reward"]),
                                error_kind=t.get("error_kind"), hint_template_key=t.get("hint_template_key"),
-                               history_dropped=int(t.get("history_dropped", 0))))
+                               history_dropped=int(t.get("history_dropped", 0)),
+                               allowed=t.get("allowed"), format_valid=bool(t.get("format_valid", True))))
     return traj
 
 
@@ -101,24 +105,29 @@ def read_trajectories(path: str | os.PathLike) -> list[Trajectory]:
 
 
 def teacher_replay(model, tokenizer, scorer, trajs: list[Trajectory], *, pad_id: int, beta: float = 5.0,
-                   batch_size: int = 16) -> dict[str, Any]:
+                   batch_size: int = 16, temperature: float = 1.0, mask_forced_tokens: bool = True) -> dict[str, Any]:
     """Score every turn of `trajs` under the student (its recorded prompt) and under the privileged
-    teacher (`scorer`, a `TeacherScorer`): per-trajectory and overall token-mean gap
+    teacher (`scorer`, a `TeacherScorer`), both at `temperature` (the rollout's) and under the same
+    constrained distribution the turn was sampled from: per-trajectory and overall token-mean gap
     (log p_teacher - log p_student), SDAR gate sigmoid(beta * gap), and the share of tokens the
-    teacher endorses (gap > 0). No gradient; the model is not changed."""
+    teacher endorses (gap > 0), over the tokens that carried a choice (all tokens with
+    mask_forced_tokens=False); `forced_frac` is the share left out. No gradient; the model is not changed."""
     import torch
 
     from sdar.algos.sdar import sdar_gate
-    from sdar.teacher import response_logprobs
+    from sdar.teacher import free_token_mask, response_logprobs
 
     prompts = [t.prompt_ids for tr in trajs for t in tr.turns]
     responses = [t.response_ids for tr in trajs for t in tr.turns]
+    allowed = [t.allowed for tr in trajs for t in tr.turns]
     if not prompts:
         raise ValueError("no turns to replay: every trajectory is empty")
-    student = response_logprobs(model, prompts, responses, pad_id=pad_id, batch_size=batch_size)
-    teacher = scorer.score(model, trajs, pad_id)
+    student = response_logprobs(model, prompts, responses, pad_id=pad_id, batch_size=batch_size, allowed=allowed,
+                                temperature=temperature)
+    teacher = scorer.score(model, trajs, pad_id, temperature=temperature)
     gate, gap = sdar_gate(student.logp, teacher.logp, beta)
-    mask = student.mask
+    mask = free_token_mask(allowed, student.mask, forced_free=not mask_forced_tokens)
+    forced_frac = 1.0 - float(free_token_mask(allowed, student.mask).sum()) / max(float(student.mask.sum()), 1.0)
 
     def stats(rows: slice) -> dict[str, float]:
         m = mask[rows]
@@ -134,7 +143,7 @@ def teacher_replay(model, tokenizer, scorer, trajs: list[Trajectory], *, pad_id:
                          **(stats(rows) if tr.turns else {})})
     with torch.no_grad():
         overall = stats(slice(0, len(prompts)))
-    return {"beta": beta, "turns": len(prompts), "truncated_frac": scorer.truncated_frac, **overall,
+    return {"beta": beta, "turns": len(prompts), "forced_frac": forced_frac, **overall,
             "trajectories": per_traj}
 
 

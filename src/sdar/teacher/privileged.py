@@ -1,22 +1,27 @@
-"""Privileged teacher scoring: each turn's prompt rebuilt with the task's skills prepended,
-then the student's sampled response scored under it (no gradient, batched)."""
+"""Privileged teacher scoring: each turn's student prompt with the task's skills added (never rebuilt
+with other history), then the student's sampled response scored under it (no gradient, batched)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sdar.agent.prompts import PromptBuilder, fit_prompt_ids
+from sdar.agent.prompts import PromptBuilder, teacher_prompt_ids
 from sdar.teacher.scoring import ScoredBatch, response_logprobs
 
 
 @dataclass
 class TeacherScorer:
-    """Scores turns under `"[Privileged Skill Information]\\n{skills}\\n\\n" + student prompt`.
+    """Scores turns under the student's own prompt plus `"[Privileged Skill Information]\\n{skills}\\n\\n"`.
 
-    max_prompt_tokens: the teacher's prompt budget. When the privileged prompt does not fit,
-    history pairs are dropped, never the skills; every such turn is counted in
-    `truncated_turns` (reported as `teacher/truncated_frac`), and a turn that cannot fit
-    even with no history raises an error instead of silently losing its skills.
+    placement: "prefix" (the reference: in front of the chat-templated student prompt, so the teacher's
+    ids are the prefix's followed by the student's, token for token) or "user" (the same turn, with the
+    same history pairs as the student, the skills at the start of the user message).
+    max_prompt_tokens: the teacher's prompt budget. The teacher's context is the student's by
+    construction, so nothing is ever dropped from it: a turn whose privileged prompt does not fit raises
+    an error naming teacher_max_prompt_tokens (the reference cuts the prompt from the left, i.e. the
+    skills first; this project never scores a teacher that lost its skills).
+    student_has_skills: the student's prompts already carry the skills (skill_grpo); the teacher's
+    prompt is then the student's own.
     engine: None scores with the training-side forward; a `VLLMBackend` scores through vLLM's prompt
     log-probs (`sdar.teacher.vllm_scoring`), falling back to the forward per row where the
     constrained renormalisation needs tokens outside vLLM's top-`engine_topk` (counted in
@@ -27,24 +32,32 @@ class TeacherScorer:
     tokenizer: object
     max_prompt_tokens: int = 2048
     batch_size: int = 16
-    truncated_turns: int = 0
     scored_turns: int = 0
-    skills_by_type: dict[str, str] = field(default_factory=dict)
+    # the exact privileged text the teacher saw: {task_type: {task_id: text}} (what privileged_skills.json logs)
+    skills_seen: dict[str, dict[str, str]] = field(default_factory=dict)
     engine: object | None = None
     engine_topk: int = 20
     engine_turns: int = 0
     fallback_turns: int = 0
+    placement: str = "prefix"
+    student_has_skills: bool = False
 
     def prompts(self, trajectories) -> list[list[int]]:
         out = []
         for traj in trajectories:
-            self.skills_by_type.setdefault(traj.task_type, traj.skills)
+            self.skills_seen.setdefault(traj.task_type, {}).setdefault(traj.task_id, traj.skills)
             for turn in traj.turns:
-                ids, dropped = fit_prompt_ids(self.tokenizer, self.builder, turn.view, self.max_prompt_tokens,
-                                              skills=traj.skills)
-                # dropping more history than the student did is a truncation the teacher suffered
-                if dropped > turn.history_dropped:
-                    self.truncated_turns += 1
+                if self.student_has_skills:
+                    ids = list(turn.prompt_ids)
+                else:
+                    ids = teacher_prompt_ids(self.tokenizer, self.builder, turn.view, turn.prompt_ids,
+                                             turn.history_dropped, traj.skills, self.placement)
+                if len(ids) > self.max_prompt_tokens:
+                    raise ValueError(
+                        f"the teacher's prompt for task {traj.task_id!r} needs {len(ids)} tokens (the student's "
+                        f"{len(turn.prompt_ids)} plus the privileged skills), over teacher_max_prompt_tokens="
+                        f"{self.max_prompt_tokens}; raise teacher_max_prompt_tokens to at least "
+                        "rollout.max_prompt_tokens + the skills' length, or shorten the skills (env.kwargs.skills)")
                 self.scored_turns += 1
                 out.append(ids)
         return out
@@ -69,10 +82,6 @@ class TeacherScorer:
             self.fallback_turns += len(prompts)
         return response_logprobs(model, prompts, responses, pad_id=pad_id, batch_size=self.batch_size,
                                  allowed=allowed, temperature=temperature)
-
-    @property
-    def truncated_frac(self) -> float:
-        return self.truncated_turns / max(self.scored_turns, 1)
 
     @property
     def fallback_frac(self) -> float:

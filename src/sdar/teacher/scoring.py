@@ -105,3 +105,23 @@ def response_logprobs(
             ent = torch.cat(chunks_ent)
     return ScoredBatch(logp=logp, entropy=ent, mask=mask,
                        prompt_logp_sum=prompt_sum if prompt_lm else None, prompt_tokens=prompt_n)
+
+
+def free_token_mask(allowed: list[list[list[int]] | None], mask: torch.Tensor, forced_free: bool = False) -> torch.Tensor:
+    """[B, T] float: `mask` without the response positions where constrained decoding allowed exactly one
+    token (a forced token carries no choice: its log-prob is 0 under student, teacher and reference alike,
+    so it would only dilute every token mean with zero gaps, gate 0.5 and entropy 0).
+
+    allowed: per row the allowed tokens per response position (None = unconstrained row: all free).
+    forced_free: keep forced positions (the old behaviour, rollout.mask_forced_tokens=false).
+    """
+    out = mask.clone()
+    if forced_free:
+        return out
+    for i, a in enumerate(allowed):
+        if a is None:
+            continue
+        for k, toks in enumerate(a[: out.shape[1]]):
+            if len(toks) == 1:
+                out[i, k] = 0.0
+    return out

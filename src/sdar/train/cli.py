@@ -80,19 +80,43 @@ def _cmd_warmstart(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval_overrides(args: argparse.Namespace) -> dict:
+    """`sdar eval`'s flags as config overrides: --backend (household), --split, --tasks."""
+    overrides = _overrides(args)
+    overrides.setdefault("tracking", False)
+    if getattr(args, "backend", None):
+        overrides["env.kwargs.backend"] = args.backend
+    if getattr(args, "split", None):
+        overrides["env.eval_split"] = args.split
+    if getattr(args, "tasks", None):
+        from sdar.eval.tasks import read_task_list
+
+        overrides["eval_task_ids"] = read_task_list(args.tasks)
+    return overrides
+
+
 def _cmd_eval(args: argparse.Namespace) -> int:
-    """Student vs privileged teacher on the fixed eval tasks, plus the teacher-student gap."""
+    """Student vs privileged teacher on the fixed eval tasks (per task type), plus the
+    teacher-student gap."""
+    from collections import Counter
+
     from rich.console import Console
     from rich.table import Table
 
     from sdar.config import load_config
+    from sdar.eval.tasks import task_type_of
     from sdar.train import Trainer
 
-    overrides = _overrides(args)
-    overrides.setdefault("tracking", False)
-    cfg = load_config(args.config, overrides)
+    cfg = load_config(args.config, _eval_overrides(args))
     console = Console(stderr=True)
-    trainer = Trainer(cfg, console=console)
+    # evaluation only: the train split is never read (a data tree may hold just the eval split)
+    trainer = Trainer(cfg, console=console, train=False)
+    types = Counter(task_type_of(cfg.env.family, t) or "?" for t in trainer.eval_tasks)
+    where = "the given task list" if cfg.eval_task_ids else f"split {cfg.env.eval_split!r} ({cfg.eval_task_order})"
+    backend = cfg.env.kwargs.get("backend") if cfg.env.family == "household" else None
+    console.print(f"evaluating {len(trainer.eval_tasks)} tasks of {where}"
+                  + (f" on the household {backend!r} backend" if backend else "") + ": "
+                  + ", ".join(f"{t} {n}" for t, n in types.items()))
     if args.checkpoint:
         from sdar.storage import open_store
 
@@ -109,8 +133,17 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         table.add_row(name, f"{r.success:.3f}", f"[{r.ci95[0]:.3f}, {r.ci95[1]:.3f}]", f"{r.mean_length:.1f}",
                       f"{r.invalid_rate:.3f}")
     console.print(table)
+    per_type = Table(title="success per task type")
+    for col in ("task type", "n", "student", "teacher"):
+        per_type.add_column(col, justify="right")
+    for t in sorted(set(student.per_type) | set(teacher.per_type)):
+        s, k = student.per_type.get(t, {}), teacher.per_type.get(t, {})
+        per_type.add_row(t, str(s.get("n", k.get("n", 0))), f"{s['success']:.3f}" if s else "-",
+                         f"{k['success']:.3f}" if k else "-")
+    console.print(per_type)
     console.print(f"teacher - student log-prob gap on the student's turns: {gap:+.4f}")
-    print(json.dumps({"student": student.to_dict(), "teacher": teacher.to_dict(), "gap": gap}))
+    print(json.dumps({"student": student.to_dict(), "teacher": teacher.to_dict(), "gap": gap,
+                      "task_ids": list(trainer.eval_tasks)}))
     return 0
 
 
@@ -133,4 +166,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--config", required=True)
     e.add_argument("--checkpoint", help="a checkpoint store (dir or s3:// URI) to evaluate instead of the warm start")
     e.add_argument("--set", action="append", metavar="KEY=VALUE")
+    e.add_argument("--backend", choices=("sim", "alfworld"),
+                   help="household: play the eval tasks on this backend (alfworld: the official games in "
+                        "$SDAR_ALFWORLD_DATA; the sim's options are ignored, the sim-trained warm start is kept)")
+    e.add_argument("--split", help="the eval split (overrides env.eval_split; e.g. valid_seen on --backend alfworld)")
+    e.add_argument("--tasks", help="evaluate these task ids: a file with one id per line, or ids separated by commas")
     e.set_defaults(func=_cmd_eval)

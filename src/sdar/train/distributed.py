@@ -139,21 +139,24 @@ class Plan:
         """This rank's rows of a global mini-batch, as local indices, in mini-batch order."""
         return [i - self.offset for i in rows if self.offset <= i < self.offset + self.count]
 
-    def share(self, rows: list[int], agg: str) -> float:
+    def share(self, rows: list[int], agg: str, within: list[int] | None = None) -> float:
         """The factor for this rank's loss on its rows so that the ranks' scaled losses add up to the
         loss of the whole mini-batch: its part of the aggregation's denominator.
 
         token-mean: my tokens / all tokens (token counts differ between ranks, so averaging the
         ranks' token means would weight a rank's tokens by how few it has); seq-mean-*: my non-empty
         sequences / all of them; token-sum: 1 (sums add up as they are). Alone it is exactly 1.0.
+        within: the rows whose loss is being formed, when `rows` is only a part of them (a micro-batch
+        of a mini-batch normalised as a whole): the denominator is then over `within`.
         """
         mine = [i for i in rows if self.offset <= i < self.offset + self.count]
+        every = rows if within is None else within
         if agg == "token-sum":
             return 1.0
         if agg == "token-mean":
-            num, den = sum(self.tokens[i] for i in mine), sum(self.tokens[i] for i in rows)
+            num, den = sum(self.tokens[i] for i in mine), sum(self.tokens[i] for i in every)
         elif agg in ("seq-mean-token-mean", "seq-mean-token-sum"):
-            num, den = sum(self.tokens[i] > 0 for i in mine), sum(self.tokens[i] > 0 for i in rows)
+            num, den = sum(self.tokens[i] > 0 for i in mine), sum(self.tokens[i] > 0 for i in every)
         else:
             raise ValueError(f"unknown aggregation {agg!r}; no distributed weighting for it")
         return num / den if den else 0.0
@@ -217,17 +220,17 @@ def assert_same(value: int, what: str, ctx: DistContext) -> None:
 # reduced in `sync_update` already and are identical on every rank; what is listed here is per rank.
 WEIGHTED_BY = {  # metric -> the count it is a mean over
     "reward": "trajectories", "success": "trajectories", "episode_length": "trajectories",
-    "invalid_action_rate": "turns", "teacher/gap_all_tokens": "tokens",
-    "teacher/truncated_frac": "teacher_turns",  # cumulative over the run, like its count
+    "env_reward": "trajectories", "invalid_action_rate": "turns", "format_error_rate": "turns",
+    "teacher/gap_all_tokens": "tokens", "teacher/gap_free_tokens": "free_tokens", "tokens/forced_frac": "tokens",
 }
-SUMMED = ("turn_samples", "tokens_per_s")  # totals: the job's turn-samples and its generation throughput
+SUMMED = ("turn_samples", "tokens_per_s", "tokens/free")  # totals: the job's turn-samples and its generation throughput
 SLOWEST = ("time/rollout_s", "time/score_s", "time/update_s", "time/step_s")  # a step waits for the slowest rank
 
 
 def reduce_step_metrics(metrics: dict[str, float], counts: dict[str, float], ctx: DistContext) -> dict[str, float]:
     """The step's metrics over all ranks: count-weighted means, totals and the slowest rank's times.
 
-    counts: this rank's {"trajectories", "turns", "tokens", "teacher_turns"}. A mean whose total count is 0 (or
+    counts: this rank's {"trajectories", "turns", "tokens", "free_tokens", "teacher_turns"}. A mean whose total count is 0 (or
     that is NaN on every rank, e.g. no teacher) stays NaN.
     """
     if not ctx.enabled:

@@ -23,10 +23,10 @@ import torch
 
 from sdar.agent.backends import make_backend
 from sdar.agent.prompts import PromptBuilder
-from sdar.agent.rollout import Trajectory, rollout, turn_rewards
+from sdar.agent.rollout import Trajectory, episode_reward, rollout, turn_rewards
 from sdar.algos import LossBatch, compose_loss, get_arm, grpo_advantages
 from sdar.config import TrainConfig
-from sdar.teacher import TeacherScorer, response_logprobs
+from sdar.teacher import TeacherScorer, free_token_mask, response_logprobs
 from sdar.teacher.vllm_scoring import select_teacher_engine
 from sdar.train import distributed
 
@@ -68,7 +68,9 @@ class Trainer:
     warm-started once, then cached)."""
 
     def __init__(self, cfg: TrainConfig, policy=None, env_factory: Callable[[], Any] | None = None,
-                 console=None) -> None:
+                 console=None, train: bool = True) -> None:
+        """train=False: evaluation only (`sdar eval`); the train split is never read, so a data
+        tree holding only the eval split works."""
         from rich.console import Console
 
         self.cfg = cfg
@@ -100,15 +102,20 @@ class Trainer:
         self.backend = self._backend()
         self.teacher = TeacherScorer(self.builder, self.tokenizer, cfg.teacher_max_prompt_tokens, cfg.score_batch_size,
                                      engine=select_teacher_engine(cfg.teacher_engine, self.backend),
-                                     engine_topk=cfg.vllm.teacher_topk)
+                                     engine_topk=cfg.vllm.teacher_topk,
+                                     placement=self.rollout_cfg.privileged_placement,
+                                     student_has_skills=self.rollout_cfg.skills_in_prompt)
         self.env_factory = env_factory or make_env_factory(cfg)
         probe = self.env_factory()
+        from sdar.eval.tasks import eval_task_set
+
         try:
-            self.train_pool = probe.task_ids(cfg.env.train_split)
-            self.eval_tasks = probe.task_ids(cfg.env.eval_split)[: cfg.eval_tasks]
+            self.train_pool = probe.task_ids(cfg.env.train_split) if train else []
+            # stratified over task types unless cfg.eval_task_order is "first" (or cfg.eval_task_ids names them)
+            self.eval_tasks = eval_task_set(probe, cfg)
         finally:
             probe.close()
-        if len(self.train_pool) < cfg.tasks_per_step:
+        if train and len(self.train_pool) < cfg.tasks_per_step:
             raise ValueError(f"the {cfg.env.train_split!r} split has {len(self.train_pool)} tasks, fewer than "
                              f"tasks_per_step={cfg.tasks_per_step}")
         from sdar.storage import ArtifactStore
@@ -165,7 +172,8 @@ class Trainer:
         prompts = [t.prompt_ids for tr in trajs for t in tr.turns]
         responses = [t.response_ids for tr in trajs for t in tr.turns]
         allowed = [t.allowed for tr in trajs for t in tr.turns]
-        rewards = [r for _, _, r in turn_rewards(trajs, self.rollout_cfg.invalid_penalty)]
+        rc = self.rollout_cfg
+        rewards = [r for _, _, r in turn_rewards(trajs, rc.invalid_penalty, rc.penalize, cfg.env.family, cfg.reward)]
         groups = [tr.group for tr in trajs for _ in tr.turns]
         advantages = grpo_advantages(rewards, groups)
 
@@ -174,6 +182,8 @@ class Trainer:
         temp = self.rollout_cfg.temperature
         old = response_logprobs(self.model, prompts, responses, pad_id=self.pad_id, batch_size=cfg.score_batch_size,
                                 allowed=allowed, temperature=temp)
+        # the tokens that carry a choice: every loss term and per-token statistic is over these
+        free = free_token_mask(allowed, old.mask, forced_free=not rc.mask_forced_tokens)
         ref = None
         if arm.kl_coef != 0.0:
             # LoRA: the same module with the adapter disabled; full fine-tuning: the frozen copy
@@ -191,35 +201,34 @@ class Trainer:
         n = len(prompts)
         # mini-batches are drawn over every rank's rows (alone: this process's), so N ranks make the
         # same updates on the same samples as one process; each rank scores only its own rows
-        plan = distributed.plan([int(x) for x in old.mask.sum(dim=1).tolist()], self.dist)
+        plan = distributed.plan([int(x) for x in free.sum(dim=1).tolist()], self.dist)
         gen = torch.Generator().manual_seed(_step_seed(cfg.seed, step))
         sums: dict[str, float] = {}
         updates = 0
         for _ in range(cfg.ppo_epochs):
-            perm = torch.randperm(plan.n, generator=gen).tolist()
+            order = torch.randperm(plan.n, generator=gen).tolist() if cfg.shuffle_mini_batches else list(range(plan.n))
             for start in range(0, plan.n, cfg.mini_batch_size):
-                rows = perm[start : start + cfg.mini_batch_size]
-                mb, share = plan.local(rows), plan.share(rows, arm.agg)
-                cur = response_logprobs(self.model, [prompts[i] for i in mb], [responses[i] for i in mb],
-                                        pad_id=self.pad_id, with_entropy=True, grad=True,
-                                        allowed=[allowed[i] for i in mb], temperature=temp)
-                T = cur.logp.shape[1]
-                idx = torch.tensor(mb, dtype=torch.long)
-                batch = LossBatch(
-                    logp=cur.logp, old_logp=old.logp[idx, :T], advantages=advantages[idx].to(cur.logp.device),
-                    mask=cur.mask,
-                    ref_logp=None if ref is None else ref.logp[idx, :T],
-                    teacher_logp=None if teacher is None else teacher.logp[idx, :T],
-                    entropy=cur.entropy,
-                )
-                total, metrics = compose_loss(arm, batch)
+                rows = order[start : start + cfg.mini_batch_size]
                 self.optimizer.zero_grad(set_to_none=True)
-                finite = bool(torch.isfinite(total))
-                if finite and mb:
-                    # share: this rank's part of the mini-batch's loss normaliser (exactly 1.0 alone)
-                    (total * share).backward()
-                finite, metrics = distributed.sync_update(self.params, metrics, share, finite, self.dist)
+                finite, metrics = True, {}
+                for part, weight in micro_batches(plan, rows, cfg.micro_batch_size, arm.agg, cfg.loss_normalisation):
+                    mb = plan.local(part)
+                    if not mb:
+                        continue
+                    total, part_metrics = self._micro_loss(mb, prompts, responses, allowed, old, free, ref, teacher,
+                                                           advantages, temp)
+                    if not bool(torch.isfinite(total)):
+                        finite = False
+                        break
+                    (total * weight).backward()
+                    for k, v in part_metrics.items():
+                        metrics[k] = metrics.get(k, 0.0) + weight * float(v)
                 if not finite:
+                    self.optimizer.zero_grad(set_to_none=True)
+                # metrics are already weighted: summed over ranks they are the mini-batch's
+                finite, metrics = distributed.sync_update(self.params, metrics, 1.0, finite, self.dist)
+                if not finite:
+                    self.optimizer.zero_grad(set_to_none=True)
                     self.skipped_updates += 1
                     self.console.print(f"[yellow]step {step}: non-finite loss, update skipped[/yellow]")
                     continue
@@ -239,23 +248,46 @@ class Trainer:
         turns = [t for tr in trajs for t in tr.turns]
         gen_tokens = sum(len(r) for r in responses)
         out = {k: v / max(updates, 1) for k, v in sums.items()}
+        gap = None if teacher is None else teacher.logp - old.logp
         out.update({
-            "reward": sum(tr.reward for tr in trajs) / len(trajs),
+            "reward": sum(episode_reward(tr, cfg.env.family, cfg.reward) for tr in trajs) / len(trajs),
+            "env_reward": sum(tr.reward for tr in trajs) / len(trajs),
             "success": sum(tr.won for tr in trajs) / len(trajs),
             "episode_length": sum(tr.length for tr in trajs) / len(trajs),
             "invalid_action_rate": sum(not (t.valid and t.env_valid) for t in turns) / max(len(turns), 1),
+            "format_error_rate": sum(not t.format_valid for t in turns) / max(len(turns), 1),
             "turn_samples": float(n),
             "tokens_per_s": gen_tokens / max(t_rollout, 1e-9),
             "time/rollout_s": t_rollout, "time/score_s": t_score, "time/update_s": t_update,
             "time/step_s": time.perf_counter() - t0,
-            "teacher/gap_all_tokens": float("nan") if teacher is None else _masked_mean(teacher.logp - old.logp, old.mask),
-            "teacher/truncated_frac": self.teacher.truncated_frac,
+            # forced: response tokens constrained decoding allowed no alternative to (left out of the loss
+            # and of every sdar/*, pg/* and loss/* statistic when rollout.mask_forced_tokens)
+            "tokens/forced_frac": 1.0 - float(free_token_mask(allowed, old.mask).sum()) / max(float(old.mask.sum()), 1.0),
+            "tokens/free": float(free.sum()),
+            "teacher/gap_free_tokens": float("nan") if gap is None else _masked_mean(gap, free_token_mask(allowed, old.mask)),
+            "teacher/gap_all_tokens": float("nan") if gap is None else _masked_mean(gap, old.mask),
             "teacher/vllm_fallback_frac": self.teacher.fallback_frac,
             "updates": float(updates), "skipped_updates": float(self.skipped_updates),
         })
         counts = {"trajectories": len(trajs), "turns": len(turns), "tokens": float(old.mask.sum()),
-                  "teacher_turns": self.teacher.scored_turns}
+                  "free_tokens": float(free_token_mask(allowed, old.mask).sum()), "teacher_turns": self.teacher.scored_turns}
         return StepResult(step, distributed.reduce_step_metrics(out, counts, self.dist))
+
+    def _micro_loss(self, mb, prompts, responses, allowed, old, free, ref, teacher, advantages, temp):
+        """The arm's composed loss on local rows `mb` (one forward with grad), over their free tokens."""
+        cur = response_logprobs(self.model, [prompts[i] for i in mb], [responses[i] for i in mb],
+                                pad_id=self.pad_id, with_entropy=True, grad=True,
+                                allowed=[allowed[i] for i in mb], temperature=temp)
+        T = cur.logp.shape[1]
+        idx = torch.tensor(mb, dtype=torch.long)
+        batch = LossBatch(
+            logp=cur.logp, old_logp=old.logp[idx, :T], advantages=advantages[idx].to(cur.logp.device),
+            mask=cur.mask * free[idx, :T].to(cur.mask.device),
+            ref_logp=None if ref is None else ref.logp[idx, :T],
+            teacher_logp=None if teacher is None else teacher.logp[idx, :T],
+            entropy=cur.entropy,
+        )
+        return compose_loss(self.arm, batch)
 
     # ---- evaluation ---------------------------------------------------------------------
     def evaluate(self, temperature: float | None = None, tasks: list[str] | None = None, privileged: bool = False):
@@ -271,13 +303,17 @@ class Trainer:
                         temperature=self.cfg.eval_temperature if temperature is None else temperature)
 
     def teacher_gap(self, trajs: list[Trajectory]) -> float:
-        """Token-mean log-prob gap (teacher with skills minus student) on given trajectories."""
+        """Token-mean log-prob gap (teacher with skills minus student) on given trajectories, at the rollout
+        temperature, over the tokens that carried a choice (all response tokens with mask_forced_tokens off)."""
         prompts = [t.prompt_ids for tr in trajs for t in tr.turns]
         responses = [t.response_ids for tr in trajs for t in tr.turns]
+        allowed = [t.allowed for tr in trajs for t in tr.turns]
+        temp = self.rollout_cfg.temperature
         old = response_logprobs(self.model, prompts, responses, pad_id=self.pad_id, batch_size=self.cfg.score_batch_size,
-                                allowed=[t.allowed for tr in trajs for t in tr.turns])
-        teacher = self.teacher.score(self.model, trajs, self.pad_id)
-        return _masked_mean(teacher.logp - old.logp, old.mask)
+                                allowed=allowed, temperature=temp)
+        teacher = self.teacher.score(self.model, trajs, self.pad_id, temperature=temp)
+        free = free_token_mask(allowed, old.mask, forced_free=not self.rollout_cfg.mask_forced_tokens)
+        return _masked_mean(teacher.logp - old.logp, free)
 
     # ---- checkpoints --------------------------------------------------------------------
     def save_checkpoint(self, step: int) -> None:
@@ -292,7 +328,7 @@ class Trainer:
                 "step": step, "optimizer": self.optimizer.state_dict(), "run_id": self.run_id,
                 "skipped_updates": self.skipped_updates, "history": self.history,
                 "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
-                "arm": self.arm.name, "config": self.cfg.to_dict(),
+                "arm": self.arm.name, "config": self.cfg.to_dict(), "skills_seen": self.teacher.skills_seen,
             }, Path(tmp) / STATE_FILE)
             write_checkpoint(self.store, step, tmp, keep_last=self.cfg.keep_checkpoints)
 
@@ -325,6 +361,7 @@ class Trainer:
         self.run_id = state.get("run_id")
         self.skipped_updates = state.get("skipped_updates", 0)
         self.history = state.get("history", [])
+        self.teacher.skills_seen = state.get("skills_seen", {})
         self.console.print(f"resumed from {self.store.uri_for(rel)} at step {self.step}")
         return True
 
@@ -346,7 +383,6 @@ class Trainer:
             self.run_id = tracker.run_id
             if self.step == 0:
                 tracker.log_params({"arm": self.arm.name, **self.cfg.to_dict(), "arm_settings": vars(self.arm)})
-                tracker.log_dict({k: v for k, v in self._privileged_texts().items()}, "privileged_skills.json")
                 tracker.log_text(json.dumps(cfg.to_dict(), indent=2), "config.json")
             with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                           TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=self.console,
@@ -364,6 +400,8 @@ class Trainer:
                     self.step = step + 1
                     if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
                         self.save_checkpoint(self.step)
+                        # the exact privileged texts the teacher saw so far, per task type and task
+                        tracker.log_dict(self.teacher.skills_seen, "privileged_skills.json")
                     info = (f"success {m['success']:.2f} reward {m['reward']:.2f} "
                             f"gap {m.get('sdar/gap_mean', float('nan')):+.3f} {m['time/step_s']:.1f}s/step")
                     progress.update(bar, completed=self.step, info=info)
@@ -380,17 +418,22 @@ class Trainer:
                        "final_dir": str(final), "history": self.history}
         return summary
 
-    def _privileged_texts(self) -> dict[str, str]:
-        """The privileged text per retrieval key (task type), logged so nobody has to wonder."""
-        from sdar.envs import make_env
 
-        try:
-            env = make_env(self.cfg.env.family, **self.cfg.env.kwargs)
-        except Exception:  # noqa: BLE001 - remote-only setups may not build the env locally
-            return {}
-        lib = env.skill_library()
-        env.close()
-        return {k: lib.render(k) for k in lib.keys()}
+def micro_batches(plan, rows: list[int], size: int, agg: str, normalisation: str) -> list[tuple[list[int], float]]:
+    """The micro-batches of mini-batch `rows` (global row ids, in order) and this rank's weight for the loss
+    it computes on each, aggregated (`agg`) over that micro-batch's rows.
+
+    micro_batch: the mini-batch's loss is the mean of its micro-batches' losses (the reference: verl's
+        dp_actor.update_policy divides each micro-batch's token-mean by gradient_accumulation);
+    mini_batch: one aggregation over the whole mini-batch's tokens, split for memory only.
+    Summed over ranks (alone: as they are), the weighted losses give the mini-batch's loss exactly.
+    """
+    if normalisation not in ("micro_batch", "mini_batch"):
+        raise ValueError(f"loss_normalisation={normalisation!r} is not one of micro_batch, mini_batch")
+    parts = [rows[k : k + size] for k in range(0, len(rows), size)]
+    if normalisation == "micro_batch":
+        return [(part, plan.share(part, agg) / len(parts)) for part in parts]
+    return [(part, plan.share(part, agg, within=rows)) for part in parts]
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:

@@ -16,7 +16,7 @@ import hashlib
 import json
 import random
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,30 @@ WARMSTART_VERSION = 7
 MARKER = "warmstart.json"
 
 
+def warmstart_config(cfg: TrainConfig) -> TrainConfig:
+    """The config the tiny warm start is built from (and keyed by): household always imitates the
+    sim's experts, whatever backend plays the episodes.
+
+    The engine has neither the sim's uninformed (listing-order) expert nor its skills-following one,
+    so a warm start on it would give the teacher no edge, and the sim speaks the engine's exact
+    text. So `backend: alfworld` (train or evaluate on the official games) keeps the cached
+    sim-trained model: the backend, the other backend's options and the eval split (which never
+    shapes a warm start) are left out; a sim config maps to itself.
+    """
+    if cfg.env.family != "household":
+        return cfg
+    from sdar.envs.household.env import BACKEND_OPTIONS
+
+    foreign = {k for b, opts in BACKEND_OPTIONS.items() if b != "sim" for k in opts} - set(BACKEND_OPTIONS["sim"])
+    kwargs = {k: v for k, v in cfg.env.kwargs.items() if k not in foreign}
+    train_split = cfg.env.train_split
+    if kwargs.get("backend", "sim") != "sim":
+        kwargs["backend"] = "sim"
+        train_split = train_split if train_split in ("train", "test") else "train"
+    env = replace(cfg.env, kwargs=kwargs, train_split=train_split, eval_split="test")
+    return cfg if env == cfg.env else replace(cfg, env=env)
+
+
 def expert_turns(cfg: TrainConfig, episodes: int, seed: int) -> list[dict[str, Any]]:
     """Expert turns with the views the rollout would build: [{view, action, skills, privileged}].
 
@@ -41,6 +65,7 @@ def expert_turns(cfg: TrainConfig, episodes: int, seed: int) -> list[dict[str, A
     """
     from sdar.envs import make_env
 
+    cfg = warmstart_config(cfg)
     rng = random.Random(seed)
     env = make_env(cfg.env.family, **cfg.env.kwargs)
     pool = env.task_ids(cfg.env.train_split)
@@ -91,12 +116,13 @@ def _prompt_fingerprint(cfg: TrainConfig) -> str:
 
 
 def _cache_key(cfg: TrainConfig, tiny) -> str:
+    cfg = warmstart_config(cfg)  # the backend that plays the episodes does not shape the warm start
     blob = json.dumps({
         "prompts": hashlib.sha256(_prompt_fingerprint(cfg).encode()).hexdigest(),
         # where episodes are served (env.url) does not change what the warm start imitates
         "v": WARMSTART_VERSION, "env": {k: v for k, v in asdict(cfg.env).items() if k != "url"}, "warmstart": asdict(cfg.warmstart), "tiny": tiny.to_dict(),
         "rollout": {k: getattr(cfg.rollout, k) for k in ("history", "use_memory", "max_prompt_tokens", "max_turns", "constrained",
-                                                          "show_admissible")},
+                                                          "show_admissible", "privileged_placement")},
         "teacher_max": cfg.teacher_max_prompt_tokens, "seed": cfg.seed,
     }, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -107,6 +133,7 @@ def build_tiny_checkpoint(cfg: TrainConfig, out_dir: Path, console=None) -> dict
     from sdar.models import build_tiny_model, train_tokenizer
 
     t0 = time.perf_counter()
+    cfg = warmstart_config(cfg)
     ws = cfg.warmstart
     # the tokenizer needs plenty of text to learn merges (short prompts = cheap updates); the
     # SFT needs far fewer examples, so the two sample sizes are separate knobs
@@ -125,7 +152,8 @@ def build_tiny_checkpoint(cfg: TrainConfig, out_dir: Path, console=None) -> dict
     examples = []
     for t in turns:
         limit = cfg.teacher_max_prompt_tokens if t["privileged"] else cfg.rollout.max_prompt_tokens
-        ids, _ = fit_prompt_ids(tokenizer, builder, t["view"], limit, skills=t["skills"] if t["privileged"] else None)
+        ids, _ = fit_prompt_ids(tokenizer, builder, t["view"], limit, skills=t["skills"] if t["privileged"] else None,
+                                placement=cfg.rollout.privileged_placement)
         resp = tokenizer(format_action(cfg.env.family, t["action"]), add_special_tokens=False)["input_ids"] + [eos]
         allowed = None
         if cfg.rollout.constrained and t["view"].admissible_actions:
@@ -203,7 +231,11 @@ def tiny_checkpoint(cfg: TrainConfig, console=None) -> Path:
     """The cached warm-started tiny checkpoint for this config, built on first use."""
     from sdar.models.cache import build_once, cache_root
 
+    backend = cfg.env.kwargs.get("backend", "sim") if cfg.env.family == "household" else "sim"
+    cfg = warmstart_config(cfg)
     target = cache_root() / "tiny" / f"{cfg.env.family}-{_cache_key(cfg, tiny_config(cfg))}"
+    if backend != "sim" and console is not None:
+        console.print(f"the tiny warm start imitates the household sim's experts; backend {backend!r} plays the episodes")
     if not (target / MARKER).is_file() and console is not None:
         console.print(f"building the warm-started tiny model (cached at {target}) ...")
     return build_once(target, lambda tmp: build_tiny_checkpoint(cfg, tmp, console), MARKER)

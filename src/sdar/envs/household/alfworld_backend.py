@@ -194,6 +194,19 @@ def task_type_of(task_id: str) -> str:
     )
 
 
+def catalog_object_type(pddl_type: str) -> str:
+    """The catalog's name (`catalog.OBJECT_TYPES` key, "apple") of a PDDL object type ("appletype");
+    a type the catalog lacks keeps its lower-case PDDL name without the suffix."""
+    from sdar.envs.household.catalog import OBJECT_TYPES
+
+    name = pddl_type.lower()
+    name = name[: -len("type")] if name.endswith("type") else name
+    for key, alfworld_name in OBJECT_TYPES.items():
+        if alfworld_name.lower() == name:
+            return key
+    return name
+
+
 def parse_task_text(intro: str) -> str:
     """The goal from the intro ('Your task is to: put a clean apple in fridge.' -> without '.')."""
     idx = intro.rfind(TASK_PREFIX)
@@ -499,6 +512,10 @@ class AlfworldEngine:
 
     def admissible_actions(self) -> list[str]:
         return list(self._state["admissible_commands"]) if self._state is not None else []
+
+    def goal_object_type(self) -> str | None:
+        """The goal's object type in the catalog's names ("apple"); None for an unusual goal."""
+        return catalog_object_type(self._goal.object_type) if self._goal is not None else None
 
     def gold_episode(self, task_id: str, max_steps: int = 50) -> GoldEpisode:
         """Play `task_id` along the gold path; timings split into reset, planning and steps."""
@@ -969,8 +986,9 @@ class AlfworldHousehold(HouseholdBackend):
     """The real ALFWorld engine behind `HouseholdEnv(backend="alfworld")`.
 
     data_dir: json_2.1.1 tree or tarball (see `resolve_data_root`); None reads $SDAR_ALFWORLD_DATA.
-    split: the split `reset(seed=...)` draws from ("valid_seen" = the paper's evaluation set;
-        "test" and "train" are aliases, see `resolve_split`).
+    split: the split `reset()` without a task id draws from ("valid_seen" = the paper's evaluation
+        set; "test" and "train" are aliases, see `resolve_split`). Resolved on that first draw, so a
+        data tree without it still plays the task ids of the splits it has.
     workers: 1 runs the engine in this process; k > 1 pins this backend's session to one of
         k shared worker processes (`shared_pool`), so many envs in one process run in parallel.
     max_steps: force `done` after this many actions (ALFWorld's evaluation and the paper use
@@ -994,7 +1012,7 @@ class AlfworldHousehold(HouseholdBackend):
         planner: str = "auto",
     ) -> None:
         self.root = resolve_data_root(data_dir, cache_dir)
-        self.split = resolve_split(self.root, split)
+        self._split = split
         self.max_steps = max_steps
         self._pool: AlfworldPool | None = None
         self._session: int | None = None
@@ -1007,6 +1025,13 @@ class AlfworldHousehold(HouseholdBackend):
         self._next = 0
         self._task_text: str | None = None
         self._task_type: str | None = None
+        self._goal_object: str | None = None
+
+    @property
+    def split(self) -> str:
+        """The split directory `reset()` without a task id draws from (an error naming the splits
+        present when the data tree lacks it)."""
+        return resolve_split(self.root, self._split)
 
     def _call(self, method: str, *args: Any) -> Any:
         if self._engine is not None:
@@ -1031,7 +1056,11 @@ class AlfworldHousehold(HouseholdBackend):
         out = self._call("reset", task_id)
         self._task_text = out.metadata["task"]
         self._task_type = out.metadata["task_type"]
+        self._goal_object = self._call("goal_object_type")
         return out
+
+    def goal_object_type(self) -> str | None:
+        return self._goal_object
 
     def step(self, action: str) -> EnvStep:
         if self._task_type is None:

@@ -58,5 +58,11 @@ class HouseholdBackend(ABC):
     def expert_action(self) -> str:
         """The gold next action from the current state (works mid-episode)."""
 
+    def goal_object_type(self) -> str | None:
+        """The object type the current episode's goal asks for, in the catalog's names ("apple",
+        `catalog.OBJECT_TYPES`); None when unknown. Narrows the skills to the goal's priors."""
+        problem = getattr(self, "problem", None)
+        return problem.goal.object_type if problem is not None else None
+
     def close(self) -> None:
         """Release engine resources (processes, temp dirs)."""

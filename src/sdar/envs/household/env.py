@@ -7,6 +7,7 @@ the real ALFWorld/TextWorld engine on official games (imported only when asked f
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import Any
 
 from sdar.envs.base import EnvStep, TextEnv
@@ -20,12 +21,53 @@ BACKENDS = {
 }
 
 
-def load_backend(name: str, **kwargs: Any) -> HouseholdBackend:
-    """Build the household backend `name` ("sim" or "alfworld") with its own kwargs."""
+# The backends' own keyword arguments (a test checks them against the constructors). A config
+# written for one backend (configs/household-tiny.yaml: the sim's `difficulty`) must work with
+# `backend: alfworld` too, so an option only the other backend knows is dropped with a note.
+BACKEND_OPTIONS: dict[str, tuple[str, ...]] = {
+    "sim": ("difficulty", "task_types", "test_size", "train_size", "seed"),
+    "alfworld": ("data_dir", "split", "workers", "max_steps", "cache_dir", "pool", "planner"),
+}
+_NOTED: set[tuple[str, tuple[str, ...]]] = set()
+
+
+def backend_kwargs(name: str, kwargs: dict[str, Any], note: bool = True) -> dict[str, Any]:
+    """The part of `kwargs` backend `name` takes.
+
+    Options of another household backend are dropped (the sim's `difficulty` means nothing to the
+    official games, whose rooms are fixed), with one warning per process and backend when `note`;
+    an option no backend knows is an error that lists the valid ones.
+    """
     if name not in BACKENDS:
         raise ValueError(
             f"unknown household backend {name!r}; choose one of {', '.join(sorted(BACKENDS))}"
         )
+    own = BACKEND_OPTIONS[name]
+    others = {k for b, opts in BACKEND_OPTIONS.items() if b != name for k in opts}
+    unknown = sorted(k for k in kwargs if k not in own and k not in others)
+    if unknown:
+        raise TypeError(
+            f"unknown household option(s) {unknown} for backend {name!r}; its options: "
+            f"{', '.join(own)} (and `skills`); other backends': {', '.join(sorted(others))}"
+        )
+    dropped = tuple(sorted(k for k in kwargs if k not in own))
+    if dropped and note and (name, dropped) not in _NOTED:
+        _NOTED.add((name, dropped))
+        owners = ", ".join(
+            f"{k} ({'/'.join(b for b, opts in BACKEND_OPTIONS.items() if k in opts)})" for k in dropped
+        )
+        warnings.warn(
+            f"household backend {name!r} ignores the option(s) of another backend: {owners}",
+            UserWarning,
+            stacklevel=3,
+        )
+    return {k: v for k, v in kwargs.items() if k in own}
+
+
+def load_backend(name: str, **kwargs: Any) -> HouseholdBackend:
+    """Build the household backend `name` ("sim" or "alfworld") with its own kwargs (another
+    backend's options are dropped with a note, see `backend_kwargs`)."""
+    kwargs = backend_kwargs(name, kwargs)
     module, attr = BACKENDS[name].split(":")
     try:
         cls = getattr(importlib.import_module(module), attr)
@@ -42,7 +84,8 @@ class HouseholdEnv(TextEnv):
 
     backend: "sim" (default; generated rooms, thousands of steps/s) or "alfworld" (the real
         engine on official games). Remaining keyword arguments go to the backend, e.g.
-        `HouseholdEnv(backend="sim", difficulty="easy")` or a `SimDifficulty`.
+        `HouseholdEnv(backend="sim", difficulty="easy")` or a `SimDifficulty`; those of the other
+        backend are ignored with a note, so one config serves both (see `backend_kwargs`).
     """
 
     family = "household"
@@ -116,10 +159,9 @@ class HouseholdEnv(TextEnv):
         opts = dict(self.skill_options)
         target_only = opts.pop("target_only", False)
         text = household_skill_library(**opts).render(self.skills_key())
-        problem = getattr(self.backend, "problem", None)
-        if not target_only or problem is None:
+        goal = self.backend.goal_object_type() if target_only else None
+        if goal is None:
             return text
-        goal = problem.goal.object_type
         keep = []
         for line in text.splitlines():
             head = line[2:].split(":", 1)[0] if line.startswith("- ") else ""

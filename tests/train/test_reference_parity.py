@@ -1,0 +1,314 @@
+"""The training loop computes what the reference (ZJU-REAL/SDAR, a verl-agent fork) computes: forced tokens
+out of the losses, the teacher's context built from the student's tokens, rewards, penalties, family
+defaults and the optimisation loop (README "Reference parity" table)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from sdar.agent.prompts import PromptBuilder, TurnView, chat_ids, prefix_ids, teacher_prompt_ids
+from sdar.agent.rollout import Trajectory, Turn, episode_reward, penalized, turn_rewards
+from sdar.config import FAMILY_DEFAULTS, load_config
+from sdar.teacher import free_token_mask
+from sdar.train import Trainer
+from sdar.train.distributed import Plan
+from sdar.train.trainer import micro_batches
+
+from .conftest import small_config
+
+
+# ---- 1. forced tokens --------------------------------------------------------------------------------
+def test_free_token_mask_drops_exactly_the_single_choice_positions():
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    allowed = [[[5, 6], [7], [8]], None, [[1], [1], [2, 3], [4]]]
+    free = free_token_mask(allowed, mask)
+    assert free.tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0]]
+    assert torch.equal(free_token_mask(allowed, mask, forced_free=True), mask)  # the old behaviour
+
+
+def _captured_masks(trainer, monkeypatch):
+    import sdar.train.trainer as tr
+
+    seen = []
+    real = tr.compose_loss
+
+    def capture(arm, batch):
+        seen.append((batch.mask.detach().clone(), batch.logp.detach().clone(), batch.teacher_logp))
+        return real(arm, batch)
+
+    monkeypatch.setattr(tr, "compose_loss", capture)
+    return seen
+
+
+@pytest.mark.parametrize("mask_forced", [True, False])
+def test_forced_tokens_are_left_out_of_every_loss_term_and_statistic(tiny_ckpt, tmp_path, monkeypatch, mask_forced):
+    cfg = small_config(tmp_path, arm="sdar", steps=1, tracking=False, mini_batch_size=100000,
+                       micro_batch_size=100000, **{"rollout.mask_forced_tokens": mask_forced})
+    trainer = Trainer(cfg)
+    seen = _captured_masks(trainer, monkeypatch)
+    m = trainer.train_step(0).metrics
+    (mask, logp, teacher_logp), = seen
+    trajs_allowed_forced = m["tokens/forced_frac"]
+    # constrained decoding forces most tokens of an action once its first tokens are chosen
+    assert 0.2 < trajs_allowed_forced < 1.0
+    used = float(mask.sum())
+    if mask_forced:
+        assert used == pytest.approx(m["tokens/free"])
+        # on the loss mask no token has log-prob 0 under both models (what a forced token has)
+        both_zero = (logp.abs() < 1e-6) & (teacher_logp.abs() < 1e-6) & (mask > 0)
+        assert not bool(both_zero.any())
+        assert m["sdar/gap_mean"] == pytest.approx(m["teacher/gap_free_tokens"], abs=1e-5)
+    else:
+        # every response token enters the loss; the token means are diluted by the forced zeros
+        assert m["tokens/free"] == pytest.approx(used)
+        assert m["sdar/gap_mean"] == pytest.approx(m["teacher/gap_all_tokens"], abs=1e-5)
+        assert abs(m["teacher/gap_all_tokens"]) < abs(m["teacher/gap_free_tokens"])
+
+
+# ---- 2. the teacher's context -------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def qwen_tokenizer():
+    """The real Qwen2.5 vocabulary and chat template (what the reference's models use)."""
+    from sdar.models.qwen import load_qwen_tokenizer
+
+    return load_qwen_tokenizer()
+
+
+def _view(n_history: int) -> TurnView:
+    return TurnView(task="put a clean mug in coffeemachine", step=n_history, max_steps=50,
+                    observation="You arrive at countertop 1. On the countertop 1, you see a mug 1.",
+                    history=[(f"observation number {k} " * 6, f"go to cabinet {k}") for k in range(n_history)])
+
+
+def test_teacher_ids_are_the_prefix_then_the_students_very_ids(qwen_tokenizer):
+    b = PromptBuilder("household", history=2)
+    student = chat_ids(qwen_tokenizer, b.messages(_view(3), history=1))  # the student kept one pair
+    teacher = teacher_prompt_ids(qwen_tokenizer, b, _view(3), student, 1, "Search countertops first.", "prefix")
+    head = prefix_ids(qwen_tokenizer, "Search countertops first.")
+    assert teacher == head + student
+    assert qwen_tokenizer.decode(teacher).startswith("[Privileged Skill Information]\nSearch countertops first.\n\n<|im_start|>system")
+    # the reference decodes the student prompt and re-encodes prefix + text: the same ids
+    text = "[Privileged Skill Information]\nSearch countertops first.\n\n" + qwen_tokenizer.decode(student)
+    assert qwen_tokenizer.encode(text, add_special_tokens=False) == teacher
+
+
+def test_teacher_in_user_placement_keeps_the_students_history(qwen_tokenizer):
+    b = PromptBuilder("household", history=2)
+    view = _view(3)
+    student = chat_ids(qwen_tokenizer, b.messages(view, history=0))  # the student dropped both pairs
+    teacher = qwen_tokenizer.decode(teacher_prompt_ids(qwen_tokenizer, b, view, student, 2, "SKILLS", "user"))
+    assert "observation number" not in teacher and "SKILLS" in teacher
+    assert teacher.index("SKILLS") > teacher.index("<|im_start|>user")
+    with pytest.raises(ValueError, match="privileged placement"):
+        teacher_prompt_ids(qwen_tokenizer, b, view, student, 2, "SKILLS", "system")
+
+
+@pytest.mark.parametrize("placement", ["prefix", "user"])
+def test_trainer_teacher_sees_the_student_context_when_the_student_dropped_history(tiny_ckpt, tmp_path, placement):
+    # a student budget that forces history to be dropped, a teacher budget that would have kept it
+    cfg = small_config(tmp_path, arm="sdar", steps=1, tracking=False, teacher_max_prompt_tokens=4096,
+                       **{"rollout.history": 2, "rollout.max_turns": 4, "rollout.privileged_placement": placement})
+    trainer = Trainer(cfg)
+    lengths = [len(t.prompt_ids) for tr in trainer.collect(0) for t in tr.turns]
+    trainer.rollout_cfg.max_prompt_tokens = sorted(lengths)[len(lengths) // 2]
+    trajs = trainer.collect(0)
+    dropped = [(tr, t) for tr in trajs for t in tr.turns if t.history_dropped > 0]
+    assert dropped, "the budget must make the student drop history"
+    teacher = trainer.teacher.prompts(trajs)
+    flat = [(tr, t) for tr in trajs for t in tr.turns]
+    tok = trainer.tokenizer
+    for ids, (tr, t) in zip(teacher, flat):
+        if placement == "prefix":
+            assert ids == prefix_ids(tok, tr.skills) + t.prompt_ids
+        else:  # the same pairs as the student: its prompt is the teacher's with the skills taken out
+            plain = chat_ids(tok, trainer.builder.messages(t.view, history=trainer.builder.history - t.history_dropped))
+            assert plain == t.prompt_ids
+            assert tok.decode(ids).count("Observation:") == tok.decode(t.prompt_ids).count("Observation:")
+
+
+def test_teacher_prompt_over_budget_is_an_error_naming_the_setting(tiny_ckpt, tmp_path):
+    trainer = Trainer(small_config(tmp_path, arm="sdar", steps=1, tracking=False))
+    trajs = trainer.collect(0)
+    trainer.teacher.max_prompt_tokens = max(len(t.prompt_ids) for tr in trajs for t in tr.turns)
+    with pytest.raises(ValueError, match="teacher_max_prompt_tokens"):
+        trainer.teacher.prompts(trajs)
+
+
+# ---- 5. rewards, penalties, family defaults -----------------------------------------------------------
+def _traj(won: bool, reward: float, formats: list[bool], valid: list[bool]) -> Trajectory:
+    view = TurnView(task="t", step=0, max_steps=5, observation="o")
+    turns = [Turn(view=view, prompt_ids=[1], response_ids=[2], response_text="", action="a", valid=v, env_valid=True,
+                  reward=0.0, format_valid=f) for f, v in zip(formats, valid)]
+    return Trajectory("task", "type", 0, skills="", turns=turns, won=won, reward=reward)
+
+
+def test_reference_reward_is_ten_on_a_win_for_household_and_shop():
+    assert episode_reward(_traj(True, 1.0, [], []), "household") == 10.0
+    assert episode_reward(_traj(False, 0.0, [], []), "household") == 0.0
+    # shop: a purchase scoring 0.75 is not a win and earns 0; the continuous score stays available
+    assert episode_reward(_traj(False, 0.75, [], []), "shop") == 0.0
+    assert episode_reward(_traj(True, 1.0, [], []), "shop") == 10.0
+    assert episode_reward(_traj(False, 0.75, [], []), "shop", "env") == 0.75
+    assert episode_reward(_traj(True, 1.0, [], []), "searchqa") == 1.0  # exact match as the env scores it
+    with pytest.raises(ValueError, match="unknown reward"):
+        episode_reward(_traj(True, 1.0, [], []), "shop", "dense")
+
+
+def test_penalty_counts_format_errors_only_unless_asked_for_the_strict_definition():
+    # turn 0 well-formed but inadmissible, turn 1 malformed, turn 2 fine
+    tr = _traj(True, 1.0, [True, False, True], [False, False, True])
+    got = [r for _, _, r in turn_rewards([tr], 0.1, "format", "household", "reference")]
+    assert got == pytest.approx([10.0, 9.9, 10.0])
+    strict = [r for _, _, r in turn_rewards([tr], 0.1, "invalid", "household", "reference")]
+    assert strict == pytest.approx([9.9, 9.9, 10.0])
+    assert penalized(tr.turns[1], "format") and not penalized(tr.turns[0], "format")
+    with pytest.raises(ValueError, match="penalize"):
+        penalized(tr.turns[0], "sometimes")
+
+
+@pytest.mark.parametrize("family,turns,history,kl,penalty,mini", [
+    ("household", 50, 2, 0.01, 0.1, 256), ("shop", 15, 2, 0.01, 0.1, 64), ("searchqa", 4, 4, 0.001, 0.01, 256)])
+def test_family_defaults_follow_the_reference_scripts(family, turns, history, kl, penalty, mini):
+    from sdar.algos import get_arm
+
+    cfg = load_config(None, {"env.family": family})
+    assert (cfg.rollout.max_turns, cfg.rollout.history, cfg.rollout.invalid_penalty, cfg.mini_batch_size) == (
+        turns, history, penalty, mini)
+    assert get_arm(cfg.arm, **cfg.arm_overrides).kl_coef == kl
+    # what a config sets wins over the family default
+    own = load_config(None, {"env.family": family, "rollout.max_turns": 7, "arm_overrides.kl_coef": 0.5})
+    assert own.rollout.max_turns == 7 and own.arm_overrides["kl_coef"] == 0.5
+    assert set(FAMILY_DEFAULTS) == {"household", "shop", "searchqa"}
+
+
+def test_opsd_arm_is_the_reference_opsd_script():
+    from sdar.algos import get_arm
+
+    arm = get_arm("opsd")
+    assert (arm.pg_coef, arm.sdar_coef, arm.sdar_beta) == (0.0, 0.01, 5.0)
+
+
+def test_choices_are_checked_at_load():
+    for key, value in (("reward", "dense"), ("loss_normalisation", "seq"), ("rollout.penalize", "x"),
+                       ("rollout.privileged_placement", "system"), ("micro_batch_size", 0)):
+        with pytest.raises(ValueError, match=key.split(".")[-1]):
+            load_config(None, {key: value})
+
+
+# ---- 6. optimisation -------------------------------------------------------------------------------
+def test_micro_batch_weights_average_micro_batch_means_or_span_the_mini_batch():
+    plan = Plan(tokens=[3, 1, 1, 1, 2], offset=0, count=5)
+    rows = [0, 1, 2, 3, 4]
+    micro = micro_batches(plan, rows, 2, "token-mean", "micro_batch")
+    assert [p for p, _ in micro] == [[0, 1], [2, 3], [4]]
+    assert [w for _, w in micro] == pytest.approx([1 / 3] * 3)
+    mini = micro_batches(plan, rows, 2, "token-mean", "mini_batch")
+    assert [w for _, w in mini] == pytest.approx([4 / 8, 2 / 8, 2 / 8])
+    # two ranks: rank 1 holds rows 3, 4; its weights plus rank 0's give the single-process ones
+    r0, r1 = Plan(plan.tokens, 0, 3), Plan(plan.tokens, 3, 2)
+    for mode in ("micro_batch", "mini_batch"):
+        alone = [w for _, w in micro_batches(plan, rows, 2, "token-mean", mode)]
+        split = [a + b for (_, a), (_, b) in zip(micro_batches(r0, rows, 2, "token-mean", mode),
+                                                  micro_batches(r1, rows, 2, "token-mean", mode))]
+        assert split == pytest.approx(alone)
+
+
+def test_the_update_takes_mini_batches_in_rollout_order(tiny_ckpt, tmp_path, monkeypatch):
+    import sdar.train.trainer as tr
+
+    cfg = small_config(tmp_path, arm="grpo", steps=1, tracking=False, mini_batch_size=6, micro_batch_size=4)
+    trainer = Trainer(cfg)
+    assert trainer.optimizer.param_groups[0]["weight_decay"] == 0.01  # AdamW as verl's actor
+    rows_seen = []
+    real = tr.Trainer._micro_loss
+
+    def spy(self, mb, *args):
+        rows_seen.append(list(mb))
+        return real(self, mb, *args)
+
+    monkeypatch.setattr(tr.Trainer, "_micro_loss", spy)
+    m = trainer.train_step(0).metrics
+    n = int(m["turn_samples"])
+    expected = []
+    for start in range(0, n, 6):  # mini-batches of 6 in rollout order, micro-batches of 4 and 2
+        rows = list(range(start, min(start + 6, n)))
+        expected += [rows[k : k + 4] for k in range(0, len(rows), 4)]
+    assert rows_seen == expected
+    assert m["updates"] == len(range(0, n, 6))
+
+
+@pytest.mark.parametrize("normalisation", ["micro_batch", "mini_batch"])
+def test_the_gradient_is_the_normalised_sum_of_micro_batch_losses(tiny_ckpt, tmp_path, monkeypatch, normalisation):
+    """By hand: micro_batch = mean over micro-batches of their token-mean losses; mini_batch = the token
+    mean over the whole mini-batch (micro-batch losses weighted by their free tokens)."""
+    import sdar.train.trainer as tr
+
+    cfg = small_config(tmp_path, arm="sdar", steps=1, tracking=False, mini_batch_size=100000, micro_batch_size=3,
+                       loss_normalisation=normalisation)
+    trainer = Trainer(cfg)
+    trainer.optimizer.step = lambda: None  # keep the weights: the gradient is what is compared
+    trainer.cfg.grad_clip = 1e9
+    parts = []
+    real = tr.Trainer._micro_loss
+
+    def spy(self, mb, prompts, responses, allowed, old, free, *rest):
+        parts.append((mb, float(free[mb].sum()), (mb, prompts, responses, allowed, old, free, *rest)))
+        return real(self, mb, prompts, responses, allowed, old, free, *rest)
+
+    monkeypatch.setattr(tr.Trainer, "_micro_loss", spy)
+    assert trainer.train_step(0).metrics["updates"] == 1
+    got = {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert len(parts) >= 3
+    trainer.optimizer.zero_grad(set_to_none=True)
+    tokens = sum(t for _, t, _ in parts)
+    for _, t, args in parts:
+        total, _ = real(trainer, *args)
+        w = 1.0 / len(parts) if normalisation == "micro_batch" else t / tokens
+        (total * w).backward()
+    for n, p in trainer.model.named_parameters():
+        if p.requires_grad:
+            torch.testing.assert_close(got[n], p.grad, rtol=1e-4, atol=1e-7)
+
+
+def test_teacher_gap_is_taken_at_the_rollout_temperature(tiny_ckpt, tmp_path):
+    from sdar.teacher import response_logprobs
+
+    trainer = Trainer(small_config(tmp_path, arm="sdar", steps=1, tracking=False, **{"rollout.temperature": 0.5}))
+    trajs = trainer.collect(0)
+    prompts = [t.prompt_ids for tr in trajs for t in tr.turns]
+    responses = [t.response_ids for tr in trajs for t in tr.turns]
+    allowed = [t.allowed for tr in trajs for t in tr.turns]
+
+    def gap_at(temp):
+        s = response_logprobs(trainer.model, prompts, responses, pad_id=trainer.pad_id, allowed=allowed, temperature=temp)
+        t = trainer.teacher.score(trainer.model, trajs, trainer.pad_id, temperature=temp)
+        free = free_token_mask(allowed, s.mask)
+        return float(((t.logp - s.logp) * free).sum() / free.sum())
+
+    assert trainer.teacher_gap(trajs) == pytest.approx(gap_at(0.5), abs=1e-6)
+    assert abs(gap_at(0.5) - gap_at(1.0)) > 1e-4
+
+
+def test_privileged_skills_json_holds_the_texts_the_teacher_saw(tiny_ckpt, tmp_path, mlflow_uri):
+    from mlflow.tracking import MlflowClient
+
+    trainer = Trainer(small_config(tmp_path, arm="sdar", steps=1))
+    summary = trainer.run()
+    path = MlflowClient(mlflow_uri).download_artifacts(summary["run_id"], "privileged_skills.json", str(tmp_path))
+    logged = json.loads(open(path).read())
+    assert logged == trainer.teacher.skills_seen and logged
+    trajs = trainer.collect(0)  # step 0's tasks again: the same texts, task by task
+    for tr in trajs:
+        assert logged[tr.task_type][tr.task_id] == tr.skills
+    # target_only + top_k 2 + compact: far shorter than the whole library's text for the type
+    from sdar.envs import make_env
+
+    env = make_env("household", **trainer.cfg.env.kwargs)
+    lib = env.skill_library()
+    env.close()
+    for task_type, by_task in logged.items():
+        for text in by_task.values():
+            assert len(text) < len(lib.render(task_type))
