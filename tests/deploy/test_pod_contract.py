@@ -24,12 +24,31 @@ from tests.deploy.test_env_server_image import DOCKERFILE, parse_dockerfile
 
 UID = 10001
 
-# Inside a private mount namespace: fresh tmpfs emptyDirs, the paths uid 10001 must read carried
-# over any 0700 parent (e.g. /root holding pyenv), every other mount remounted read-only, a check
-# that the repository really is read-only, then the server as uid 10001 with no capabilities.
+# Inside a private mount namespace: a fresh tmpfs for /tmp, built at a staging point on the real
+# /tmp so that the paths uid 10001 must read which lie under /tmp (a checkout or venv there) are
+# bound into it read-only before it hides the real /tmp; the paths to read elsewhere carried over
+# any 0700 parent (e.g. /root holding pyenv); fresh tmpfs emptyDirs; every other mount remounted
+# read-only; a check that the repository really is read-only; then the server as uid 10001 with
+# no capabilities.
 SANDBOX = r"""
 set -eu
-mount -t tmpfs -o mode=1777,size=512m tmpfs /tmp
+cwd=$(pwd)
+stage=$(mktemp -d /tmp/.sdar-pod-XXXXXX)
+trap 'cd /; umount -R "$stage" 2>/dev/null || true; rmdir "$stage" 2>/dev/null || true' EXIT
+mount -t tmpfs -o mode=1777,size=512m tmpfs "$stage"
+for path in $TMP_READ; do
+  at=$stage${path#/tmp}
+  if [ -e "$at" ]; then :  # inside a path bound already
+  elif [ -d "$path" ]; then (umask 022; mkdir -p "$at")
+  else (umask 022; mkdir -p "${at%/*}"); : > "$at"; fi
+  mount --bind "$path" "$at"
+  mount -o remount,bind,ro "$at"
+done
+cd /tmp
+mount --move "$stage" /tmp
+rmdir "${stage#/tmp/}"  # through the working directory, the real /tmp: leave nothing there
+cd /
+trap - EXIT
 mkdir /tmp/.stage
 i=0
 for path in $CARRY; do mkdir /tmp/.stage/$i; mount --bind "$path" /tmp/.stage/$i; i=$((i+1)); done
@@ -43,6 +62,7 @@ for mp in $(awk '{print $5}' /proc/self/mountinfo); do
   mount -o remount,bind,ro "$mp" 2>/dev/null || true
 done
 if touch "$PROBE" 2>/dev/null; then rm -f "$PROBE"; echo "sandbox: the root filesystem is still writable" >&2; exit 97; fi
+cd "$cwd" 2>/dev/null || cd /  # the working directory as seen inside the sandbox
 exec setpriv --reuid $POD_UID --regid $POD_UID --clear-groups --no-new-privs --inh-caps=-all --bounding-set=-all -- "$@"
 """
 
@@ -120,11 +140,21 @@ def sandboxed(
         Path(sys.base_prefix).resolve(),
         Path(sys.prefix).resolve(),
         Path(sdar.__file__).resolve().parents[1],
-        *extra_read,
+        REPO,  # what the read-only probe writes into
+        *(Path(p).resolve() for p in extra_read),
     ]
-    carry = [p for p in needed if _blocker(p)]
+    needed = sorted(set(needed), key=lambda p: (len(p.parts), str(p)))  # parents first
+    tmp = Path("/tmp")
+    # under /tmp (a checkout there): bound read-only into the fresh /tmp, whatever their parents
+    under_tmp = [p for p in needed if tmp in p.parents]
+    assert tmp not in needed, "/tmp itself cannot be carried into the pod's fresh /tmp"
+    for d in map(Path, emptydirs):
+        clash = [p for p in under_tmp if p == d or d in p.parents or p in d.parents]
+        assert not clash, f"the emptyDir {d} overlaps paths the pod must read: {clash}"
+    carry = [p for p in needed if tmp not in p.parents and _blocker(p)]
     env = {
         "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "TMP_READ": " ".join(map(str, under_tmp)),
         "CARRY": " ".join(map(str, carry)),
         "BLOCKERS": " ".join(sorted({str(_blocker(p)) for p in carry})),
         "EMPTYDIRS": " ".join(emptydirs),
