@@ -316,7 +316,7 @@ LOCAL_PARALLELISM = 2
 
 
 def run_local(settings: RunSettings | None = None, *, quick: bool = False, root: str | os.PathLike = "runs/kfp-local",
-              tracking_uri: str | None = None, console=None, quiet: bool = False,
+              tracking_uri: str | None = None, console=None, quiet: bool = False, verbose: bool = False,
               parallelism: int | None = None) -> dict[str, Any]:
     """Run the comparison pipeline on this machine through the KFP local runner (SubprocessRunner,
     no venv: the components run with this Python, so nothing is installed).
@@ -324,7 +324,11 @@ def run_local(settings: RunSettings | None = None, *, quick: bool = False, root:
     settings: sizes and arms (default: `RunSettings.quick()` when quick, else the config's sizes).
     root: pipeline_root of the runner; run outputs, the MLflow store (mlflow.db, unless
     tracking_uri or MLFLOW_TRACKING_URI names another) and reports/<stamp>/ go under it.
-    quiet: the runner's and components' logs go to <root>/logs/<stamp>.log instead of the terminal.
+    The console shows one line per pipeline task (a live table on a terminal: name, state, seconds, and
+    the step and success of training tasks); the whole runner log goes to <root>/logs/<stamp>/pipeline.log
+    and each task's to <root>/logs/<stamp>/<task>.log, and a failed task's log is printed with its path.
+    quiet: no live table, a line per task start and end only (what a log file or CI wants).
+    verbose: stream the runner's and components' full logs to the terminal instead.
     parallelism: arms trained at once (default LOCAL_PARALLELISM = 2, the runner's cap; 1 = one at a time).
     Returns {table, plot, report_dir, parent_run_id, child_runs, tracking_uri, seconds, status, summaries}.
     """
@@ -333,6 +337,7 @@ def run_local(settings: RunSettings | None = None, *, quick: bool = False, root:
     from kfp import local
     from rich.console import Console
 
+    from sdar.runlog import TaskLog
     from sdar.tracking import Tracker, find_runs, resolve_tracking_uri
 
     console = console or Console()
@@ -360,23 +365,28 @@ def run_local(settings: RunSettings | None = None, *, quick: bool = False, root:
     pipeline = build_pipeline("local", parallelism=LOCAL_PARALLELISM if parallelism is None else parallelism)
     t0 = time.perf_counter()
     error: str | None = None
-    log_path = root / "logs" / f"{stamp}.log"
+    log_dir = root / "logs" / stamp
     with warnings.catch_warnings(), contextlib.ExitStack() as stack:
         # the runner warns that our image name has no "python" in it: the components run in this Python
         warnings.filterwarnings("ignore", message=".*non-Python base image.*", category=RuntimeWarning)
-        if quiet:  # the runner logs to sys.stdout (its handler is made per run), so this takes it all
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            console.print(f"component logs: {log_path}")
-            stack.enter_context(contextlib.redirect_stdout(stack.enter_context(log_path.open("w"))))
+        view = None
+        if not verbose:  # one line per task on the console; each task's full log in its own file
+            view = stack.enter_context(TaskLog(log_dir, console, live=False if quiet else None))
+            console.print(f"task logs: {log_dir}/", soft_wrap=True)
+            # the runner logs to sys.stdout (its handler is made per run), so this takes it all
+            stack.enter_context(contextlib.redirect_stdout(view))
         try:
             pipeline(**args)
         except RuntimeError as exc:  # a failed task; teardown already ran (exit handler)
             error = str(exc)
+    if view is not None and error:
+        view.report_failures()
     seconds = time.perf_counter() - t0
 
     children = [r for r in find_runs(s.experiment, f"tags.`mlflow.parentRunId` = '{parent.run_id}'", tracking_uri=uri)]
     result: dict[str, Any] = {"status": "FAILED" if error else "SUCCEEDED", "error": error, "seconds": seconds,
-                              "log": str(log_path) if quiet else None,
+                              "log": None if verbose else str(log_dir / "pipeline.log"),
+                              "task_logs": {} if view is None else {k: str(t.log_path) for k, t in view.tasks.items()},
                               "parent_run_id": parent.run_id, "tracking_uri": uri, "experiment": s.experiment,
                               "child_runs": {r.run_name: r.run_id for r in children}, "report_dir": str(report_dir),
                               "table": None, "plot": None, "summaries": []}

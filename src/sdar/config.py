@@ -150,6 +150,14 @@ class TrainConfig:
     # draw mini-batches in a random order; false takes them in rollout order (the reference: batch.split)
     shuffle_mini_batches: bool = False
     ppo_epochs: int = 1
+    # after every optimizer step, check the trainable weights are finite and the policy still scores one of
+    # the step's samples to finite log-probs; otherwise restore the weights and optimizer state of before the
+    # step and count the update as skipped. Costs a copy of the trainable weights and their optimizer state
+    # (small with LoRA); turn off for full fine-tuning of a model whose copy does not fit
+    guard_updates: bool = True
+    # a run in which more than this share of its updates was skipped (non-finite loss, gradient or weights)
+    # fails with a message at its end instead of reporting success; 1.0 never fails
+    max_skipped_update_frac: float = 0.5
     # the reward trained on (sdar.agent.rollout.REWARDS): reference = 10 on a win for household and shop
     # (shop: WebShop score 1), exact match for search; env = the environment's own reward
     reward: str = "reference"
@@ -197,6 +205,8 @@ class TrainConfig:
         for key, (value, valid) in choices.items():
             if value not in valid:
                 raise ValueError(f"{key}={value!r} is not one of {', '.join(valid)}")
+        if not 0.0 <= self.max_skipped_update_frac <= 1.0:
+            raise ValueError(f"max_skipped_update_frac={self.max_skipped_update_frac} must be in [0, 1]")
         for key in ("mini_batch_size", "micro_batch_size", "ppo_epochs"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key}={getattr(self, key)} must be >= 1")

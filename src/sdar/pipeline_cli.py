@@ -35,9 +35,11 @@ def _pipeline_module():
 
 def run_local(arms: list[str] | None = None, seeds: list[int] | None = None, steps: int | None = None, *,
               quick: bool = False, root: str = "runs/kfp-local", console=None, quiet: bool = False,
-              parallelism: int | None = None, **settings: Any) -> dict[str, Any]:
+              verbose: bool = False, parallelism: int | None = None, **settings: Any) -> dict[str, Any]:
     """Run the comparison pipeline locally (KFP local runner) and print the table, the plot path and
     how to open `mlflow ui`. quick: the smoke-test sizes (a few minutes on 2 cores).
+    The console shows a line per pipeline task, each task's log goes to <root>/logs/<stamp>/<task>.log
+    (quiet: no live table; verbose: the full logs on the terminal instead).
 
     parallelism: arms trained at once (default 2, the local runner's cap; 1 = one at a time).
     settings: any `RunSettings` field (group_size, tasks_per_step, eval_tasks, episodes_per_task,
@@ -53,7 +55,8 @@ def run_local(arms: list[str] | None = None, seeds: list[int] | None = None, ste
     if steps is not None:
         changes["steps"] = steps
     s = mod.RunSettings.quick(**changes) if quick else mod.RunSettings(**changes)
-    return mod.run_local(s, quick=quick, root=root, console=console, quiet=quiet, parallelism=parallelism)
+    return mod.run_local(s, quick=quick, root=root, console=console, quiet=quiet, verbose=verbose,
+                         parallelism=parallelism)
 
 
 def _csv(text: str, cast=str) -> list:
@@ -113,7 +116,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             overrides = {**mod.RunSettings.quick().overrides, **overrides}
         settings["overrides"] = overrides
     result = run_local(args.arms, args.seeds, args.steps, quick=args.quick, root=args.root, quiet=args.quiet,
-                       parallelism=args.parallel, **settings)
+                       verbose=args.verbose, parallelism=args.parallel, **settings)
     return 0 if result["status"] == "SUCCEEDED" else 1
 
 
@@ -172,7 +175,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override any config key, dotted")
     r.add_argument("--parallel", type=int, default=None, metavar="N",
                    help="arms trained at once (default 2, the most the KFP local runner allows; 1 = one at a time)")
-    r.add_argument("--quiet", action="store_true", help="write the components' logs to <root>/logs/ instead of the terminal")
+    r.add_argument("--quiet", action="store_true",
+                   help="no live table: a line per task start and end (task logs are always in <root>/logs/<stamp>/)")
+    r.add_argument("--verbose", action="store_true", help="stream the runner's and components' full logs to the terminal")
     r.set_defaults(func=_cmd_run)
 
     s = sub.add_parser("submit", help="submit the pipeline to Kubeflow Pipelines (like `kfp run create`)")

@@ -3,7 +3,9 @@ on-policy loop, whether it fits, which AWS instance to rent and what a run costs
 
 Everything is computed from the architecture with the formulas written next to each number, so a
 person can check them by hand (tests/test_plan.py does). `make_plan(model, gpus=8, gpu_mem=80)`
-is the importable entry point; `sdar plan` prints it as a table (or `--json`).
+is the importable entry point; `sdar plan` prints it as a table (or `--json`). `sdar plan --config
+configs/paper/alfworld-qwen2.5-7b.yaml` takes the run's settings from a training config
+(`settings_from_config`); flags given explicitly override them.
 
 Units: B = bytes, GiB = 2**30 bytes. `--gpu-mem` is the card's nominal size, read as GiB.
 """
@@ -806,6 +808,82 @@ def make_plan(model: str | Arch, **settings: Any) -> Plan:
 
 
 # ---------------------------------------------------------------------------------------------
+# settings from a training config
+
+# PlanSettings field -> the training-config value it is read from (`sdar plan --config`)
+CONFIG_KEYS: dict[str, str] = {
+    "gpus": "launch.nodes * launch.gpus_per_node",
+    "lora": "model.lora",
+    "lora_r": "model.lora_r",
+    "checkpointing": "model.gradient_checkpointing",
+    "seq_len": "rollout.max_prompt_tokens + rollout.max_response_tokens",
+    "teacher_extra_tokens": "teacher_max_prompt_tokens - rollout.max_prompt_tokens",
+    "micro_batch": "micro_batch_size",
+    "group_size": "group_size",
+    "tasks_per_step": "tasks_per_step",
+    "steps": "steps",
+}
+
+
+@dataclass
+class ConfigSettings:
+    """What a training config (`sdar.config.load_config`) says about a plan: the model's name as the
+    config writes it, the PlanSettings read from it, and why a setting was left to the planner."""
+
+    path: str
+    model: str
+    settings: dict[str, Any]
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+def settings_from_config(path: str | Path) -> ConfigSettings:
+    """The plan a training config describes (the keys in CONFIG_KEYS): model, LoRA or full, GPUs
+    (launch.nodes x launch.gpus_per_node), group size, tasks per step, micro-batch, sequence length
+    (prompt + response), the teacher's extra tokens (its prompt budget beyond the student's) and
+    steps. A config without GPUs (launch.gpus_per_node 0) leaves `gpus` to the planner."""
+    from sdar.config import load_config
+
+    try:
+        cfg = load_config(path)
+    except (OSError, ValueError, TypeError) as exc:
+        raise PlanError(f"cannot read the training config {path}: {exc}") from None
+    r, m = cfg.rollout, cfg.model
+    out: dict[str, Any] = {
+        "lora": m.lora,
+        "checkpointing": m.gradient_checkpointing,
+        "seq_len": r.max_prompt_tokens + r.max_response_tokens,
+        "teacher_extra_tokens": max(0, cfg.teacher_max_prompt_tokens - r.max_prompt_tokens),
+        "micro_batch": cfg.micro_batch_size,
+        "group_size": cfg.group_size,
+        "tasks_per_step": cfg.tasks_per_step,
+        "steps": cfg.steps,
+    }
+    skipped: dict[str, str] = {}
+    if m.lora:
+        out["lora_r"] = m.lora_r
+    gpus = cfg.launch.nodes * cfg.launch.gpus_per_node
+    if gpus > 0:
+        out["gpus"] = gpus
+    else:
+        skipped["gpus"] = (f"launch.gpus_per_node is {cfg.launch.gpus_per_node} (a CPU run): "
+                           "the planner's default or --gpus")
+    return ConfigSettings(str(path), m.name_or_path, out, skipped)
+
+
+def resolve_config_model(name: str, path: str | Path) -> tuple[Arch, str]:
+    """`resolve_model` for a config's model.name_or_path ("Qwen/Qwen2.5-7B-Instruct" is the table's
+    Qwen2.5-7B), with an error that says the planner does not know it and what to pass instead."""
+    try:
+        arch, source = resolve_model(name)
+    except PlanError as exc:
+        raise PlanError(
+            f"the model of {path}, model.name_or_path {name!r}, is unknown to the planner ({exc}); "
+            "pass --model with a known name, its size (e.g. 7b) or its config.json path"
+        ) from None
+    return arch, f"{source}; model.name_or_path {name} in {path}"
+
+
+# ---------------------------------------------------------------------------------------------
 # output
 
 
@@ -955,26 +1033,68 @@ def render(plan: Plan, console=None) -> None:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     names = [f for f in PlanSettings.__dataclass_fields__ if hasattr(args, f)]
-    settings = {f: getattr(args, f) for f in names if getattr(args, f) is not None}
-    if args.gpu_mem is None:
-        settings["gpu_mem"] = (
-            _INSTANCE_BY_NAME[args.instance].gpu_mem if args.instance in _INSTANCE_BY_NAME else 80.0
-        )
+    flags = {f: getattr(args, f) for f in names if getattr(args, f) is not None}
     try:
-        plan = make_plan(args.model, **settings)
+        settings: dict[str, Any] = {}
+        from_config: ConfigSettings | None = None
+        if args.config:
+            from_config = settings_from_config(args.config)
+            settings.update(from_config.settings)
+        settings.update(flags)  # an explicit flag wins over the config
+        if args.gpu_mem is None:
+            inst = _INSTANCE_BY_NAME.get(args.instance)
+            settings["gpu_mem"] = inst.gpu_mem if inst else 80.0
+        if args.model is not None:
+            plan = make_plan(args.model, **settings)
+        elif from_config is not None:
+            arch, source = resolve_config_model(from_config.model, from_config.path)
+            plan = make_plan(arch, **settings)
+            plan.memory.source = source
+        else:
+            raise PlanError("give --model (a name, a size or a config.json path) or --config "
+                            "(a training config, e.g. configs/paper/alfworld-qwen2.5-7b.yaml)")
     except PlanError as exc:
         print(f"sdar plan: error: {exc}", file=sys.stderr)
         return 2
+    config_info = None
+    if from_config is not None:
+        config_info = {
+            "path": from_config.path,
+            "model": from_config.model,
+            "model_used": args.model is None,
+            "read": {k: {"value": v, "from": CONFIG_KEYS[k]}
+                     for k, v in from_config.settings.items() if k not in flags},
+            "overridden_by_flags": sorted(k for k in from_config.settings if k in flags)
+            + (["model"] if args.model is not None else []),
+            "not_read": from_config.skipped,
+        }
     if args.json:
-        print(json.dumps(plan.to_dict(), indent=2))
+        data = plan.to_dict()
+        if config_info is not None:
+            data["config"] = config_info
+        print(json.dumps(data, indent=2))
     else:
         from rich.console import Console
 
-        render(
-            plan,
-            Console(width=args.width) if args.width else Console(width=max(120, Console().width)),
-        )
+        console = Console(width=args.width or max(120, Console().width))
+        if config_info is not None:
+            _render_config(config_info, console)
+        render(plan, console)
     return 0 if plan.fits else 1
+
+
+def _render_config(info: dict[str, Any], console) -> None:
+    """One line: the settings taken from the training config (JSON `config.read` says from which
+    keys), and those that flags overrode."""
+    read = ", ".join(f"{k} {v['value']}" for k, v in info["read"].items())
+    model = f"model.name_or_path {info['model']}"
+    if not info["model_used"]:
+        model += ", not used: --model"
+    console.print(f"settings from [bold]{info['path']}[/bold] ({model}): {read}")
+    if info["overridden_by_flags"]:
+        console.print(f"flags override the config's: {', '.join(info['overridden_by_flags'])}")
+    for key, why in info["not_read"].items():
+        console.print(f"[dim]{key} not read: {why}[/dim]")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -988,12 +1108,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         "2 bad input.",
     )
     p.add_argument(
-        "--model",
-        required=True,
-        help="Qwen2.5-0.5B/1.5B/3B/7B/14B, SmolLM2-135M, tiny; a size (7b, 7e9); "
-        "or a config.json path",
+        "--config",
+        default=None,
+        help="a training config (e.g. configs/paper/alfworld-qwen2.5-7b.yaml): the model, LoRA "
+        "or full, GPUs (launch.nodes x launch.gpus_per_node), group size, tasks per step, "
+        "micro-batch, sequence length (rollout.max_prompt_tokens + max_response_tokens), "
+        "teacher extra tokens (teacher_max_prompt_tokens - rollout.max_prompt_tokens) and steps "
+        "come from it; a flag given explicitly overrides it",
     )
-    p.add_argument("--gpus", type=int, default=d.gpus, help=f"GPUs in the run (default {d.gpus})")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="Qwen2.5-0.5B/1.5B/3B/7B/14B (Qwen/Qwen2.5-7B-Instruct works too), SmolLM2-135M, "
+        "tiny; a size (7b, 7e9); or a config.json path. Required unless --config gives "
+        "model.name_or_path (this flag then overrides it)",
+    )
+    p.add_argument("--gpus", type=int, default=None, help=f"GPUs in the run (default {d.gpus})")
     p.add_argument(
         "--gpu-mem",
         type=float,
@@ -1002,10 +1132,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--lora",
-        action="store_true",
-        help="LoRA adapter on a frozen base (default: full fine-tune)",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="LoRA adapter on a frozen base; --no-lora: a full fine-tune (default: full)",
     )
-    p.add_argument("--lora-r", type=int, default=d.lora_r, help=f"LoRA rank (default {d.lora_r})")
+    p.add_argument("--lora-r", type=int, default=None, help=f"LoRA rank (default {d.lora_r})")
     p.add_argument(
         "--shard",
         action=argparse.BooleanOptionalAction,
@@ -1015,37 +1146,37 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--checkpointing",
         action=argparse.BooleanOptionalAction,
-        default=d.checkpointing,
+        default=None,
         help="gradient checkpointing (default on)",
     )
     p.add_argument(
         "--seq-len",
         type=int,
-        default=d.seq_len,
+        default=None,
         help=f"tokens per turn-sample, prompt + response (default {d.seq_len} = 2048 + 512)",
     )
     p.add_argument(
         "--teacher-extra-tokens",
         type=int,
-        default=d.teacher_extra_tokens,
+        default=None,
         help=f"skills tokens prepended to the teacher's prompt (default {d.teacher_extra_tokens})",
     )
     p.add_argument(
         "--micro-batch",
         type=int,
-        default=d.micro_batch,
+        default=None,
         help=f"sequences per GPU per forward/backward (default {d.micro_batch})",
     )
     p.add_argument(
         "--group-size",
         type=int,
-        default=d.group_size,
+        default=None,
         help=f"G rollouts per task (default {d.group_size})",
     )
     p.add_argument(
         "--tasks-per-step",
         type=int,
-        default=d.tasks_per_step,
+        default=None,
         help=f"tasks per RL step (default {d.tasks_per_step})",
     )
     p.add_argument(
@@ -1083,7 +1214,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--steps",
         type=int,
-        default=d.steps,
+        default=None,
         help=f"RL steps per run (default {d.steps}, the paper's)",
     )
     p.add_argument(

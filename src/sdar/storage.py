@@ -540,13 +540,17 @@ def read_checkpoint_marker(store: ArtifactStore) -> dict[str, Any] | None:
 def latest_checkpoint(store: ArtifactStore) -> tuple[int, str] | None:
     """(step, rel_path) of the checkpoint to resume from, or None when there is no complete one.
 
-    The marker decides; if it is missing, or names a checkpoint that is no longer complete, the newest
-    complete checkpoint (one with `_COMPLETE.json`) is used. Uploads without that file are never returned.
+    The newest complete checkpoint (one with `_COMPLETE.json`): the marker's, unless it is missing, names a
+    checkpoint that is no longer complete, or an upload completed after it (a kill between the two files).
+    Uploads without `_COMPLETE.json` are never returned.
     """
     marker = read_checkpoint_marker(store)
-    if marker and store.exists(f"{marker['path']}/{COMPLETE_FILE}"):
-        return marker["step"], marker["path"]
     complete = list_checkpoints(store)
+    if marker and store.exists(f"{marker['path']}/{COMPLETE_FILE}"):
+        # a writer killed between a checkpoint's _COMPLETE.json and latest.json left a newer complete one
+        if complete and complete[-1][0] > marker["step"]:
+            return complete[-1]
+        return marker["step"], marker["path"]
     return complete[-1] if complete else None
 
 

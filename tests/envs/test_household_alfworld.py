@@ -375,3 +375,94 @@ def test_gold_path_eval_over_workers_wins_every_game(root):
     episodes, _ = ab.gold_path_eval(str(root), "valid_seen", workers=2, limit=10)
     assert len(episodes) == 10 and all(e.won and e.error is None for e in episodes)
     assert [e.task_id for e in episodes] == ab.list_games(root, "valid_seen")[:10]
+
+
+# ---- evaluating a sim-trained policy on the official games (issue 12.7) ------------------------
+def test_backend_options_match_the_constructors():
+    import inspect
+
+    from sdar.envs.household import env as household_env
+    from sdar.envs.household.sim import SimHousehold
+
+    for name, cls in (("sim", SimHousehold), ("alfworld", ab.AlfworldHousehold)):
+        params = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+        assert tuple(params) == household_env.BACKEND_OPTIONS[name], name
+
+
+@needs_data
+def test_a_sim_config_runs_on_the_alfworld_backend_with_one_note(root, monkeypatch):
+    # `--set env.kwargs.backend=alfworld` on the laptop config: the sim's difficulty (and seed) mean
+    # nothing to the official games; they are dropped with one warning instead of a TypeError
+    from sdar.config import load_config
+    from sdar.envs.household import env as household_env
+
+    monkeypatch.setattr(household_env, "_NOTED", set())
+    kwargs = {**load_config("configs/household-tiny.yaml").env.kwargs, "backend": "alfworld", "seed": 3}
+    with pytest.warns(UserWarning, match=r"'alfworld' ignores .*difficulty \(sim\), seed \(sim\)"):
+        env = HouseholdEnv(data_dir=str(root), **kwargs)
+    env.close()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once per process, not per episode
+        HouseholdEnv(data_dir=str(root), **kwargs).close()
+    # the engine's own options still reach it; a typo is still an error that lists the options
+    env = HouseholdEnv(backend="alfworld", data_dir=str(root), max_steps=7, split="valid_seen")
+    assert env.backend.max_steps == 7
+    env.close()
+    with pytest.raises(TypeError, match=r"unknown household option\(s\) \['difficuly'\].*data_dir"):
+        HouseholdEnv(backend="alfworld", data_dir=str(root), difficuly="easy")
+    # and the other way round: a config written for the engine runs on the sim
+    with pytest.warns(UserWarning, match=r"'sim' ignores .*data_dir \(alfworld\), workers \(alfworld\)"):
+        HouseholdEnv(backend="sim", data_dir=str(root), workers=2).close()
+
+
+@needs_data
+def test_target_only_skills_name_only_the_goal_object_on_the_engine(root):
+    # the tiny config's skills {top_k: 2, compact: true, target_only: true}: on the engine the teacher
+    # saw every object's priors (1,378 characters, past its 1,024-token budget); now the goal's only
+    from sdar.envs.household.catalog import OBJECT_TYPES
+    from sdar.eval.tasks import select_tasks, task_type_of
+
+    games = select_tasks(ab.list_games(root, "valid_seen"), 6, lambda g: task_type_of("household", g))
+    short = HouseholdEnv(backend="alfworld", data_dir=str(root),
+                         skills={"top_k": 2, "compact": True, "target_only": True})
+    full = HouseholdEnv(backend="alfworld", data_dir=str(root), skills={"top_k": 2, "compact": True})
+    try:
+        for game in games:
+            first = short.reset(task_id=game)
+            full.reset(task_id=game)
+            text = first.metadata["privileged_skills"]
+            assert text == short.privileged_skills()
+            goal = short.backend.goal_object_type()
+            assert goal in OBJECT_TYPES and goal in first.metadata["task"].replace(" ", ""), (game, goal)
+            priors = [line[2:].split(":", 1)[0] for line in text.splitlines()
+                      if line.startswith("- ") and line[2:].split(":", 1)[0] in OBJECT_TYPES]
+            assert priors == [goal], (game, priors)
+            assert len(text) < 800 < len(full.privileged_skills()), game
+            assert full.privileged_skills().startswith(text.split(f"- {goal}:")[0])
+    finally:
+        short.close()
+        full.close()
+    assert ab.catalog_object_type("alarmclocktype") == "alarmclock"
+    assert ab.catalog_object_type("SoapBottleType") == "soapbottle"
+
+
+def test_a_data_tree_holding_one_split_plays_that_split(tmp_path):
+    # only valid_unseen here: the backend (default split valid_seen) used to refuse to start even
+    # though every task id asked for is a valid_unseen game
+    game = tmp_path / "json_2.1.1" / "valid_unseen" / "pick_and_place_simple-Book-None-Sofa-1" / "trial_T1"
+    game.mkdir(parents=True)
+    (game / "game.tw-pddl").write_text('{"solvable": true}')
+    backend = ab.AlfworldHousehold(data_dir=tmp_path / "json_2.1.1")
+    try:
+        assert backend.task_ids("valid_unseen") == [
+            "valid_unseen/pick_and_place_simple-Book-None-Sofa-1/trial_T1/game.tw-pddl"]
+        # drawing a game from the split it was given is the one thing that needs that split
+        with pytest.raises(ValueError, match="unknown ALFWorld split 'valid_seen'.*valid_unseen"):
+            backend.reset()
+        with pytest.raises(ValueError, match="unknown ALFWorld split 'train'"):
+            backend.task_ids("train")
+    finally:
+        backend.close()
+    assert ab.AlfworldHousehold(data_dir=tmp_path / "json_2.1.1", split="valid_unseen").split == "valid_unseen"

@@ -32,6 +32,9 @@ def test_a_failing_step_still_runs_the_exit_handler(tmp_path, monkeypatch):
     res = run_local(s, quick=True, root=root, quiet=True)
     assert res["status"] == "FAILED"
     assert "evaluate" in res["error"]
+    # the failed task's own log holds its traceback (its path is printed with it)
+    failed = [k for k in res["task_logs"] if k.startswith("evaluate")]
+    assert failed and "no-such-model" in Path(res["task_logs"][failed[0]]).read_text()
     assert res["table"] is None and res["child_runs"] == {}
     # teardown ran: the server launch_envs started is stopped and its registry closed
     regs = _registries(root)
@@ -87,3 +90,15 @@ def test_quick_pipeline_produces_the_comparison_and_mlflow_runs(tmp_path, monkey
     regs = _registries(root)
     assert len(regs) == 1 and regs[0].name.endswith(".stopped.json")
     assert not _pid_alive(json.loads(regs[0].read_text())["pids"][0])
+
+    # one log file per task; each training task's holds its own arm's step lines
+    logs = res["task_logs"]
+    trains = [k for k in logs if k.startswith("gated-train")]
+    assert len(trains) == len(arms)
+    seen = set()
+    for k in trains:
+        text = Path(logs[k]).read_text()
+        mine = {a for a in arms if f"[{a}] step 1/1" in text}
+        assert len(mine) == 1, k
+        seen |= mine
+    assert seen == set(arms) and Path(res["log"]).name == "pipeline.log"

@@ -34,7 +34,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, _overrides(args))
     console = Console(stderr=True)
-    summary = train(cfg, console=console)
+    from sdar.train.trainer import TrainingFailed
+
+    try:
+        summary = train(cfg, console=console)
+    except TrainingFailed as exc:
+        console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
+        return 3
     ctx = distributed.init_from_env()  # the trainer's process group (rank 0 of 1 when alone)
     if args.publish and ctx.is_main:
         _publish(cfg, summary)

@@ -197,6 +197,17 @@ def sync_update(params: list[torch.nn.Parameter], metrics: dict[str, torch.Tenso
     return tail[-1] == 0.0, dict(zip(keys, tail[:-1]))
 
 
+def all_true(flag: bool, ctx: DistContext) -> bool:
+    """Whether `flag` holds on every rank (alone: `flag`), so that ranks take the same decision."""
+    if not ctx.enabled:
+        return bool(flag)
+    import torch.distributed as dist
+
+    t = torch.tensor([0.0 if flag else 1.0], device=ctx.device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return float(t.item()) == 0.0
+
+
 def broadcast_params(params: list[torch.nn.Parameter], ctx: DistContext) -> None:
     """Make every rank start from rank 0's trainable weights (LoRA init draws random numbers)."""
     if not ctx.enabled:

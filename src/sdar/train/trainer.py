@@ -34,6 +34,10 @@ STATE_FILE = "trainer_state.pt"
 WEIGHTS_FILE = "trainable.pt"
 
 
+class TrainingFailed(RuntimeError):
+    """The run ended without training: too many of its updates were skipped."""
+
+
 @dataclass
 class StepResult:
     step: int
@@ -124,6 +128,7 @@ class Trainer:
         self.step = 0
         self.run_id: str | None = None
         self.skipped_updates = 0
+        self.attempted_updates = 0
         self.history: list[dict[str, float]] = []
 
     def _backend(self):
@@ -223,6 +228,7 @@ class Trainer:
                     (total * weight).backward()
                     for k, v in part_metrics.items():
                         metrics[k] = metrics.get(k, 0.0) + weight * float(v)
+                self.attempted_updates += 1
                 if not finite:
                     self.optimizer.zero_grad(set_to_none=True)
                 # metrics are already weighted: summed over ranks they are the mini-batch's
@@ -238,7 +244,18 @@ class Trainer:
                     self.skipped_updates += 1
                     self.console.print(f"[yellow]step {step}: non-finite gradient, update skipped[/yellow]")
                     continue
+                before = self._snapshot() if cfg.guard_updates else None
                 self.optimizer.step()
+                if before is not None:
+                    probe = plan.local(rows)[:1]
+                    healthy = self._healthy(probe, prompts, responses, allowed, temp)
+                    healthy = distributed.all_true(healthy, self.dist)
+                    if not healthy:
+                        self._restore(before)
+                        self.skipped_updates += 1
+                        self.console.print(f"[yellow]step {step}: the update made the weights or the policy's "
+                                           "log-probs non-finite; restored the weights of before it[/yellow]")
+                        continue
                 updates += 1
                 metrics["grad_norm"] = gn
                 for k, v in metrics.items():
@@ -272,6 +289,34 @@ class Trainer:
         counts = {"trajectories": len(trajs), "turns": len(turns), "tokens": float(old.mask.sum()),
                   "free_tokens": float(free_token_mask(allowed, old.mask).sum()), "teacher_turns": self.teacher.scored_turns}
         return StepResult(step, distributed.reduce_step_metrics(out, counts, self.dist))
+
+    def _snapshot(self) -> tuple[list[torch.Tensor], dict]:
+        """The trainable weights and the optimizer state, to restore after an update that broke them."""
+        import copy
+
+        return [p.detach().clone() for p in self.params], copy.deepcopy(self.optimizer.state_dict())
+
+    def _restore(self, snapshot) -> None:
+        weights, opt_state = snapshot
+        with torch.no_grad():
+            for p, w in zip(self.params, weights):
+                p.copy_(w)
+        self.optimizer.load_state_dict(opt_state)
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _healthy(self, rows, prompts, responses, allowed, temp) -> bool:
+        """The trainable weights are finite and the policy scores `rows` (local) to finite log-probs: weights
+        that are finite but huge (lr far too high) overflow in the forward, and would fail the next rollout."""
+        if not all(bool(torch.isfinite(p).all()) for p in self.params):
+            return False
+        if not rows:
+            return True
+        scored = response_logprobs(self.model, [prompts[i] for i in rows], [responses[i] for i in rows],
+                                   pad_id=self.pad_id, allowed=[allowed[i] for i in rows], temperature=temp)
+        return bool(torch.isfinite(scored.logp).all())
+
+    def _finite_weights(self) -> bool:
+        return all(bool(torch.isfinite(p).all()) for p in self.params)
 
     def _micro_loss(self, mb, prompts, responses, allowed, old, free, ref, teacher, advantages, temp):
         """The arm's composed loss on local rows `mb` (one forward with grad), over their free tokens."""
@@ -321,28 +366,43 @@ class Trainer:
 
         if not self.dist.is_main:  # the replicas hold the same weights; one writer
             return
+        if not self._finite_weights():  # unreachable with guard_updates; a bad checkpoint would poison resume
+            self.console.print(f"[red]step {step}: the weights are not finite; checkpoint not written (the last "
+                               "good one stays the one to resume from)[/red]")
+            return
         with tempfile.TemporaryDirectory() as tmp:
             trainable = {n: p.detach().cpu().clone() for n, p in self.model.named_parameters() if p.requires_grad}
             torch.save(trainable, Path(tmp) / WEIGHTS_FILE)
             torch.save({
                 "step": step, "optimizer": self.optimizer.state_dict(), "run_id": self.run_id,
-                "skipped_updates": self.skipped_updates, "history": self.history,
+                "skipped_updates": self.skipped_updates, "attempted_updates": self.attempted_updates,
+                "history": self.history,
                 "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
                 "arm": self.arm.name, "config": self.cfg.to_dict(), "skills_seen": self.teacher.skills_seen,
             }, Path(tmp) / STATE_FILE)
             write_checkpoint(self.store, step, tmp, keep_last=self.cfg.keep_checkpoints)
 
     def maybe_resume(self) -> bool:
-        from sdar.storage import latest_checkpoint
+        """Load the newest complete checkpoint whose weights are finite (a non-finite one is reported and
+        passed over, never resumed from); False when there is none."""
+        from sdar.storage import latest_checkpoint, list_checkpoints
 
         found = latest_checkpoint(self.store)
         if found is None:
             return False
-        step, rel = found
-        with tempfile.TemporaryDirectory() as tmp:
-            self.store.get_dir(rel, tmp)
-            weights = torch.load(Path(tmp) / WEIGHTS_FILE, weights_only=True)
-            state = torch.load(Path(tmp) / STATE_FILE, weights_only=False)
+        candidates = [found] + [c for c in reversed(list_checkpoints(self.store)) if c[0] < found[0]]
+        for step, rel in candidates:
+            with tempfile.TemporaryDirectory() as tmp:
+                self.store.get_dir(rel, tmp)
+                weights = torch.load(Path(tmp) / WEIGHTS_FILE, weights_only=True)
+                state = torch.load(Path(tmp) / STATE_FILE, weights_only=False)
+            if all(bool(torch.isfinite(v).all()) for v in weights.values()):
+                break
+            self.console.print(f"[yellow]checkpoint {self.store.uri_for(rel)} holds non-finite weights; "
+                               "looking for an older one[/yellow]")
+        else:
+            raise RuntimeError(f"every checkpoint under {self.store.uri_for('checkpoints')} holds non-finite weights; "
+                               "delete them (or use another output_dir) to start over")
         if state.get("arm") != self.arm.name:
             raise ValueError(f"checkpoint at {self.store.uri_for(rel)} is of arm {state.get('arm')!r}, not "
                              f"{self.arm.name!r}; use another output_dir/checkpoint_uri")
@@ -360,6 +420,7 @@ class Trainer:
         self.step = state["step"]
         self.run_id = state.get("run_id")
         self.skipped_updates = state.get("skipped_updates", 0)
+        self.attempted_updates = state.get("attempted_updates", 0)
         self.history = state.get("history", [])
         self.teacher.skills_seen = state.get("skills_seen", {})
         self.console.print(f"resumed from {self.store.uri_for(rel)} at step {self.step}")
@@ -416,7 +477,17 @@ class Trainer:
                 tracker.log_artifact(str(self.out / "history.json"))
             summary = {"arm": self.arm.name, "steps": self.step, "run_id": self.run_id, "output_dir": str(self.out),
                        "final_dir": str(final), "history": self.history}
+            self._check_skipped()  # inside the tracker: a failing run is marked FAILED in MLflow
         return summary
+
+    def _check_skipped(self) -> None:
+        frac = self.skipped_updates / self.attempted_updates if self.attempted_updates else 0.0
+        if frac > self.cfg.max_skipped_update_frac:
+            raise TrainingFailed(
+                f"{self.skipped_updates} of {self.attempted_updates} updates were skipped (non-finite loss, gradient "
+                f"or weights), more than max_skipped_update_frac={self.cfg.max_skipped_update_frac}: this run did "
+                "not train. Check lr, the arm's coefficients (arm_overrides) and the model's dtype; the last "
+                f"finite checkpoint is kept in {self.store.uri_for('checkpoints')}")
 
 
 def micro_batches(plan, rows: list[int], size: int, agg: str, normalisation: str) -> list[tuple[list[int], float]]:

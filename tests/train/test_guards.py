@@ -1,0 +1,83 @@
+"""A bad update never poisons a run: non-finite weights are restored, never checkpointed, never resumed
+from, and a run whose updates were mostly skipped fails with a message (issue: hardened training)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sdar.storage import COMPLETE_FILE, LATEST_MARKER, checkpoint_path, latest_checkpoint, list_checkpoints, open_store
+from sdar.train import Trainer
+from sdar.train.trainer import WEIGHTS_FILE, TrainingFailed
+
+from .conftest import small_config
+
+
+def _weights(trainer):
+    return {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+
+
+def test_an_update_that_breaks_the_policy_is_restored_and_the_run_fails_loudly(tiny_ckpt, tmp_path, mlflow_uri):
+    from mlflow.tracking import MlflowClient
+
+    # lr 1e30: Adam moves every weight by ~1e30, finite numbers whose forward overflows
+    trainer = Trainer(small_config(tmp_path, arm="sdar", steps=2, lr=1e30))
+    before = _weights(trainer)
+    with pytest.raises(TrainingFailed, match=r"updates were skipped.*max_skipped_update_frac"):
+        trainer.run()
+    assert trainer.skipped_updates == trainer.attempted_updates >= 2
+    after = _weights(trainer)
+    assert all(torch.equal(before[n], after[n]) for n in before)  # restored, exactly
+    # step 2 ran on healthy weights (a poisoned rollout would have raised in multinomial) and was saved
+    store = open_store(str(tmp_path / "checkpoints"))
+    assert latest_checkpoint(store)[0] == 2
+    runs = MlflowClient(mlflow_uri).search_runs(
+        [MlflowClient(mlflow_uri).get_experiment_by_name("household-tiny").experiment_id])
+    assert runs[0].info.status == "FAILED"
+
+
+def test_without_the_guard_the_same_update_breaks_the_next_rollout(tiny_ckpt, tmp_path):
+    # what the guard prevents (and what happened before it): the next step's sampling fails
+    trainer = Trainer(small_config(tmp_path, arm="sdar", steps=2, lr=1e30, guard_updates=False, tracking=False))
+    trainer.train_step(0)
+    with pytest.raises(RuntimeError):
+        trainer.train_step(1)
+
+
+def test_a_run_whose_loss_is_never_finite_exits_non_zero(tiny_ckpt, tmp_path, mlflow_uri):
+    from sdar.cli import main
+
+    rc = main(["train", "--config", "configs/household-tiny.yaml", "--output", str(tmp_path),
+               *[a for k, v in {"steps": 1, "tasks_per_step": 2, "group_size": 2, "eval_every": 0,
+                                "rollout.max_turns": 3, "rollout.max_response_tokens": 12,
+                                "warmstart.episodes": 24, "warmstart.tokenizer_episodes": 120, "warmstart.epochs": 1,
+                                "teacher_max_prompt_tokens": 1536, "rollout.max_prompt_tokens": 1024,
+                                "arm_overrides.kl_coef": ".nan",
+                                "model.tiny_overrides": "{hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2, "
+                                                        "num_attention_heads: 2, num_key_value_heads: 1}"}.items()
+                 for a in ("--set", f"{k}={v}")]])
+    assert rc != 0
+
+
+def test_resume_passes_over_a_checkpoint_with_non_finite_weights(tiny_ckpt, tmp_path):
+    Trainer(small_config(tmp_path, arm="grpo", steps=2, tracking=False, keep_checkpoints=3)).run()
+    store = open_store(str(tmp_path / "checkpoints"))
+    assert [s for s, _ in list_checkpoints(store)] == [1, 2]
+    # poison step 2's weights in place (as an unguarded run with a diverged update would have saved them)
+    local = tmp_path / "poison"
+    store.get_dir(checkpoint_path(2), local)
+    weights = torch.load(local / WEIGHTS_FILE, weights_only=True)
+    torch.save({k: v * float("nan") for k, v in weights.items()}, local / WEIGHTS_FILE)
+    store.put_file(local / WEIGHTS_FILE, f"{checkpoint_path(2)}/{WEIGHTS_FILE}")
+    resumed = Trainer(small_config(tmp_path, arm="grpo", steps=3, tracking=False))
+    assert resumed.maybe_resume() and resumed.step == 1
+    assert all(torch.isfinite(p).all() for p in resumed.params)
+
+
+def test_a_newer_complete_checkpoint_wins_over_a_stale_marker(tiny_ckpt, tmp_path):
+    Trainer(small_config(tmp_path, arm="grpo", steps=2, tracking=False, keep_checkpoints=3)).run()
+    store = open_store(str(tmp_path / "checkpoints"))
+    # killed between step 2's _COMPLETE.json and latest.json: the marker still names step 1
+    store.write_json(LATEST_MARKER, {"step": 1, "path": checkpoint_path(1)})
+    assert store.exists(f"{checkpoint_path(2)}/{COMPLETE_FILE}")
+    assert latest_checkpoint(store) == (2, checkpoint_path(2))
