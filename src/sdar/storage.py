@@ -98,6 +98,10 @@ class ArtifactStore(ABC):
     def _delete_keys(self, keys: list[str]) -> None: ...
 
     # -- public API ---------------------------------------------------------------------------
+    def clean_temporaries(self, prefix: str = "") -> list[str]:
+        """Delete leftovers of killed writes under `prefix` (a store whose writes leave none: nothing)."""
+        return []
+
     def uri_for(self, rel: str = "") -> str:
         """The full URI of a store-relative path (for logs and error messages)."""
         rel = _clean_rel(rel, allow_empty=True)
@@ -245,6 +249,16 @@ class LocalStore(ArtifactStore):
             for p in base.rglob("*")
             if p.is_file() and _TMP_TAG not in p.name
         )
+
+    def clean_temporaries(self, prefix: str = "") -> list[str]:
+        """Delete the temporary files of writes that were killed (kill -9 between the temp file and its
+        rename leaves one for ever); only safe while no other writer uses the prefix. Returns their keys."""
+        base = self._path(prefix)
+        found = [p for p in base.rglob(f"*{_TMP_TAG}*") if p.is_file()] if base.is_dir() else []
+        for p in found:
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+        return [p.relative_to(self.root).as_posix() for p in found]
 
     def _delete_keys(self, keys: list[str]) -> None:
         for key in keys:
@@ -494,6 +508,7 @@ def write_checkpoint(
     if clash:
         raise ValueError(f"checkpoint meta may not set {sorted(clash)}; those keys are written by write_checkpoint")
     rel = checkpoint_path(step)
+    store.clean_temporaries(CHECKPOINTS_DIR)  # a writer killed mid-file left a temporary behind
     # unpublish first: from here until step (3) this step is not complete, whatever else remains
     store.delete(f"{rel}/{COMPLETE_FILE}")
     store.delete(rel)

@@ -238,6 +238,9 @@ class Tracker:
     artifact_location: for a newly created experiment only; default `<db dir>/mlartifacts/<experiment>`
       for a SQLite store, the server's choice otherwise (e.g. s3://bucket/mlflow).
     resume_run_id: continue this existing run (status back to RUNNING; params must keep their values).
+    resume_step: with resume_run_id, the step training resumes at: (key, step) rows the run already holds
+      from this step on (logged after the checkpoint it resumes from, before a kill) are not logged again,
+      so an exactly resumed run has one row per key and step.
     enabled: False makes every method a no-op and never imports MLflow; None reads SDAR_TRACKING
       ('0', 'false', 'off' disable). max_param_chars: longer param values are cut.
     """
@@ -253,6 +256,7 @@ class Tracker:
         output_dir: str | os.PathLike | None = None,
         artifact_location: str | None = None,
         resume_run_id: str | None = None,
+        resume_step: int | None = None,
         enabled: bool | None = None,
         max_param_chars: int = 500,
     ):
@@ -267,6 +271,8 @@ class Tracker:
         self.output_dir = output_dir
         self.artifact_location = artifact_location
         self.resume_run_id = resume_run_id
+        self.resume_step = resume_step
+        self._logged: set[tuple[str, int]] = set()  # (key, step) rows a resumed run already holds
         self.enabled = enabled
         self.max_param_chars = max_param_chars
         self.tracking_uri: str | None = tracking_uri
@@ -309,6 +315,9 @@ class Tracker:
             for k, v in self.tags.items():
                 client.set_tag(run.info.run_id, k, v)
             self._params = dict(run.data.params)
+            if self.resume_step is not None:
+                self._logged = {(key, m.step) for key in run.data.metrics
+                                for m in client.get_metric_history(run.info.run_id, key) if m.step >= self.resume_step}
             self.nonfinite_total = int(run.data.metrics.get(NONFINITE_METRIC, 0))
             self.experiment_id = run.info.experiment_id
             self.run_name = run.info.run_name
@@ -412,6 +421,8 @@ class Tracker:
         step = int(step) if step is not None else 0
         batch, skipped = [], 0
         for key, value in metrics.items():
+            if (str(key), step) in self._logged:  # a resumed run replays this step exactly: logged already
+                continue
             v = _metric_value(key, value)
             if math.isfinite(v):
                 batch.append(Metric(str(key), v, ts, step))
@@ -467,6 +478,26 @@ class Tracker:
         if not Path(local_dir).is_dir():
             raise NotADirectoryError(f"cannot log artifacts from {local_dir}: not a directory")
         client.log_artifacts(self.run_id, str(local_dir), artifact_path)
+
+
+def close_crashed_runs(experiment: str, tags: Mapping[str, str], *, tracking_uri: str | None = None,
+                       output_dir: str | os.PathLike | None = None, status: str = "KILLED") -> list[str]:
+    """Mark RUNNING runs of `experiment` carrying all of `tags` as `status`: runs whose process died before
+    it could end them (a kill before the first checkpoint leaves nothing to resume them from). Call it only
+    while holding what makes such a run yours (the trainer's output-directory lock). Returns their ids."""
+    try:
+        uri, client = _reader(tracking_uri, output_dir)
+    except LookupError:  # no store yet: nothing can have crashed in it
+        return []
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    query = " and ".join([f"attributes.status = 'RUNNING'"] + [f"tags.`{k}` = '{v}'" for k, v in tags.items()])
+    runs = client.search_runs([exp.experiment_id], filter_string=query)
+    for run in runs:
+        client.set_terminated(run.info.run_id, status=status)
+        client.set_tag(run.info.run_id, "sdar.closed_by", "next start in the same output directory")
+    return [r.info.run_id for r in runs]
 
 
 @dataclass

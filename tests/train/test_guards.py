@@ -81,3 +81,67 @@ def test_a_newer_complete_checkpoint_wins_over_a_stale_marker(tiny_ckpt, tmp_pat
     store.write_json(LATEST_MARKER, {"step": 1, "path": checkpoint_path(1)})
     assert store.exists(f"{checkpoint_path(2)}/{COMPLETE_FILE}")
     assert latest_checkpoint(store) == (2, checkpoint_path(2))
+
+
+# ---- resume is exact in the tracking store too ---------------------------------------------------------
+def test_a_step_replayed_after_a_kill_is_not_logged_twice(tiny_ckpt, tmp_path, mlflow_uri, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    import sdar.train.trainer as tr
+
+    real = tr.Trainer.save_checkpoint
+
+    def killed_at_3(self, step):
+        if step == 3:  # step index 2 is logged, its checkpoint never written: the process dies here
+            raise KeyboardInterrupt("kill")
+        real(self, step)
+
+    monkeypatch.setattr(tr.Trainer, "save_checkpoint", killed_at_3)
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(small_config(tmp_path, arm="grpo", steps=3, checkpoint_every=2)).run()
+    monkeypatch.setattr(tr.Trainer, "save_checkpoint", real)
+    summary = Trainer(small_config(tmp_path, arm="grpo", steps=3, checkpoint_every=2)).run()
+    client = MlflowClient(mlflow_uri)
+    for key in ("loss/pg", "reward", "success", "tokens/forced_frac"):
+        assert sorted(m.step for m in client.get_metric_history(summary["run_id"], key)) == [0, 1, 2], key
+
+
+def test_two_runs_cannot_share_an_output_directory(tiny_ckpt, tmp_path):
+    from sdar.train.trainer import output_dir_lock
+
+    trainer = Trainer(small_config(tmp_path, arm="grpo", steps=1, tracking=False))
+    with output_dir_lock(trainer.out):  # another run holds it
+        with pytest.raises(RuntimeError, match=r"in use by another training run \(pid \d+\).*another output directory"):
+            trainer.run()
+    assert trainer.run()["steps"] == 1  # free again
+
+
+def test_a_run_killed_before_its_first_checkpoint_is_closed_on_the_next_start(tiny_ckpt, tmp_path, mlflow_uri):
+    from mlflow.tracking import MlflowClient
+
+    from sdar.tracking import Tracker
+
+    # what kill -9 before the first checkpoint leaves: a RUNNING run that nothing will resume
+    out = str((tmp_path).resolve())
+    dead = Tracker("household-tiny", run_name="grpo-seed0", tags={"sdar.output_dir": out}).start()
+    other = Tracker("household-tiny", run_name="elsewhere", tags={"sdar.output_dir": out + "-other"}).start()
+    summary = Trainer(small_config(tmp_path, arm="grpo", steps=1)).run()
+    client = MlflowClient(mlflow_uri)
+    assert client.get_run(dead.run_id).info.status == "KILLED"
+    assert client.get_run(other.run_id).info.status == "RUNNING"  # another directory's run is left alone
+    assert client.get_run(summary["run_id"]).info.status == "FINISHED"
+
+
+def test_a_killed_upload_leaves_no_temporary_file_behind(tmp_path):
+    from sdar.storage import write_checkpoint
+
+    store = open_store(str(tmp_path / "store"))
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "w.pt").write_bytes(b"x" * 10)
+    write_checkpoint(store, 1, ckpt)
+    leftover = tmp_path / "store" / "checkpoints" / "step-000001" / ".w.pt.sdar-tmp-abc"
+    leftover.write_bytes(b"half")  # kill -9 between the temp file and its rename
+    write_checkpoint(store, 2, ckpt)
+    assert not leftover.exists()
+    assert not list((tmp_path / "store").rglob("*sdar-tmp*"))

@@ -9,8 +9,11 @@ Under torchrun each rank rolls out its share of the task groups and the ranks su
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import math
+import os
 import random
 import tempfile
 import time
@@ -428,17 +431,34 @@ class Trainer:
 
     # ---- the run --------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
+        """Train to cfg.steps, resuming from the newest good checkpoint; holds the output directory's lock."""
+        cfg = self.cfg
+        main = self.dist.is_main
+        with contextlib.ExitStack() as stack:
+            if main:  # one run per output directory at a time: the replicas of a torchrun job share it
+                stack.enter_context(output_dir_lock(self.out))
+            return self._run(main)
+
+    def _run(self, main: bool) -> dict[str, Any]:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from sdar.tracking import Tracker
+        from sdar.tracking import Tracker, close_crashed_runs
 
         cfg = self.cfg
         self.maybe_resume()
         distributed.assert_same(self.step, "the step to resume at", self.dist)
-        main = self.dist.is_main
+        tracking = None if cfg.tracking and main else False
+        tags = {"arm": self.arm.name, "family": cfg.env.family, "sdar.output_dir": str(self.out.resolve())}
+        if self.run_id is None and main and Tracker(cfg.experiment, enabled=tracking).enabled:
+            # a run killed before its first checkpoint left its MLflow run RUNNING: nothing resumes it
+            crashed = close_crashed_runs(cfg.experiment, {"sdar.output_dir": tags["sdar.output_dir"]},
+                                         tracking_uri=None, output_dir=str(self.out))
+            if crashed:
+                self.console.print(f"marked {len(crashed)} earlier run(s) in {self.out} that died before their "
+                                   f"first checkpoint as KILLED: {', '.join(crashed)}")
         tracker = Tracker(cfg.experiment, run_name=f"{self.arm.name}-seed{cfg.seed}", parent_run_id=cfg.parent_run_id,
-                          tags={"arm": self.arm.name, "family": cfg.env.family}, resume_run_id=self.run_id,
-                          enabled=None if cfg.tracking and main else False, output_dir=str(self.out))
+                          tags=tags, resume_run_id=self.run_id, resume_step=self.step,
+                          enabled=tracking, output_dir=str(self.out))
         summary: dict[str, Any] = {}
         with tracker:
             self.run_id = tracker.run_id
@@ -488,6 +508,32 @@ class Trainer:
                 f"or weights), more than max_skipped_update_frac={self.cfg.max_skipped_update_frac}: this run did "
                 "not train. Check lr, the arm's coefficients (arm_overrides) and the model's dtype; the last "
                 f"finite checkpoint is kept in {self.store.uri_for('checkpoints')}")
+
+
+LOCK_FILE = ".sdar-train.lock"
+
+
+@contextlib.contextmanager
+def output_dir_lock(out: Path):
+    """An exclusive lock on the output directory for the life of a run (released when the process dies):
+    two runs writing one directory's checkpoints and MLflow run would corrupt each other's resume."""
+    path = Path(out) / LOCK_FILE
+    fh = open(path, "a+")
+    try:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "another process"
+            raise RuntimeError(f"{out} is in use by another training run ({holder}); wait for it to finish, "
+                               "or give this run another output directory (--output / output_dir)") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()}")
+        fh.flush()
+        yield
+    finally:
+        fh.close()
 
 
 def micro_batches(plan, rows: list[int], size: int, agg: str, normalisation: str) -> list[tuple[list[int], float]]:
