@@ -14,7 +14,44 @@ from typing import Any
 
 import yaml
 
-from sdar.agent.rollout import RolloutConfig
+
+
+# choices checked at load (TrainConfig.validate); the code that uses them imports them from here, so
+# that reading and checking a config needs neither torch nor transformers
+PLACEMENTS = ("prefix", "user")  # rollout.privileged_placement (sdar.agent.prompts)
+PENALIZE = ("format", "invalid")  # rollout.penalize (sdar.agent.rollout.penalized)
+REWARDS = ("reference", "env")  # reward (sdar.agent.rollout.episode_reward)
+
+
+@dataclass
+class RolloutConfig:
+    """How episodes are played. Defaults follow the paper where it has one."""
+
+    family: str = "household"
+    max_turns: int = 50  # paper: 50 household, 15 shop, 4 search
+    history: int = 2  # past (observation, action) pairs in the prompt (4 for search)
+    max_prompt_tokens: int = 1024
+    max_response_tokens: int = 64
+    temperature: float = 1.0  # 1.0 for training, 0.4 for evaluation
+    top_p: float = 1.0
+    invalid_penalty: float = 0.1  # subtracted from the turn's reward on an invalid action
+    # which turns pay invalid_penalty: "format" = the response has no well-formed action block (or no
+    # <think> when require_think), as the reference's projection functions decide; "invalid" = also an
+    # action that is inadmissible, rejected by the environment, or a response cut off unfinished
+    penalize: str = "format"
+    # where the privileged text goes in the teacher's prompt (and in a prompt that acts with the skills):
+    # "prefix" = before the chat-templated prompt (the reference), "user" = in the user message
+    privileged_placement: str = "prefix"
+    # leave tokens that constrained decoding forced (one allowed token: no choice was made) out of every
+    # loss term and every per-token statistic; false scores them like free tokens (log-prob 0 for all)
+    mask_forced_tokens: bool = True
+    require_think: bool = False
+    show_admissible: bool = True
+    use_memory: bool = True  # the household's compact memory of what was seen
+    skills_in_prompt: bool = False  # the student itself sees the skills (skill_grpo)
+    env_workers: int = 8  # threads stepping remote sessions concurrently
+    constrained: bool = False  # decode only admissible actions (families that list them)
+
 
 
 @dataclass
@@ -196,9 +233,6 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Errors that name the setting and its valid values (called by load_config)."""
-        from sdar.agent.prompts import PLACEMENTS
-        from sdar.agent.rollout import PENALIZE, REWARDS
-
         choices = {"loss_normalisation": (self.loss_normalisation, ("micro_batch", "mini_batch")),
                    "reward": (self.reward, REWARDS), "rollout.penalize": (self.rollout.penalize, PENALIZE),
                    "rollout.privileged_placement": (self.rollout.privileged_placement, PLACEMENTS)}

@@ -58,3 +58,17 @@ def test_every_config_in_configs_loads_and_the_gpu_config_only_scales_the_cpu_on
     assert gpu.env == cpu.env and gpu.rollout == cpu.rollout and gpu.model == cpu.model and gpu.lr == cpu.lr
     assert gpu.warmstart.episodes > cpu.warmstart.episodes and gpu.warmstart.batch_size > cpu.warmstart.batch_size
     assert gpu.tasks_per_step > cpu.tasks_per_step and gpu.eval_tasks > cpu.eval_tasks
+
+
+def test_reading_and_checking_a_config_needs_neither_torch_nor_transformers():
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['torch'] = None; sys.modules['transformers'] = None\n"
+            "from sdar.config import load_config\n"
+            "cfg = load_config(None, {'env.family': 'searchqa'})\nload_config('configs/household-tiny.yaml')\n"
+            "assert cfg.rollout.max_turns == 4 and 'torch' not in [m for m in sys.modules if sys.modules[m]]\n"
+            "try:\n    load_config(None, {'rollout.penalize': 'sometimes'})\nexcept ValueError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    assert "rollout.penalize='sometimes' is not one of format, invalid" in out.stdout

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 PRIVILEGED_HEADER = "[Privileged Skill Information]"
 # where the privileged text goes: "prefix" = before the chat-templated prompt (the reference),
 # "user" = at the start of the user message (this project's first placement)
-PLACEMENTS = ("prefix", "user")
+from sdar.config import PLACEMENTS
 
 SYSTEM_PROMPTS = {
     "household": (

@@ -12,37 +12,8 @@ from sdar.agent.constrained import action_trie
 from sdar.agent.memory import memory_for
 from sdar.agent.parsing import parse_response
 from sdar.agent.prompts import PromptBuilder, TurnView, fit_prompt_ids
+from sdar.config import PENALIZE, REWARDS, RolloutConfig  # noqa: F401 - re-exported
 from sdar.envs.base import privileged_skills_for
-
-
-@dataclass
-class RolloutConfig:
-    """How episodes are played. Defaults follow the paper where it has one."""
-
-    family: str = "household"
-    max_turns: int = 50  # paper: 50 household, 15 shop, 4 search
-    history: int = 2  # past (observation, action) pairs in the prompt (4 for search)
-    max_prompt_tokens: int = 1024
-    max_response_tokens: int = 64
-    temperature: float = 1.0  # 1.0 for training, 0.4 for evaluation
-    top_p: float = 1.0
-    invalid_penalty: float = 0.1  # subtracted from the turn's reward on an invalid action
-    # which turns pay invalid_penalty: "format" = the response has no well-formed action block (or no
-    # <think> when require_think), as the reference's projection functions decide; "invalid" = also an
-    # action that is inadmissible, rejected by the environment, or a response cut off unfinished
-    penalize: str = "format"
-    # where the privileged text goes in the teacher's prompt (and in a prompt that acts with the skills):
-    # "prefix" = before the chat-templated prompt (the reference), "user" = in the user message
-    privileged_placement: str = "prefix"
-    # leave tokens that constrained decoding forced (one allowed token: no choice was made) out of every
-    # loss term and every per-token statistic; false scores them like free tokens (log-prob 0 for all)
-    mask_forced_tokens: bool = True
-    require_think: bool = False
-    show_admissible: bool = True
-    use_memory: bool = True  # the household's compact memory of what was seen
-    skills_in_prompt: bool = False  # the student itself sees the skills (skill_grpo)
-    env_workers: int = 8  # threads stepping remote sessions concurrently
-    constrained: bool = False  # decode only admissible actions (families that list them)
 
 
 @dataclass
@@ -179,12 +150,10 @@ def rollout(
     return trajs
 
 
-PENALIZE = ("format", "invalid")
-# "reference": the reward the reference trains on (ZJU-REAL/SDAR agent_system/environments/env_package:
+# REWARDS (sdar.config): "reference": the reward the reference trains on (ZJU-REAL/SDAR agent_system/environments/env_package:
 # alfworld/envs.py compute_reward = 10 * won; webshop/envs.py 10 when the WebShop score is 1, else 0;
 # search/envs.py the exact-match reward as the environment gives it); "env": the environment's own reward
 # (household 1 on a win, shop the continuous WebShop score, search exact match)
-REWARDS = ("reference", "env")
 WIN_REWARD = {"household": 10.0, "shop": 10.0}
 
 
