@@ -215,6 +215,9 @@ class TrainConfig:
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
     output_dir: str = "runs/{experiment}/{arm}-seed{seed}"
+    # how long checkpoint uploads to a remote store (s3://) are retried, with backoff, before the run stops
+    # (the checkpoints wait in <output_dir>/checkpoint-spool meanwhile, and a rerun resumes from there)
+    checkpoint_retry_s: float = 600.0
     checkpoint_uri: str | None = None  # local dir or s3://bucket/prefix; default <output_dir>/checkpoints
     tracking: bool = True  # MLflow (SQLite under output_dir unless MLFLOW_TRACKING_URI is set)
     parent_run_id: str | None = None  # MLflow parent run (the pipeline's run)

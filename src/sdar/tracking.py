@@ -282,6 +282,12 @@ class Tracker:
         self.nonfinite_keys: set[str] = set()
         self._params: dict[str, str] = {}
         self._client = None
+        # calls that failed (MLflow down past its own retries): replayed in order once it answers again
+        self._deferred: list[tuple[str, Any, tuple, dict]] = []
+        self._outage_since: float | None = None
+        self._last_try = 0.0
+        self.retry_interval_s = 30.0  # while down, how often a new call tries to flush the backlog
+        self.outages: list[float] = []  # seconds each MLflow outage lasted
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> Tracker:
@@ -344,12 +350,67 @@ class Tracker:
         self._client = client
         return self
 
-    def end(self, status: str = "FINISHED") -> None:
-        """Mark the run FINISHED (or FAILED / KILLED)."""
+    def end(self, status: str = "FINISHED", flush_timeout_s: float = 120.0) -> None:
+        """Mark the run FINISHED (or FAILED / KILLED), after replaying calls deferred by an outage (for up
+        to `flush_timeout_s`; what still cannot be sent is reported, never raised)."""
         if self._client is None or self.run_id is None:
             return
-        self._client.set_terminated(self.run_id, status=status)
+        deadline = time.monotonic() + flush_timeout_s
+        delay = 1.0
+        while not self._flush(force=True) and time.monotonic() < deadline:
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 15.0)
+        if self._deferred:
+            log.error("MLflow at %s is still unreachable: %d call(s) of run %s were not recorded (%s)",
+                      self.tracking_uri, len(self._deferred), self.run_id,
+                      ", ".join(sorted({what for what, *_ in self._deferred})))
+        self._send("end", self._client.set_terminated, self.run_id, status=status)
+        self._deferred.clear()
         self._client = None
+
+    # -- outages -----------------------------------------------------------------------------
+    def _send(self, what: str, fn, *args, **kwargs) -> None:
+        """Call the MLflow client; if it fails (after MLflow's own retries), keep the call to replay it
+        in order later. A tracking outage never ends a training run."""
+        if self._deferred and not self._flush():
+            self._deferred.append((what, fn, args, kwargs))
+            return
+        try:
+            fn(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - any failure of the tracking server: defer, never raise
+            if self._outage_since is None:
+                self._outage_since = time.monotonic()
+                log.warning("MLflow call %s failed (%s: %s); buffering calls until %s answers again",
+                            what, type(exc).__name__, str(exc)[:200], self.tracking_uri)
+            self._last_try = time.monotonic()
+            self._deferred.append((what, fn, args, kwargs))
+
+    def _flush(self, force: bool = False) -> bool:
+        """Replay deferred calls in order; True when none is left. Unless forced, tries at most every
+        `retry_interval_s` (each try may wait out MLflow's own retries)."""
+        if not self._deferred:
+            return True
+        if not force and time.monotonic() - self._last_try < self.retry_interval_s:
+            return False
+        self._last_try = time.monotonic()
+        while self._deferred:
+            what, fn, args, kwargs = self._deferred[0]
+            try:
+                fn(*args, **kwargs)
+            except Exception:  # noqa: BLE001
+                return False
+            self._deferred.pop(0)
+        if self._outage_since is not None:
+            self.outages.append(time.monotonic() - self._outage_since)
+            log.warning("MLflow at %s answers again after %.0f s; buffered calls replayed", self.tracking_uri,
+                        self.outages[-1])
+            self._outage_since = None
+        return True
+
+    @property
+    def pending_calls(self) -> int:
+        """Calls waiting for the tracking server to come back."""
+        return len(self._deferred)
 
     def __enter__(self):  # returns self, started
         return self.start()
@@ -402,7 +463,7 @@ class Tracker:
             )
         new = [Param(k, v) for k, v in flat.items() if k not in self._params]
         for i in range(0, len(new), _MAX_PARAMS_PER_BATCH):
-            client.log_batch(self.run_id, params=new[i : i + _MAX_PARAMS_PER_BATCH])
+            self._send("log_params", client.log_batch, self.run_id, params=new[i : i + _MAX_PARAMS_PER_BATCH])
         self._params.update(flat)
         return flat
 
@@ -435,7 +496,7 @@ class Tracker:
             self.nonfinite_total += skipped
             batch.append(Metric(NONFINITE_METRIC, float(self.nonfinite_total), ts, step))
         for i in range(0, len(batch), _MAX_METRICS_PER_BATCH):
-            client.log_batch(self.run_id, metrics=batch[i : i + _MAX_METRICS_PER_BATCH])
+            self._send("log_metrics", client.log_batch, self.run_id, metrics=batch[i : i + _MAX_METRICS_PER_BATCH])
         return len(batch) - (1 if skipped else 0)
 
     def log_metric(self, key: str, value: Any, step: int | None = None) -> int:
@@ -447,19 +508,20 @@ class Tracker:
             return
         from mlflow.entities import RunTag
 
-        client.log_batch(self.run_id, tags=[RunTag(str(k), str(v)) for k, v in tags.items()])
+        self._send("set_tags", client.log_batch, self.run_id, tags=[RunTag(str(k), str(v)) for k, v in tags.items()])
 
     def log_text(self, text: str, artifact_file: str) -> None:
         """Save `text` as the artifact `artifact_file` (e.g. 'samples/step-10.txt')."""
         client = self._live()
         if client is not None:
-            client.log_text(self.run_id, text, artifact_file)
+            self._send("log_text", client.log_text, self.run_id, text, artifact_file)
 
     def log_dict(self, dictionary: Mapping[str, Any], artifact_file: str) -> None:
         """Save a dict as a JSON (or .yaml/.yml) artifact."""
         client = self._live()
         if client is not None:
-            client.log_dict(self.run_id, dict(dictionary), artifact_file)
+            self._send("log_dict", client.log_dict, self.run_id, json.loads(json.dumps(dict(dictionary), default=str)),
+                       artifact_file)
 
     def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
         """Copy one local file into the run's artifacts (under `artifact_path`)."""
@@ -468,7 +530,7 @@ class Tracker:
             return
         if not Path(path).is_file():
             raise FileNotFoundError(f"cannot log artifact {path}: not a file (use log_artifacts for a directory)")
-        client.log_artifact(self.run_id, str(path), artifact_path)
+        self._send("log_artifact", client.log_artifact, self.run_id, str(path), artifact_path)
 
     def log_artifacts(self, local_dir: str | os.PathLike, artifact_path: str | None = None) -> None:
         """Copy a local directory's contents into the run's artifacts (under `artifact_path`)."""
@@ -477,7 +539,7 @@ class Tracker:
             return
         if not Path(local_dir).is_dir():
             raise NotADirectoryError(f"cannot log artifacts from {local_dir}: not a directory")
-        client.log_artifacts(self.run_id, str(local_dir), artifact_path)
+        self._send("log_artifacts", client.log_artifacts, self.run_id, str(local_dir), artifact_path)
 
 
 def close_crashed_runs(experiment: str, tags: Mapping[str, str], *, tracking_uri: str | None = None,

@@ -127,7 +127,25 @@ class Trainer:
                              f"tasks_per_step={cfg.tasks_per_step}")
         from sdar.storage import ArtifactStore
 
-        self.store = ArtifactStore.for_uri(cfg.checkpoint_uri or str(self.out / "checkpoints"))
+        from sdar.storage import BucketNotFoundError, CredentialsError, StorageError
+
+        uri = cfg.checkpoint_uri or str(self.out / "checkpoints")
+        try:
+            self.store = ArtifactStore.for_uri(uri)
+        except (BucketNotFoundError, CredentialsError):
+            raise  # a wrong name or missing credentials: no retry fixes those
+        except StorageError as exc:  # unreachable now: checkpoints are spooled until it is back
+            self.console.print(f"[yellow]the checkpoint store {uri} is unreachable now ({str(exc)[:200]}); "
+                               "checkpoints wait in the local spool[/yellow]")
+            self.store = ArtifactStore.for_uri(uri, check=False)
+        # a remote store (s3://) gets every checkpoint through a local spool: written there first, uploaded
+        # with retries; an outage shorter than cfg.checkpoint_retry_s costs nothing, and resume reads both
+        from sdar.storage import LocalStore
+
+        self.spool = None if isinstance(self.store, LocalStore) else LocalStore(self.out / "checkpoint-spool")
+        self._pending: int | None = None  # newest spooled step not yet in the store
+        self._outage_since: float | None = None
+        self.outages: list[float] = []  # seconds each storage outage lasted (reported in the step metrics)
         self.step = 0
         self.run_id: str | None = None
         self.skipped_updates = 0
@@ -383,31 +401,95 @@ class Trainer:
                 "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
                 "arm": self.arm.name, "config": self.cfg.to_dict(), "skills_seen": self.teacher.skills_seen,
             }, Path(tmp) / STATE_FILE)
-            write_checkpoint(self.store, step, tmp, keep_last=self.cfg.keep_checkpoints)
+            write_checkpoint(self.spool or self.store, step, tmp, keep_last=self.cfg.keep_checkpoints)
+        if self.spool is not None:
+            self._pending = step  # an older pending step is superseded: resume wants the newest
+            self.flush_checkpoints(wait=False)
+
+    def flush_checkpoints(self, wait: bool = True) -> bool:
+        """Upload the newest spooled checkpoint to the store; True when nothing is pending any more.
+
+        A failure starts (or continues) an outage, reported once; wait=False tries once (the run goes on
+        and the next step tries again), wait=True retries with backoff. An outage longer than
+        cfg.checkpoint_retry_s ends the run with an error naming the spool, from which a rerun resumes."""
+        from sdar.storage import COMPLETE_FILE, StorageError, checkpoint_path, write_checkpoint
+
+        delay = 1.0
+        while self._pending is not None:
+            step = self._pending
+            try:
+                with tempfile.TemporaryDirectory() as tmp:
+                    self.spool.get_dir(checkpoint_path(step), tmp)
+                    (Path(tmp) / COMPLETE_FILE).unlink(missing_ok=True)
+                    write_checkpoint(self.store, step, tmp, keep_last=self.cfg.keep_checkpoints)
+            except Exception as exc:  # noqa: BLE001 - botocore raises many kinds; all mean "not stored yet"
+                now = time.monotonic()
+                if self._outage_since is None:
+                    self._outage_since = now
+                    self.console.print(f"[yellow]checkpoint of step {step} could not reach {self.store.uri} "
+                                       f"({type(exc).__name__}: {str(exc)[:200]}); kept in {self.spool.uri}, "
+                                       f"retrying for up to {self.cfg.checkpoint_retry_s:.0f} s[/yellow]")
+                waited = now - self._outage_since
+                if waited > self.cfg.checkpoint_retry_s:
+                    raise StorageError(
+                        f"the checkpoint store {self.store.uri} has been unreachable for {waited:.0f} s "
+                        f"(checkpoint_retry_s={self.cfg.checkpoint_retry_s:.0f}); the checkpoint of step {step} is kept "
+                        f"in {self.spool.uri}: rerun the same command once the store is back, it resumes from there"
+                    ) from exc
+                if not wait:
+                    return False
+                time.sleep(min(delay, max(0.0, self.cfg.checkpoint_retry_s - waited) + 0.01))
+                delay = min(delay * 2, 30.0)
+                continue
+            self._pending = None
+            if self._outage_since is not None:
+                self.console.print(f"checkpoint store {self.store.uri} reachable again after "
+                                   f"{time.monotonic() - self._outage_since:.0f} s; step {step} uploaded")
+                self.outages.append(time.monotonic() - self._outage_since)
+                self._outage_since = None
+        return True
 
     def maybe_resume(self) -> bool:
         """Load the newest complete checkpoint whose weights are finite (a non-finite one is reported and
         passed over, never resumed from); False when there is none."""
         from sdar.storage import latest_checkpoint, list_checkpoints
 
-        found = latest_checkpoint(self.store)
-        if found is None:
+        candidates = []  # (step, store, rel), newest first: the store's, then the spool's (an outage's)
+        from sdar.storage import BucketNotFoundError, CredentialsError, StorageError
+
+        for store in (self.store, self.spool):
+            if store is None:
+                continue
+            try:
+                found = latest_checkpoint(store)
+            except (BucketNotFoundError, CredentialsError):
+                raise
+            except StorageError as exc:  # an outage: what this output directory spooled is still here
+                if self.spool is None:
+                    raise
+                self.console.print(f"[yellow]cannot read {store.uri} now ({str(exc)[:160]}); resuming from the "
+                                   f"local spool {self.spool.uri}[/yellow]")
+                continue
+            if found is not None:
+                candidates += [(found[0], store, found[1])]
+                candidates += [(s, store, r) for s, r in reversed(list_checkpoints(store)) if s < found[0]]
+        if not candidates:
             return False
-        candidates = [found] + [c for c in reversed(list_checkpoints(self.store)) if c[0] < found[0]]
-        for step, rel in candidates:
+        candidates.sort(key=lambda c: -c[0])  # stable: the store before the spool at equal steps
+        for step, store, rel in candidates:
             with tempfile.TemporaryDirectory() as tmp:
-                self.store.get_dir(rel, tmp)
+                store.get_dir(rel, tmp)
                 weights = torch.load(Path(tmp) / WEIGHTS_FILE, weights_only=True)
                 state = torch.load(Path(tmp) / STATE_FILE, weights_only=False)
             if all(bool(torch.isfinite(v).all()) for v in weights.values()):
                 break
-            self.console.print(f"[yellow]checkpoint {self.store.uri_for(rel)} holds non-finite weights; "
+            self.console.print(f"[yellow]checkpoint {store.uri_for(rel)} holds non-finite weights; "
                                "looking for an older one[/yellow]")
         else:
             raise RuntimeError(f"every checkpoint under {self.store.uri_for('checkpoints')} holds non-finite weights; "
                                "delete them (or use another output_dir) to start over")
         if state.get("arm") != self.arm.name:
-            raise ValueError(f"checkpoint at {self.store.uri_for(rel)} is of arm {state.get('arm')!r}, not "
+            raise ValueError(f"checkpoint at {store.uri_for(rel)} is of arm {state.get('arm')!r}, not "
                              f"{self.arm.name!r}; use another output_dir/checkpoint_uri")
         named = dict(self.model.named_parameters())
         missing = [k for k in weights if k not in named]
@@ -426,7 +508,7 @@ class Trainer:
         self.attempted_updates = state.get("attempted_updates", 0)
         self.history = state.get("history", [])
         self.teacher.skills_seen = state.get("skills_seen", {})
-        self.console.print(f"resumed from {self.store.uri_for(rel)} at step {self.step}")
+        self.console.print(f"resumed from {store.uri_for(rel)} at step {self.step}")
         return True
 
     # ---- the run --------------------------------------------------------------------------
@@ -470,6 +552,8 @@ class Trainer:
                           disable=not main) as progress:
                 bar = progress.add_task(f"train {self.arm.name}", total=cfg.steps, completed=self.step, info="")
                 while self.step < cfg.steps:
+                    if self._pending is not None:  # a storage outage: try the upload again
+                        self.flush_checkpoints(wait=False)
                     step = self.step
                     result = self.train_step(step)
                     m = result.metrics
@@ -489,6 +573,7 @@ class Trainer:
                     if main and not self.console.is_terminal:  # logs get one line per step
                         extra = f" eval {m['eval/success']:.2f}" if "eval/success" in m else ""
                         self.console.print(f"[{self.arm.name}] step {self.step}/{cfg.steps}: {info}{extra}")
+            self.flush_checkpoints(wait=True)  # the run ends with its last checkpoint in the store
             final = self.out / "final"
             if main:
                 self.policy.save(final)
