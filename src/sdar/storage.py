@@ -556,15 +556,20 @@ def latest_checkpoint(store: ArtifactStore) -> tuple[int, str] | None:
     """(step, rel_path) of the checkpoint to resume from, or None when there is no complete one.
 
     The newest complete checkpoint (one with `_COMPLETE.json`): the marker's, unless it is missing, names a
-    checkpoint that is no longer complete, or an upload completed after it (a kill between the two files).
+    checkpoint that is no longer complete, or a checkpoint of a later step completed after it (a kill between
+    the two files).
     Uploads without `_COMPLETE.json` are never returned.
     """
     marker = read_checkpoint_marker(store)
     complete = list_checkpoints(store)
     if marker and store.exists(f"{marker['path']}/{COMPLETE_FILE}"):
-        # a writer killed between a checkpoint's _COMPLETE.json and latest.json left a newer complete one
+        # a writer killed between a checkpoint's _COMPLETE.json and latest.json left a newer complete one,
+        # written after the marker's (a run deliberately restarted from an older step wrote its marker last)
         if complete and complete[-1][0] > marker["step"]:
-            return complete[-1]
+            newer, named = (store.read_json(f"{rel}/{COMPLETE_FILE}").get("time", 0.0)
+                            for rel in (complete[-1][1], marker["path"]))
+            if newer > named:
+                return complete[-1]
         return marker["step"], marker["path"]
     return complete[-1] if complete else None
 
