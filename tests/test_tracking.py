@@ -240,7 +240,8 @@ def _mlflow_server(db, port, art):
 
     proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{db}",
                              "--default-artifact-root", str(art), "--host", "127.0.0.1", "--port", str(port),
-                             "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # its workers die with the group (see _stop)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
@@ -250,6 +251,22 @@ def _mlflow_server(db, port, art):
             time.sleep(0.5)
     proc.kill()
     raise RuntimeError("mlflow server did not start")
+
+
+def _stop(proc) -> None:
+    """Stop the server and every process it started (uvicorn workers, job consumers)."""
+    import os
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+    except (ProcessLookupError, OSError):
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, OSError):
+        pass
 
 
 def test_an_mlflow_outage_is_buffered_and_flushed_never_fatal(tmp_path, monkeypatch):
@@ -271,8 +288,7 @@ def test_an_mlflow_outage_is_buffered_and_flushed_never_fatal(tmp_path, monkeypa
         t = Tracker("outage", run_name="r", tracking_uri=uri).start()
         t.retry_interval_s = 0.0
         t.log_metrics({"loss": 1.0}, step=0)
-        server.terminate()
-        server.wait(30)
+        _stop(server)
         t.log_metrics({"loss": 2.0}, step=1)  # down: buffered, not raised
         t.log_params({"lr": 0.1})
         t.log_dict({"a": 1}, "x.json")
@@ -287,4 +303,4 @@ def test_an_mlflow_outage_is_buffered_and_flushed_never_fatal(tmp_path, monkeypa
         run = client.get_run(t.run_id)
         assert run.data.params == {"lr": "0.1"} and run.info.status == "FINISHED"
     finally:
-        server.kill()
+        _stop(server)
