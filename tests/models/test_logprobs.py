@@ -137,3 +137,26 @@ def test_bad_inputs_are_explained(model):
         token_logprobs(model, ids, torch.ones(2, 4), temperature=0)
     with pytest.raises(ValueError, match="chunk_size"):
         token_logprobs(model, ids, torch.ones(2, 4), chunk_size=0)
+
+
+def test_length_bucketed_scoring_gives_the_same_rows_in_the_same_order(model, tokenizer):
+    import random
+
+    from sdar.teacher import response_logprobs
+
+    rng = random.Random(0)
+    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
+    prompts = [sum((ids[rng.randrange(3)] for _ in range(rng.randint(1, 6))), []) for _ in range(11)]
+    responses = [ids[rng.randrange(3)][: rng.randint(1, 8)] for _ in range(11)]
+    plain = response_logprobs(model, prompts, responses, pad_id=0, batch_size=3, with_entropy=True,
+                              length_buckets=False)
+    bucketed = response_logprobs(model, prompts, responses, pad_id=0, batch_size=3, with_entropy=True)
+    assert torch.equal(plain.mask, bucketed.mask)
+    torch.testing.assert_close(bucketed.logp, plain.logp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(bucketed.entropy, plain.entropy, atol=1e-5, rtol=0)
+    # and the padded width of each forward shrinks: the longest row no longer sits in every batch
+    lengths = sorted(len(p) + len(r) for p, r in zip(prompts, responses))
+    padded_sorted = sum(max(lengths[k : k + 3]) * len(lengths[k : k + 3]) for k in range(0, 11, 3))
+    order = [len(p) + len(r) for p, r in zip(prompts, responses)]
+    padded_plain = sum(max(order[k : k + 3]) * len(order[k : k + 3]) for k in range(0, 11, 3))
+    assert padded_sorted < padded_plain
