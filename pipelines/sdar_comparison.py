@@ -41,11 +41,20 @@ class ClusterSettings:
     beside the pipeline's image (same registry and tag), else sdar.images' default.
     env_namespace: default of the pipeline's `namespace` parameter, where launch_envs puts the env
     services: `sdar`, where k8s/ grants the Role and NetworkPolicies; "" = the pipeline pods' own.
-    mlflow_secret / mlflow_keys: Secret name and {env var: secret key} for MLflow (tracking URI etc.).
-    s3_secret / s3_keys: Secret name and {env var: secret key} for S3/MinIO (checkpoints, artifacts).
+    mlflow_secret / mlflow_keys: Secret name and {env var: secret key} for MLflow (tracking URI etc.),
+    given only to the steps that log (MLFLOW_STEPS; MLflow proxies artifacts, so none needs S3 for it).
+    s3_secret / s3_keys: Secret name and {env var: secret key} for S3/MinIO, given only to the step
+    that reads and writes checkpoints there (S3_STEPS: gated_train and the TorchX jobs it launches).
     eval_on_gpu: give the evaluation pods the same GPU settings (real models decode faster there).
     pod_labels: labels on every task's pod; k8s/ NetworkPolicies admit only pods carrying these to
     the env services, MLflow and MinIO (the chart's networkPolicy.allowedClients default too).
+    run_as_user / run_as_group: the user every step's container runs as (non-root; the images' USER
+    10001:10001). KFP's backend (>= 2.16) adds the rest of the restricted profile to every executor
+    container (allowPrivilegeEscalation false, capabilities drop ALL, seccomp RuntimeDefault).
+    security_context: False leaves the user out of the IR, for KFP backends before 2.16, whose
+    compiler rejects the field (2.6 to 2.15) or then drops the pod labels (2.5).
+    step_cpu / step_memory: requests (and limits) of the light steps (plan, launch, compare, teardown).
+    eval_cpu / eval_memory: requests (and limits) of the evaluation pods without eval_on_gpu.
     """
 
     gpu_type: str = "nvidia.com/gpu"
@@ -65,6 +74,19 @@ class ClusterSettings:
         "SDAR_S3_ENDPOINT_URL": "SDAR_S3_ENDPOINT_URL"})
     eval_on_gpu: bool = False
     pod_labels: dict[str, str] = field(default_factory=lambda: {"app.kubernetes.io/part-of": "sdar-pipeline"})
+    run_as_user: int = 10001
+    run_as_group: int = 10001
+    security_context: bool = True
+    step_cpu: str = "1"
+    step_memory: str = "2G"
+    eval_cpu: str = "4"
+    eval_memory: str = "16G"
+
+
+# the steps (component names) that read each Secret: MLflow for those that log runs (launch opens the
+# parent run, teardown closes it); S3 for checkpoints, which only training reads and writes
+MLFLOW_STEPS = ("launch_envs", "evaluate", "gated_train", "compare", "teardown_envs")
+S3_STEPS = ("gated_train",)
 
 
 def _components(image: str | None):
@@ -100,11 +122,26 @@ def _resources(task, cs: ClusterSettings) -> None:
                                   effect=t.get("effect"))
 
 
-def _secrets(task, cs: ClusterSettings) -> None:
+def _secrets(task, cs: ClusterSettings, step: str) -> None:
+    """The Secrets `step` (a component's name) reads, and no other."""
     from kfp import kubernetes
 
-    kubernetes.use_secret_as_env(task, secret_name=cs.mlflow_secret, secret_key_to_env=dict(cs.mlflow_keys))
-    kubernetes.use_secret_as_env(task, secret_name=cs.s3_secret, secret_key_to_env=dict(cs.s3_keys))
+    if step in MLFLOW_STEPS:
+        kubernetes.use_secret_as_env(task, secret_name=cs.mlflow_secret, secret_key_to_env=dict(cs.mlflow_keys))
+    if step in S3_STEPS:
+        kubernetes.use_secret_as_env(task, secret_name=cs.s3_secret, secret_key_to_env=dict(cs.s3_keys))
+
+
+def _restricted(task, cs: ClusterSettings, cpu: str, memory: str) -> None:
+    """Non-root user and group (KFP adds no privilege escalation, drop ALL, seccomp RuntimeDefault), and
+    CPU and memory requests equal to the limits (the training pods' _resources replaces them)."""
+    from kfp import kubernetes
+
+    if cs.security_context:
+        kubernetes.set_security_context(task, run_as_user=cs.run_as_user, run_as_group=cs.run_as_group,
+                                        run_as_non_root=True)
+    task.set_cpu_request(cpu).set_cpu_limit(cpu)
+    task.set_memory_request(memory).set_memory_limit(memory)
 
 
 def build_pipeline(target: str = "local", image: str | None = None, cluster: ClusterSettings | None = None,
@@ -196,8 +233,12 @@ def build_pipeline(target: str = "local", image: str | None = None, cluster: Clu
             for task in (plan, teardown, launch, baseline, train, final, report):
                 for k, v in cs.pod_labels.items():
                     kubernetes.add_pod_label(task, label_key=k, label_value=v)
-            for task in (teardown, launch, baseline, train, final, report):  # plan_runs touches no store
-                _secrets(task, cs)
+            steps = {plan: "plan_runs", launch: "launch_envs", baseline: "evaluate", train: "gated_train",
+                     final: "evaluate", report: "compare", teardown: "teardown_envs"}
+            sizes = {"gated_train": (cs.train_cpu, cs.train_memory), "evaluate": (cs.eval_cpu, cs.eval_memory)}
+            for task, step in steps.items():
+                _secrets(task, cs, step)  # plan_runs touches no store
+                _restricted(task, cs, *sizes.get(step, (cs.step_cpu, cs.step_memory)))
             for task in (teardown, launch, train, final, baseline):
                 task.set_caching_options(False)  # side effects (services, MLflow runs) must happen every run
             _resources(train, cs)

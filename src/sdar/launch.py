@@ -12,7 +12,9 @@ the working directory)
 
 and `launch_training(cfg, ...)` is what the `gated_train` pipeline step calls when the config's
 `launch` section asks for more than one GPU (or `launcher: torchx`). Credentials never travel as
-parameters: the pods read them from the Kubernetes Secrets named in `secrets` (envFrom).
+parameters: the pods read them from the Kubernetes Secrets named in `secrets` (envFrom). The pods
+run under the restricted Pod Security profile (non-root uid 10001, no privilege escalation, no
+capabilities, RuntimeDefault seccomp, read-only root filesystem with emptyDirs for what they write).
 
 On Kubernetes the launching pod's service account needs, in the job's namespace, exactly what
 TorchX's kubernetes scheduler calls for submit, wait, cancel and logs: jobs.batch.volcano.sh create
@@ -48,6 +50,16 @@ ROLE = "trainer"
 # are the variable names (MLFLOW_TRACKING_URI; AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, SDAR_S3_ENDPOINT_URL)
 DEFAULT_SECRETS = "sdar-mlflow,sdar-s3"
 SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+# The workers' pods run under the restricted Pod Security profile: the images' user (USER 10001:10001
+# in images/*/Dockerfile), no privilege escalation, no capabilities, the runtime's seccomp profile and
+# a read-only root filesystem. What they write goes to emptyDirs: /tmp (HOME, the Hugging Face, Triton
+# and vLLM caches, torchrun's files) and /workspace/runs (the image's WORKDIR runs/, the default
+# output root: checkpoints spool there before they reach S3).
+RUN_AS_USER = 10001
+RUN_AS_GROUP = 10001
+IMAGE_WORKDIR = "/workspace"  # images/trainer/Dockerfile's WORKDIR: relative paths start there
+WRITABLE_DIRS = {"tmp": ("/tmp", "100Gi"), "runs": ("/workspace/runs", "50Gi")}
+SCRATCH_SIZE = "50Gi"  # each extra writable directory (`scratch`), e.g. an output_dir outside those two
 
 
 def _torchrun_component():
@@ -74,6 +86,7 @@ def trainer(
     env: dict[str, str] | None = None,
     max_retries: int = 0,
     rdzv_port: int = 29500,
+    scratch: str = "",
 ) -> specs.AppDef:
     """`sdar train` under torchrun: nnodes replicas of nproc_per_node workers each (DDP over LoRA).
 
@@ -93,6 +106,8 @@ def trainer(
         env: extra environment (not credentials: those come from `secrets`)
         max_retries: scheduler retries of the job
         rdzv_port: port of rank 0's rendezvous store (multi-node)
+        scratch: more writable directories of each pod (comma-separated absolute paths; the root
+            filesystem is read-only, /tmp and /workspace/runs are always writable)
     """
     from sdar.images import trainer_image
 
@@ -116,11 +131,11 @@ def trainer(
     # the nodes are gang-scheduled by Volcano; the workers' collectives go through the rendezvous
     # above, the data-parallel reduction is sdar's own (sdar.train.distributed)
     overlay = _pod_overlay(role.image, [s for s in secrets.split(",") if s.strip()], node_selector or {},
-                           _parse_tolerations(tolerations), labels or {})
-    if overlay:
-        from torchx.specs.overlays import set_overlay
+                           _parse_tolerations(tolerations), labels or {}, memMB,
+                           [d.strip() for d in scratch.split(",") if d.strip()])
+    from torchx.specs.overlays import set_overlay
 
-        set_overlay(role, "kubernetes", "V1Pod", overlay)
+    set_overlay(role, "kubernetes", "V1Pod", overlay)
     return app
 
 
@@ -139,22 +154,48 @@ def _parse_tolerations(text: str) -> list[dict[str, str]]:
 
 
 def _pod_overlay(image: str, secrets: list[str], node_selector: dict[str, str],
-                 tolerations: list[dict[str, str]], labels: dict[str, str]) -> dict[str, Any]:
-    """Secrets as envFrom of the (only) container, node selector, tolerations and labels of each pod
-    (TorchX adds its own labels after the overlay; it sets none of these)."""
+                 tolerations: list[dict[str, str]], labels: dict[str, str], mem_mb: int,
+                 scratch: list[str] | None = None) -> dict[str, Any]:
+    """What each pod of the job gets beyond TorchX's own: the restricted security context (pod and
+    container), emptyDirs with size limits for every writable path (TorchX's /dev/shm included, bounded
+    by the pod's memory it counts against), no service-account token and no service links (the workers
+    call no Kubernetes API), Secrets as envFrom of the (only) container, node selector, tolerations and
+    labels (TorchX adds its own labels after the overlay; it sets none of the others)."""
     from torchx.specs.overlays import JOIN
 
-    spec: dict[str, Any] = {}
+    # the container's name differs per replica, its image does not: merge on the image, leaving the
+    # env and resources TorchX sets untouched (the merge replaces whole fields: the volumeMounts below
+    # repeat TorchX's /dev/shm)
+    writable = dict(WRITABLE_DIRS)
+    for i, path in enumerate(scratch or []):
+        if not path.startswith("/"):
+            raise ValueError(f"scratch directory {path!r} is not an absolute path")
+        writable[f"scratch-{i}"] = (path, SCRATCH_SIZE)
+    mounts = {"dshm": "/dev/shm", **{name: path for name, (path, _) in writable.items()}}
+    container: dict[str, Any] = {
+        "image": image,
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                            "privileged": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True},
+        "volumeMounts": [{"name": name, "mountPath": path} for name, path in mounts.items()],
+    }
     if secrets:
-        # the container's name differs per replica, its image does not: merge on the image, adding
-        # envFrom (the container has none) and leaving the env TorchX sets untouched
-        spec[JOIN("containers", on="image")] = [
-            {"image": image, "envFrom": [{"secretRef": {"name": s.strip()}} for s in secrets]}]
+        container["envFrom"] = [{"secretRef": {"name": s.strip()}} for s in secrets]
+    volumes = [{"name": name, "emptyDir": {"sizeLimit": size}} for name, (_, size) in writable.items()]
+    if mem_mb > 0:
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{int(mem_mb)}M"}})
+    spec: dict[str, Any] = {
+        JOIN("containers", on="image"): [container],
+        JOIN("volumes", on="name"): volumes,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_GROUP,
+                            "fsGroup": RUN_AS_GROUP, "seccompProfile": {"type": "RuntimeDefault"}},
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+    }
     if node_selector:
         spec["nodeSelector"] = dict(node_selector)
     if tolerations:
         spec["tolerations"] = list(tolerations)
-    out: dict[str, Any] = {"spec": spec} if spec else {}
+    out: dict[str, Any] = {"spec": spec}
     if labels:
         out["metadata"] = {"labels": dict(labels)}
     return out
@@ -185,6 +226,10 @@ def app_for_config(cfg, config_path: str, overrides: dict[str, Any]) -> specs.Ap
     tolerations = ",".join(f"{t['key']}{'=' + t['value'] if t.get('value') else ''}:{t.get('effect', '')}"
                            for t in launch.tolerations) if on_k8s and launch.gpus_per_node else ""
     name = f"sdar-{cfg.arm}-seed{cfg.seed}".replace("_", "-")
+    # the pods' root filesystem is read-only: an output_dir outside /tmp and runs/ gets an emptyDir
+    out_dir = os.path.normpath(os.path.join(IMAGE_WORKDIR, cfg.resolved_output_dir()))
+    scratch = "" if not on_k8s or any(out_dir == d or out_dir.startswith(d + "/")
+                                      for d, _ in WRITABLE_DIRS.values()) else out_dir
     # on this machine the workers inherit this process's environment (credentials included); the
     # interpreter's bin/ goes first so `torchrun` is the one installed beside sdar
     env = {} if on_k8s else {"PATH": os.path.dirname(sys.executable)}
@@ -193,7 +238,7 @@ def app_for_config(cfg, config_path: str, overrides: dict[str, Any]) -> specs.Ap
         image=launch.image, nnodes=launch.nodes, nproc_per_node=_procs_per_node(launch), gpu=launch.gpus_per_node,
         cpu=launch.cpu, memMB=launch.memory_mb, name=name, secrets=",".join(launch.secrets) if on_k8s else "",
         node_selector=dict(launch.node_selector) if on_k8s and launch.gpus_per_node else None,
-        tolerations=tolerations, labels=dict(launch.pod_labels) if on_k8s else None, env=env,
+        tolerations=tolerations, labels=dict(launch.pod_labels) if on_k8s else None, env=env, scratch=scratch,
     )
 
 

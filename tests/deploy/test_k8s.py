@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import ipaddress
 import json
 import re
 import shutil
@@ -283,14 +284,22 @@ def test_everything_is_namespaced_except_the_namespace_and_storage_class(build, 
             assert ns is None
         else:
             assert ns in (SERVICES_NS, PIPELINE_NS), (obj["kind"], obj["metadata"]["name"])
-            # only the Secrets the pipeline's pods read, and the TorchX launcher's Role (the jobs go
-            # beside the launching pod), live in KFP's namespace
+            # only the Secrets the pipeline's pods read, the TorchX launcher's Role (the jobs go
+            # beside the launching pod) and the egress policies of the pipeline's own pods live in
+            # KFP's namespace
             assert (
                 ns == SERVICES_NS
                 or obj["kind"] == "Secret"
                 or (obj["kind"] in ("Role", "RoleBinding") and obj["metadata"]["name"] == TORCHX_ROLE)
+                or (obj["kind"] == "NetworkPolicy" and _selects_only_pipeline_pods(obj))
             ), (obj["kind"], obj["metadata"]["name"])
     assert objs.names("Namespace") == {SERVICES_NS}
+
+
+def _selects_only_pipeline_pods(policy: dict) -> bool:
+    from pipelines.sdar_comparison import ClusterSettings
+
+    return policy["spec"]["podSelector"] == {"matchLabels": ClusterSettings().pod_labels}
 
 
 # ---- RBAC: exactly what launch_envs, teardown_envs and the TorchX launcher call -----------------
@@ -782,6 +791,241 @@ def test_network_policies_admit_the_pipeline_to_env_pods_of_the_chart(
     for env in env_pods:
         for labels in pipeline_pod_labels.values():
             assert admits([own], env, Pod(PIPELINE_NS, tuple(sorted(labels.items()))), "http")
+
+
+# ---- egress: what each pod may open ------------------------------------------------------------
+KUBE_DNS = Pod("kube-system", (("k8s-app", "kube-dns"),), (("dns", 53), ("dns-tcp", 53)))
+# KFP's API server (grpc, http) and a pod of another pipeline, both in KFP's namespace
+KFP_API = Pod(PIPELINE_NS, (("app", "ml-pipeline"),), (("grpc", 8887), ("http", 8888)))
+OTHER_PIPELINE = Pod(PIPELINE_NS, (("app", "other-pipeline"),))
+# an address of s3.amazonaws.com (as STS and the Hub: HTTPS out of the cluster)
+S3_ADDRESS = "52.217.0.10"
+API_SERVER = "172.18.0.2"  # kind's control-plane node (6443); EKS's API endpoints answer on 443
+IMDS = "169.254.169.254"  # the node's instance metadata: credentials no pod should reach
+ELSEWHERE = "203.0.113.7"
+
+
+def _policy_types(policy: dict) -> list[str]:
+    spec = policy["spec"]
+    return spec.get("policyTypes") or ["Ingress"] + (["Egress"] if spec.get("egress") else [])
+
+
+def _egress_port_matches(entry: dict, dst: Pod | str, number: int | None, protocol: str) -> bool:
+    if entry.get("protocol", "TCP") != protocol:
+        return False
+    if "port" not in entry:
+        return True  # every port of the protocol
+    want = entry["port"]
+    if isinstance(want, str):  # a named port of the destination pod
+        return isinstance(dst, Pod) and number is not None and dst.port(want) == number
+    return number is not None and want <= number <= entry.get("endPort", want)
+
+
+def _in_block(address: str, block: dict) -> bool:
+    ip = ipaddress.ip_address(address)
+    return ip in ipaddress.ip_network(block["cidr"]) and not any(
+        ip in ipaddress.ip_network(e) for e in block.get("except", [])
+    )
+
+
+def sends(
+    policies: list[dict], src: Pod, dst: Pod | str, port: str | int, protocol: str = "TCP"
+) -> bool:
+    """Whether `src` may open a connection to `dst` (a pod, or an address outside the cluster's
+    pods) on `port`, by the NetworkPolicy egress rules: a pod no Egress policy selects sends
+    anywhere; a selected pod only where a rule allows. ipBlocks are taken to match addresses
+    outside the cluster only (what they match of pod addresses is up to the network plugin)."""
+    selecting = [
+        p
+        for p in policies
+        if p["metadata"]["namespace"] == src.namespace
+        and "Egress" in _policy_types(p)
+        and selects(p["spec"]["podSelector"], src.label_map)
+    ]
+    if not selecting:
+        return True
+    number = dst.port(port) if isinstance(dst, Pod) else (port if isinstance(port, int) else None)
+    for policy in selecting:
+        ns = policy["metadata"]["namespace"]
+        for rule in policy["spec"].get("egress") or []:
+            ports = rule.get("ports")
+            if ports and not any(_egress_port_matches(e, dst, number, protocol) for e in ports):
+                continue
+            peers = rule.get("to")
+            if not peers:
+                return True
+            for peer in peers:
+                if "ipBlock" in peer:
+                    if isinstance(dst, str) and _in_block(dst, peer["ipBlock"]):
+                        return True
+                    continue
+                if not isinstance(dst, Pod):
+                    continue
+                if "namespaceSelector" in peer:
+                    ns_ok = selects(
+                        peer["namespaceSelector"], {"kubernetes.io/metadata.name": dst.namespace}
+                    )
+                else:
+                    ns_ok = dst.namespace == ns
+                pod_ok = "podSelector" not in peer or selects(peer["podSelector"], dst.label_map)
+                if ns_ok and pod_ok:
+                    return True
+    return False
+
+
+def connects(policies: list[dict], src: Pod, dst: Pod, port: str | int) -> bool:
+    """A TCP connection from `src` to `dst`:`port` gets through: src's egress and dst's ingress."""
+    return sends(policies, src, dst, port) and admits(policies, dst, src, port)
+
+
+def test_the_egress_evaluator_itself():
+    policy = {
+        "metadata": {"namespace": "a"},
+        "spec": {
+            "podSelector": {"matchLabels": {"app": "web"}},
+            "policyTypes": ["Egress"],
+            "egress": [
+                {
+                    "to": [{"podSelector": {"matchLabels": {"app": "db"}}}],
+                    "ports": [{"port": "sql", "protocol": "TCP"}],
+                },
+                {
+                    "to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["10.0.0.0/8"]}}],
+                    "ports": [{"port": 443, "protocol": "TCP"}, {"port": 53, "protocol": "UDP"}],
+                },
+            ],
+        },
+    }
+    web, db = Pod("a", (("app", "web"),)), Pod("a", (("app", "db"),), (("sql", 5432),))
+    assert sends([policy], web, db, "sql") and sends([policy], web, db, 5432)
+    assert not sends([policy], web, db, 22)
+    assert not sends([policy], web, Pod("b", (("app", "db"),), (("sql", 5432),)), "sql")  # other ns
+    assert sends([policy], web, "1.2.3.4", 443) and not sends([policy], web, "10.1.2.3", 443)
+    assert not sends([policy], web, "1.2.3.4", 443, "UDP")
+    assert sends([policy], web, "1.2.3.4", 53, "UDP")
+    assert not sends([policy], web, "1.2.3.4", 80)
+    assert sends([policy], db, "1.2.3.4", 22)  # not selected: not isolated
+    deny = {"metadata": {"namespace": "a"}, "spec": {"podSelector": {}, "policyTypes": ["Egress"]}}
+    assert not sends([deny], db, "1.2.3.4", 443) and not sends([deny], db, web, 80)
+    # a named port in a rule matches the destination pod's port of that name only
+    assert not sends([policy], web, "1.2.3.4", "sql")
+
+
+def _torchx_worker_pods() -> list[Pod]:
+    """The pods of the TorchX job gated_train would launch from KFP's namespace (2 nodes)."""
+    from sdar.config import load_config
+    from sdar.launch import dryrun
+
+    overrides = {"launch.nodes": 2, "launch.gpus_per_node": 4, "launch.namespace": PIPELINE_NS}
+    config = str(REPO / "configs" / "household-tiny.yaml")
+    cfg = load_config(config, overrides)
+    job = dryrun(cfg, config, overrides, validate_spec=False).request.resource
+    out = []
+    for task in job["spec"]["tasks"]:
+        pod = task["template"]
+        ports = {p.name: p.container_port for c in pod.spec.containers for p in (c.ports or [])}
+        labels = tuple(sorted(pod.metadata.labels.items()))
+        out.append(Pod(PIPELINE_NS, labels, tuple(sorted(ports.items()))))
+    assert len(out) == 2
+    return out
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_pod_of_the_namespace_is_egress_isolated(build, target):
+    objs = build(target)
+    policies = objs.kind("NetworkPolicy")
+    deny = objs.get("NetworkPolicy", "default-deny-egress")
+    assert deny["spec"] == {"podSelector": {}, "policyTypes": ["Egress"]}
+    stray = Pod(SERVICES_NS, (("app", "stray"),), (("http", 80),))
+    for src in [stray] + [Pod.of(SERVICES_NS, t) for _, t in pod_templates(objs)]:
+        # names resolve through the cluster's DNS, and only there
+        for protocol in ("UDP", "TCP"):
+            assert sends(policies, src, KUBE_DNS, 53, protocol), (src, protocol)
+            assert not sends(policies, src, "8.8.8.8", 53, protocol), (src, protocol)
+            other = Pod("kube-system", (("k8s-app", "other"),))
+            assert not sends(policies, src, other, 53, protocol)
+        assert not sends(policies, src, IMDS, 80) and not sends(policies, src, IMDS, 443), src
+        assert not sends(policies, src, ELSEWHERE, 22), src
+    # the stray pod: nothing but DNS
+    assert not sends(policies, stray, S3_ADDRESS, 443)
+    mlflow = Pod.of(SERVICES_NS, objs.get("Deployment", "sdar-mlflow")["spec"]["template"])
+    assert not sends(policies, stray, mlflow, "http")
+    # the pipeline's egress policies in KFP's namespace select its pods and nobody else's
+    in_kfp = [p for p in policies if p["metadata"]["namespace"] == PIPELINE_NS]
+    assert in_kfp and all(_selects_only_pipeline_pods(p) for p in in_kfp)
+    for other in (KFP_API, OTHER_PIPELINE):
+        assert sends(policies, other, ELSEWHERE, 22), other
+
+
+@pytest.mark.parametrize("target", OVERLAYS)
+def test_egress_allows_each_pod_exactly_what_it_calls(
+    build, target, env_component_calls, pipeline_pod_labels
+):
+    objs = build(target)
+    policies = objs.kind("NetworkPolicy")
+    sdar_pods = {o["metadata"]["name"]: Pod.of(SERVICES_NS, t) for o, t in pod_templates(objs)}
+    mlflow, postgres = sdar_pods["sdar-mlflow"], sdar_pods["sdar-postgres"]
+    minio, bucket = sdar_pods.get("sdar-minio"), sdar_pods.get("sdar-minio-bucket")
+    local = minio is not None
+    assert local == (target == "overlays/local")
+    env = _launched_env_pod(env_component_calls)
+    pipeline = [Pod(PIPELINE_NS, tuple(sorted(la.items()))) for la in pipeline_pod_labels.values()]
+    workers = _torchx_worker_pods()
+
+    # env servers, Postgres and MinIO call nobody: DNS only
+    for quiet in [env, postgres] + ([minio] if local else []):
+        assert not sends(policies, quiet, S3_ADDRESS, 443), quiet
+        assert not sends(policies, quiet, mlflow, "http"), quiet
+        assert not sends(policies, quiet, KFP_API, "grpc"), quiet
+        assert not sends(policies, quiet, workers[0], "c10d"), quiet
+        assert sends(policies, quiet, KUBE_DNS, 53, "UDP"), quiet
+    # MLflow: its Postgres, and the artifact store: S3 over HTTPS (IRSA) on EKS, MinIO locally
+    assert connects(policies, mlflow, postgres, "postgres")
+    assert not sends(policies, mlflow, env, "http")
+    assert not sends(policies, mlflow, S3_ADDRESS, 80)
+    if local:
+        assert connects(policies, mlflow, minio, "api")
+        assert not sends(policies, mlflow, minio, "console")
+        assert not sends(policies, mlflow, S3_ADDRESS, 443)
+        assert connects(policies, bucket, minio, "api")
+        assert not sends(policies, bucket, S3_ADDRESS, 443)
+        assert not sends(policies, bucket, mlflow, "http")
+    else:
+        assert sends(policies, mlflow, S3_ADDRESS, 443)
+    # the pipeline's pods and the TorchX workers: env servers, MLflow, KFP, HTTPS out; not Postgres
+    for src in pipeline + workers:
+        assert connects(policies, src, env, "http"), src
+        assert not sends(policies, src, env, 9999), src
+        assert connects(policies, src, mlflow, "http"), src
+        assert not connects(policies, src, postgres, "postgres"), src
+        assert not sends(policies, src, postgres, "postgres"), src
+        assert sends(policies, src, KFP_API, "grpc") and sends(policies, src, KFP_API, "http"), src
+        assert sends(policies, src, S3_ADDRESS, 443), src  # S3 and STS (IRSA), the Hugging Face Hub
+        assert sends(policies, src, API_SERVER, 6443) and sends(policies, src, API_SERVER, 443), src
+        assert not sends(policies, src, S3_ADDRESS, 80), src
+        assert not sends(policies, src, ELSEWHERE, 22), src
+        assert not sends(policies, src, IMDS, 443) and not sends(policies, src, IMDS, 80), src
+        if local:
+            assert connects(policies, src, minio, "api"), src
+            assert not sends(policies, src, minio, "console"), src
+    # a job's workers reach one another: rank 0's rendezvous store and the collectives' own ports
+    for a in workers:
+        for b in workers:
+            assert sends(policies, a, b, "c10d") and sends(policies, a, b, 41234)
+
+
+@pytest.mark.parametrize("target", OVERLAYS)
+def test_egress_of_the_charts_env_servers_is_dns_only(build, render, target, pipeline_pod_labels):
+    policies = build(target).kind("NetworkPolicy")
+    chart = render(namespace=SERVICES_NS)
+    env_pods = [Pod.of(SERVICES_NS, d["spec"]["template"]) for d in chart.kind("Deployment")]
+    assert env_pods
+    pipeline = Pod(PIPELINE_NS, tuple(sorted(next(iter(pipeline_pod_labels.values())).items())))
+    for env in env_pods:
+        assert sends(policies, env, KUBE_DNS, 53, "UDP")
+        assert not sends(policies, env, S3_ADDRESS, 443) and not sends(policies, env, ELSEWHERE, 80)
+        assert not sends(policies, env, pipeline, 8080)
+        assert connects(policies, pipeline, env, "http")
 
 
 # ---- what each overlay holds --------------------------------------------------------------------

@@ -75,6 +75,10 @@ def test_cli_dryrun_renders_a_volcano_job_of_gpu_torchrun_workers():
         pod = t["template"]["spec"]
         assert pod["nodeSelector"] == {"eks.amazonaws.com/nodegroup": "gpu"}
         assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+        # the restricted profile through the CLI too (the details: test_the_jobs_pods_run_restricted...)
+        assert pod["securityContext"]["runAsNonRoot"] is True and pod["automountServiceAccountToken"] is False
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True
+        assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
 
 
 def test_the_job_rebuilds_the_launching_config_and_uses_the_pipelines_secrets():
@@ -316,3 +320,86 @@ def test_the_jobs_pods_carry_the_pipelines_labels():
         labels = task["template"].metadata.labels
         assert ClusterSettings().pod_labels.items() <= labels.items()
         assert labels["app.kubernetes.io/managed-by"] == "torchx.pytorch.org"  # TorchX's own are kept
+
+
+def _job_pods(**overrides) -> list[dict]:
+    """The pod templates (as the API server gets them) of the job `launch_training` would submit."""
+    from kubernetes.client import ApiClient
+
+    from sdar.config import load_config
+    from sdar.launch import dryrun
+
+    overrides = {"launch.nodes": 2, "launch.gpus_per_node": 4, **overrides}
+    job = dryrun(load_config(CONFIG, overrides), CONFIG, overrides, validate_spec=False).request.resource
+    return [{"apiVersion": "v1", "kind": "Pod", **ApiClient().sanitize_for_serialization(t["template"])}
+            for t in job["spec"]["tasks"]]
+
+
+def _writable(pod: dict) -> dict[str, dict]:
+    """mountPath -> volume of each mount of the (only) container."""
+    (c,) = pod["spec"]["containers"]
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    return {m["mountPath"]: volumes[m["name"]] for m in c.get("volumeMounts", [])}
+
+
+def _under(path: str, dirs) -> bool:
+    return any(path == d or path.startswith(d.rstrip("/") + "/") for d in dirs)
+
+
+@pytest.mark.parametrize("version", ("1.30", "1.33"))
+def test_the_jobs_pods_run_restricted_with_a_read_only_root(version):
+    import kubernetes_validate
+
+    from sdar.config import load_config
+    from tests.deploy.test_env_server_image import parse_dockerfile
+
+    _, stages = parse_dockerfile((REPO / "images" / "trainer" / "Dockerfile").read_text())
+    runtime = stages[-1]
+    uid, gid = (int(x) for x in runtime.all("USER")[-1].split(":"))
+    workdir = runtime.all("WORKDIR")[-1]
+    pods = _job_pods()
+    assert len(pods) == 2
+    for i, pod in enumerate(pods):
+        pod["metadata"]["name"] = f"trainer-{i}"  # the Volcano job names them
+        kubernetes_validate.validate(pod, version, strict=True)
+        spec = pod["spec"]
+        psc = spec["securityContext"]
+        assert psc["runAsNonRoot"] is True
+        assert (psc["runAsUser"], psc["runAsGroup"]) == (uid, gid) == (10001, 10001)
+        assert psc["seccompProfile"] == {"type": "RuntimeDefault"}
+        # the workers call no Kubernetes API and need no service variables
+        assert spec["automountServiceAccountToken"] is False and spec["enableServiceLinks"] is False
+        assert not spec.get("hostNetwork") and not spec.get("hostPID") and not spec.get("hostIPC")
+        (c,) = spec["containers"]
+        assert c["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                                        "privileged": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True}
+        for kind in ("cpu", "memory"):
+            assert kind in c["resources"]["requests"] and kind in c["resources"]["limits"], kind
+        # every writable path is an emptyDir with a size limit: TorchX's /dev/shm (memory), /tmp and
+        # runs/ under the image's working directory
+        writable = _writable(pod)
+        assert {"/dev/shm", "/tmp", f"{workdir}/runs"} <= set(writable)
+        for path, volume in writable.items():
+            assert volume["emptyDir"].get("sizeLimit"), path
+        assert writable["/dev/shm"]["emptyDir"]["medium"] == "Memory"
+        # what the trainer writes lies there: HOME and the caches (the image's ENV), and the run's output_dir
+        for var, value in runtime.env().items():
+            if var in ("HOME", "XDG_CACHE_HOME", "SDAR_CACHE_DIR", "HF_HOME", "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR",
+                       "MPLCONFIGDIR"):
+                assert _under(value, writable), (var, value)
+        output_dir = str(load_config(CONFIG).resolved_output_dir())
+        assert not output_dir.startswith("/") and _under(f"{workdir}/{output_dir}", writable)
+
+
+def test_an_output_dir_elsewhere_gets_its_own_empty_dir():
+    for output_dir, mounted in (("/data/out/{arm}", "/data/out/sdar"), ("out/x", "/workspace/out/x"),
+                                ("/tmp/x", None), ("runs/kfp/job", None)):
+        writable = _writable(_job_pods(output_dir=output_dir)[0])
+        extra = set(writable) - {"/dev/shm", "/tmp", "/workspace/runs"}
+        assert extra == ({mounted} if mounted else set()), output_dir
+        for path in extra:
+            assert writable[path]["emptyDir"]["sizeLimit"], path
+    from sdar.launch import _pod_overlay
+
+    with pytest.raises(ValueError, match="not an absolute path"):
+        _pod_overlay("img", [], {}, [], {}, 1024, ["relative/dir"])

@@ -90,11 +90,12 @@ def test_cluster_target_adds_gpu_scheduling_and_secrets(cluster):
     train = k8s["exec-gated-train"]
     assert train["nodeSelector"]["labels"] == {"eks.amazonaws.com/nodegroup": "gpu"}
     assert train["tolerations"] == [{"effect": "NoSchedule", "key": "nvidia.com/gpu", "operator": "Exists"}]
-    for ex in ("exec-gated-train", "exec-evaluate", "exec-evaluate-2", "exec-launch-envs", "exec-compare",
-               "exec-teardown-envs"):
-        secrets = {s["secretName"]: {e["envVar"] for e in s["keyToEnv"]} for s in k8s[ex]["secretAsEnv"]}
-        assert secrets["sdar-mlflow"] == {"MLFLOW_TRACKING_URI"}, ex
-        assert secrets["sdar-s3"] == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "SDAR_S3_ENDPOINT_URL"}, ex
+    # each step gets the Secrets it reads and no other: MLflow where it logs, S3 where checkpoints go
+    mlflow, s3 = {"MLFLOW_TRACKING_URI"}, {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "SDAR_S3_ENDPOINT_URL"}
+    want = {"exec-gated-train": {"sdar-mlflow": mlflow, "sdar-s3": s3}, "exec-plan-runs": {}}
+    for ex in k8s:
+        secrets = {s["secretName"]: {e["envVar"] for e in s["keyToEnv"]} for s in k8s[ex].get("secretAsEnv", [])}
+        assert secrets == want.get(ex, {"sdar-mlflow": mlflow}), ex
     # no GPU on the other steps, and secrets never appear as pipeline parameters
     for ex, body in spec["deploymentSpec"]["executors"].items():
         if ex != "exec-gated-train":
@@ -126,6 +127,85 @@ def test_cluster_target_deploys_the_env_server_image_into_the_sdar_namespace(clu
     local_spec, _ = local
     assert _launch_input(local_spec, "env_image") is None
     assert local_spec["root"]["inputDefinitions"]["parameters"]["namespace"]["defaultValue"] == ""
+
+
+def _quantity(q: str) -> float:
+    """A Kubernetes quantity (CPU or memory) as a number."""
+    units = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+    for suffix in sorted(units, key=len, reverse=True):
+        if q.endswith(suffix):
+            return float(q[: -len(suffix)]) * units[suffix]
+    return float(q)
+
+
+def _images_user() -> int:
+    """The uid both images run as (their last USER)."""
+    from tests.deploy.conftest import REPO
+    from tests.deploy.test_env_server_image import parse_dockerfile
+
+    uids = set()
+    for image in ("trainer", "env-server"):
+        _, stages = parse_dockerfile((REPO / "images" / image / "Dockerfile").read_text())
+        uids.add(int(stages[-1].all("USER")[-1].split(":")[0]))
+    (uid,) = uids
+    return uid
+
+
+@pytest.mark.parametrize("settings", [ClusterSettings(), ClusterSettings(gpus=0, train_cpu="2", train_memory="4G"),
+                                      ClusterSettings(eval_on_gpu=True)], ids=["default", "no-gpu", "eval-on-gpu"])
+def test_every_cluster_step_runs_as_the_images_user_with_requests_and_limits(tmp_path, settings):
+    spec, platform = _compile(tmp_path, "cluster", cluster=settings)
+    uid = _images_user()
+    assert uid == settings.run_as_user == settings.run_as_group == 10001
+    executors = spec["deploymentSpec"]["executors"]
+    assert len(executors) == 7
+    for ex in executors:
+        container, k8s = _executor(spec, platform, ex)
+        # kfp-kubernetes sets the user; KFP's backend adds allowPrivilegeEscalation false, drop ALL
+        # and seccomp RuntimeDefault to every executor container (the IR has no field for them)
+        sc = k8s["securityContext"]
+        assert sc["runAsNonRoot"] is True, ex
+        assert int(sc["runAsUser"]) == int(sc["runAsGroup"]) == uid, ex
+        res = container["resources"]
+        for kind in ("Cpu", "Memory"):
+            request, limit = res[f"resource{kind}Request"], res[f"resource{kind}Limit"]
+            assert 0 < _quantity(request) <= _quantity(limit), (ex, kind)
+    res = lambda ex: _executor(spec, platform, ex)[0]["resources"]  # noqa: E731
+    assert res("exec-gated-train")["resourceMemoryLimit"] == settings.train_memory
+    evaluation = settings.train_cpu if settings.eval_on_gpu else settings.eval_cpu
+    assert res("exec-evaluate")["resourceCpuLimit"] == res("exec-evaluate-2")["resourceCpuLimit"] == evaluation
+    for light in ("exec-plan-runs", "exec-launch-envs", "exec-compare", "exec-teardown-envs"):
+        assert res(light)["resourceCpuLimit"] == settings.step_cpu, light
+        assert res(light)["resourceMemoryLimit"] == settings.step_memory, light
+
+
+
+def test_the_security_context_can_be_left_out_for_older_kfp_backends(tmp_path):
+    # KFP backends before 2.16 reject the platform spec's securityContext: the rest stays
+    spec, platform = _compile(tmp_path, "cluster", cluster=ClusterSettings(security_context=False))
+    for ex in spec["deploymentSpec"]["executors"]:
+        container, k8s = _executor(spec, platform, ex)
+        assert "securityContext" not in k8s, ex
+        assert k8s["podMetadata"]["labels"] == {"app.kubernetes.io/part-of": "sdar-pipeline"}, ex
+        assert container["resources"]["resourceMemoryLimit"], ex
+
+
+def test_the_secret_lists_match_what_the_components_read():
+    # MLflow: every component that logs (a `tracking` switch); S3: the one that puts checkpoints
+    # there (checkpoint_root) and launches the TorchX jobs that do
+    import inspect
+
+    import components
+    from pipelines.sdar_comparison import MLFLOW_STEPS, S3_STEPS
+
+    used = [comp.python_func.__name__ for comp in components.ALL]
+    assert set(MLFLOW_STEPS) | set(S3_STEPS) <= set(used)
+    for comp in components.ALL:
+        name, params = comp.python_func.__name__, inspect.signature(comp.python_func).parameters
+        if name in ("rollout", "teacher_replay"):
+            continue  # not steps of the comparison pipeline
+        assert ("tracking" in params) == (name in MLFLOW_STEPS), name
+        assert ("checkpoint_root" in params) == (name in S3_STEPS), name
 
 
 def test_a_gpu_free_cluster_build_asks_for_no_gpu_node(tmp_path):
