@@ -304,3 +304,15 @@ def test_an_mlflow_outage_is_buffered_and_flushed_never_fatal(tmp_path, monkeypa
         assert run.data.params == {"lr": "0.1"} and run.info.status == "FINISHED"
     finally:
         _stop(server)
+
+
+def test_models_tracking_and_alfworld_share_one_cache_root(monkeypatch, tmp_path):
+    from sdar.envs.household.alfworld_backend import default_cache_dir
+    from sdar.models.cache import cache_root
+    from sdar.tracking import cache_dir
+
+    monkeypatch.setenv("SDAR_CACHE_DIR", str(tmp_path / "c"))
+    assert cache_root() == cache_dir() == default_cache_dir().parent == tmp_path / "c"
+    monkeypatch.delenv("SDAR_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_root() == cache_dir() == default_cache_dir().parent == tmp_path / "xdg" / "sdar"

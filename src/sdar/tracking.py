@@ -38,11 +38,10 @@ _MAX_KEY_CHARS = 250
 
 
 def cache_dir() -> Path:
-    """sdar's cache directory: SDAR_CACHE_DIR, else $XDG_CACHE_HOME/sdar, else ~/.cache/sdar."""
-    if os.environ.get("SDAR_CACHE_DIR"):
-        return Path(os.environ["SDAR_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "sdar"
+    """sdar's cache directory (sdar.envs.base.cache_root: the one definition)."""
+    from sdar.envs.base import cache_root
+
+    return cache_root()
 
 
 def default_tracking_uri(output_dir: str | os.PathLike | None = None) -> str:

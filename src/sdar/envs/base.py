@@ -7,12 +7,25 @@ into observation fields because OpenEnv's wire format drops `Observation.metadat
 from __future__ import annotations
 
 import importlib
+import os
 from abc import ABC, abstractmethod
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     from sdar.envs.skills import SkillLibrary
+
+def cache_root() -> Path:
+    """sdar's one cache directory (not created): $SDAR_CACHE_DIR, else $XDG_CACHE_HOME/sdar, else
+    ~/.cache/sdar. Models (sdar.models.cache), the MLflow schema template (sdar.tracking) and the ALFWorld
+    data all live under it; it is defined here, at the bottom layer, because the environments import
+    nothing else of sdar."""
+    if os.environ.get("SDAR_CACHE_DIR"):
+        return Path(os.environ["SDAR_CACHE_DIR"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "sdar"
+
 
 # Keys every step's metadata carries. `error_kind` and `hint_template_key` are set (non-empty)
 # only on a failed action; they drive the hint-distillation channel.

@@ -11,13 +11,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-
-def cache_root() -> Path:
-    """The sdar cache directory (not created)."""
-    if os.environ.get("SDAR_CACHE_DIR"):
-        return Path(os.environ["SDAR_CACHE_DIR"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "sdar"
+from sdar.envs.base import cache_root  # noqa: F401 - the one definition, re-exported
 
 
 def build_once(target: Path, build: Callable[[Path], None], marker: str) -> Path:

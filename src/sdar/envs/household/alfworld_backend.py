@@ -29,6 +29,7 @@ from sdar.envs.household.pddl import EngineFacts, GoalSpec, domain_plan, parse_g
 
 DATA_ENV_VAR = "SDAR_ALFWORLD_DATA"
 GAME_FILE = "game.tw-pddl"
+MAX_TASK_ID_CHARS = 1024  # the longest official id is ~130; longer ones are refused before any file lookup
 LAYOUT_DIR = "json_2.1.1"
 TASK_PREFIX = "Your task is to: "
 # fallback error markers of a failed action (the sim's names, so hint templates fit both)
@@ -49,11 +50,10 @@ _MISSING_DATA_HELP = (
 # locating and listing the official games
 # ---------------------------------------------------------------------------------------
 def default_cache_dir() -> Path:
-    """Where tarballs are unpacked once: $SDAR_CACHE_DIR/alfworld, else ~/.cache/sdar/alfworld."""
-    if os.environ.get("SDAR_CACHE_DIR"):
-        return Path(os.environ["SDAR_CACHE_DIR"]) / "alfworld"
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "sdar" / "alfworld"
+    """Where tarballs are unpacked once: <sdar cache root>/alfworld (sdar.envs.base.cache_root)."""
+    from sdar.envs.base import cache_root
+
+    return cache_root() / "alfworld"
 
 
 def _sha256(paths: list[Path]) -> str:
@@ -385,9 +385,13 @@ class AlfworldEngine:
             raise ValueError(
                 f"task id {task_id!r} is relative but this engine has no data root; pass root="
             )
-        if not path.is_file():
+        try:
+            found = path.is_file()
+        except OSError:  # e.g. a name too long for the file system
+            found = False
+        if not found:
             raise FileNotFoundError(
-                f"no ALFWorld game at {path}; task ids come from task_ids(split)"
+                f"no ALFWorld game at {str(path)[:300]}; task ids come from task_ids(split)"
             )
         return path
 
@@ -1053,11 +1057,32 @@ class AlfworldHousehold(HouseholdBackend):
                 # no seed: walk the split in order, so repeated resets cover every game
                 task_id = games[self._next % len(games)]
                 self._next += 1
+        else:
+            self._check_game(task_id)
         out = self._call("reset", task_id)
         self._task_text = out.metadata["task"]
         self._task_type = out.metadata["task_type"]
         self._goal_object = self._call("goal_object_type")
         return out
+
+    def _check_game(self, task_id: str) -> None:
+        """A KeyError (an unknown task: the env server's 404) unless `task_id` names a game file
+        under the data root; checked here, before an engine (maybe in a worker) sees it."""
+        if not isinstance(task_id, str) or not task_id or len(task_id) > MAX_TASK_ID_CHARS or "\0" in task_id:
+            shown = task_id[:80] + "..." if isinstance(task_id, str) and len(task_id) > 80 else task_id
+            raise KeyError(
+                f"no ALFWorld game {shown!r}: a task id is a game path from task_ids(split), "
+                f"at most {MAX_TASK_ID_CHARS} characters"
+            )
+        path = self.root / task_id
+        try:
+            inside = path.resolve().is_relative_to(self.root.resolve()) and not Path(task_id).is_absolute()
+            found = inside and path.is_file()
+        except (OSError, ValueError, RuntimeError):  # too long a name, a symlink loop
+            found = False
+        if not found:
+            shown = task_id if len(task_id) <= 200 else task_id[:200] + "..."
+            raise KeyError(f"no ALFWorld game {shown!r} under the data root; task ids come from task_ids(split)")
 
     def goal_object_type(self) -> str | None:
         return self._goal_object
