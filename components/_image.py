@@ -7,25 +7,16 @@ outright. They are read when the component modules are imported; `with_image` re
 built component, which is what `sdar compile --image` uses.
 """
 
-import os
-
-from sdar.images import ENV_SERVER_REPOSITORY, TRAINER_REPOSITORY, image_ref
+from sdar.images import ENV_SERVER_REPOSITORY, TRAINER_REPOSITORY, env_server_image, image_ref, trainer_image
 
 # the trainer image (images/trainer): torch, vLLM, sdar, kfp and TorchX installed, so nothing is
 # installed at run time
 DEFAULT_IMAGE = image_ref(TRAINER_REPOSITORY)
 # the environment server image (images/env-server, the Helm chart's image)
 DEFAULT_ENV_IMAGE = image_ref(ENV_SERVER_REPOSITORY)
-
-
-def base_image() -> str:
-    """SDAR_IMAGE when set, else DEFAULT_IMAGE."""
-    return os.environ.get("SDAR_IMAGE") or DEFAULT_IMAGE
-
-
-def env_image() -> str:
-    """SDAR_ENV_IMAGE when set, else DEFAULT_ENV_IMAGE (the image launch_envs deploys on a cluster)."""
-    return os.environ.get("SDAR_ENV_IMAGE") or DEFAULT_ENV_IMAGE
+# the one definition of each name is sdar.images; these are the components' names for them
+base_image = trainer_image  # SDAR_IMAGE when set, else <registry>/sdar-trainer:<tag>
+env_image = env_server_image  # SDAR_ENV_IMAGE when set, else the env-server image (beside a given trainer image)
 
 
 # every component: the image already holds sdar and kfp, so the runner installs nothing
