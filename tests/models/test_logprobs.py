@@ -160,3 +160,23 @@ def test_length_bucketed_scoring_gives_the_same_rows_in_the_same_order(model, to
     order = [len(p) + len(r) for p, r in zip(prompts, responses)]
     padded_plain = sum(max(order[k : k + 3]) * len(order[k : k + 3]) for k in range(0, 11, 3))
     assert padded_sorted < padded_plain
+
+
+def test_first_position_computes_only_the_needed_logits_with_the_same_numbers(model, tokenizer):
+    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
+    x, m = pad(ids, "right", 0)
+    full_lp, full_ent = token_logprobs(model, x, m, return_entropy=True, temperature=0.7)
+    for f in (1, 3, x.shape[1] - 2):
+        lp, ent = token_logprobs(model, x, m, return_entropy=True, temperature=0.7, first_position=f)
+        torch.testing.assert_close(lp[:, f:], full_lp[:, f:], atol=1e-5, rtol=0)
+        torch.testing.assert_close(ent[:, f:], full_ent[:, f:], atol=1e-5, rtol=0)
+        assert not lp[:, :f].any() and not ent[:, :f].any()
+    # a constrained mask given for the kept positions only
+    V = model.get_output_embeddings().weight.shape[0]
+    allowed = torch.ones(x.shape[0], x.shape[1], V, dtype=torch.bool)
+    allowed[:, 4, :5] = False
+    whole, _ = token_logprobs(model, x, m, allowed=allowed)
+    kept, _ = token_logprobs(model, x, m, allowed=allowed[:, 2:], first_position=2)
+    torch.testing.assert_close(kept[:, 2:], whole[:, 2:], atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="first_position"):
+        token_logprobs(model, x, m, first_position=x.shape[1])

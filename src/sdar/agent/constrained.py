@@ -94,16 +94,17 @@ class TrieTokenFilter:
 
 
 def allowed_mask(prompts: list[list[int]], responses: list[list[int]], allowed: list[list[list[int]] | None],
-                 width: int, vocab: int) -> torch.Tensor:
-    """Bool [B, width, V]: True everywhere except at the positions that predict response tokens
-    of constrained turns, where only that step's allowed tokens are True (right-padded rows)."""
-    mask = torch.ones(len(prompts), width, vocab, dtype=torch.bool)
+                 width: int, vocab: int, start: int = 0) -> torch.Tensor:
+    """Bool [B, width - start, V]: True everywhere except at the positions that predict response tokens
+    of constrained turns, where only that step's allowed tokens are True (right-padded rows); positions
+    before `start` are left out (their logits are not computed, see token_logprobs' first_position)."""
+    mask = torch.ones(len(prompts), width - start, vocab, dtype=torch.bool)
     for i, (p, r, a) in enumerate(zip(prompts, responses, allowed)):
         if a is None:
             continue
         for k, toks in enumerate(a[: len(r)]):
             if toks:
-                pos = len(p) - 1 + k  # the logits at this position predict response token k
+                pos = len(p) - 1 + k - start  # the logits at this position predict response token k
                 mask[i, pos] = False
                 mask[i, pos, toks] = True
     return mask

@@ -73,6 +73,7 @@ def token_logprobs(
     return_entropy: bool = False,
     chunk_size: int | None = None,
     allowed: torch.Tensor | None = None,
+    first_position: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(input_ids[:, t] | input_ids[:, :t]) for every t >= 1, from one forward pass per chunk.
 
@@ -88,6 +89,10 @@ def token_logprobs(
     allowed: optional bool [B, L, V]: the tokens a constrained decoder could emit after each
         position (True = allowed); log-probs and entropies are then those of the renormalised,
         constrained distribution the tokens were actually sampled from.
+    first_position: compute logits only from this position on (the model's `logits_to_keep`): the output
+        head and the softmax over the vocabulary are most of a small model's forward, and scoring needs
+        only the positions that predict response tokens. Columns before it are 0; `allowed` then covers
+        positions first_position..L-1 only ([B, L - first_position, V]).
     Returns (logp [B, L-1], entropy [B, L-1] or None), float32. Alignment: column j scores token
         j + 1 from the logits at position j; a response token at index t is at column t - 1, i.e.
         `logp[:, t0 - 1 : t1 - 1]` for response tokens `input_ids[:, t0:t1]`. Columns whose context
@@ -103,18 +108,23 @@ def token_logprobs(
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if chunk_size is not None and chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive number of sequences or None, got {chunk_size}")
+    L = input_ids.shape[1]
+    if not 0 <= first_position < L:
+        raise ValueError(f"first_position must be in [0, {L}) for sequences of {L} tokens, got {first_position}")
     device = next(model.parameters()).device
     input_ids = input_ids.to(device)
     attention_mask = attention_mask.to(device)
     B = input_ids.shape[0]
+    f = first_position
     step = chunk_size or B
     logps: list[torch.Tensor] = []
     ents: list[torch.Tensor] = []
     for start in range(0, B, step):
         ids = input_ids[start : start + step]
         mask = attention_mask[start : start + step]
+        kw = {"logits_to_keep": L - f} if f else {}
         out = model(
-            input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=False
+            input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=False, **kw
         )
         # float32 from here: bf16 log-softmax over a large vocabulary loses ~2 decimal digits
         logits = out.logits.float()
@@ -125,9 +135,14 @@ def token_logprobs(
             logits = logits.masked_fill(~allowed[start : start + step].to(device), -1e9)
         # score all L positions (a dummy target at the last one) so the [b, L, V] logits need no
         # sliced copy, then drop the last column
-        target = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], dim=1)
+        target = torch.cat([ids[:, f + 1 :], torch.zeros_like(ids[:, :1])], dim=1)
         logp, ent = logp_and_entropy(logits, target, return_entropy)
+        if f:  # the columns before first_position were not computed: zeros, like padding
+            pad = torch.zeros(ids.shape[0], f, dtype=logp.dtype, device=logp.device)
+            logp = torch.cat([pad, logp], dim=1)
+            ent = torch.cat([pad, ent], dim=1) if return_entropy else ent
         valid = (mask[:, 1:] > 0) & (mask[:, :-1] > 0)
+        valid[:, :f] = False
         logps.append(torch.where(valid, logp[:, :-1], torch.zeros((), dtype=logp.dtype, device=logp.device)))
         if return_entropy:
             ents.append(torch.where(valid, ent[:, :-1], torch.zeros((), dtype=ent.dtype, device=ent.device)))

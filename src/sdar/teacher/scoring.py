@@ -89,13 +89,15 @@ def response_logprobs(
             for j, s in enumerate(seqs):
                 ids[j, : len(s)] = torch.tensor(s)
                 att[j, : len(s)] = 1
+            # logits only where a response token is predicted (all positions for the prompt LM term)
+            first = 0 if prompt_lm else max(0, min(len(prompts[i]) for i in rows) - 1)
             mask_v = None
             if allowed is not None and any(allowed[i] is not None for i in rows):
                 vocab = model.get_output_embeddings().weight.shape[0]
                 mask_v = allowed_mask([prompts[i] for i in rows], [responses[i] for i in rows],
-                                      [allowed[i] for i in rows], L, vocab)
+                                      [allowed[i] for i in rows], L, vocab, start=first)
             lp, e = token_logprobs(model, ids.to(device), att.to(device), return_entropy=with_entropy,
-                                   allowed=mask_v, temperature=temperature)
+                                   allowed=mask_v, temperature=temperature, first_position=first)
             if prompt_lm:
                 pm = torch.zeros_like(lp)
                 for j, i in enumerate(rows):
