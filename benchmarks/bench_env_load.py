@@ -13,6 +13,7 @@ import json
 import os
 import random
 import re
+import secrets
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -21,12 +22,12 @@ from sdar.envs.base import EnvStep
 from sdar.envs.client import (
     AsyncRemoteEnv,
     EnvServerError,
-    fetch_observation,
     http_json,
     serve_in_background,
 )
 from sdar.envs.server_config import ServerOptions
 
+OPERATOR = secrets.token_urlsafe(32)  # lists the server's sessions for the cross-talk check
 INVALID_RATE = 0.05  # share of deliberately invalid actions, so the error path is under load too
 
 
@@ -137,7 +138,7 @@ async def run_family(family: str, url: str, n_sessions: int, max_steps: int, dur
     res.reset_p50_ms, res.reset_p99_ms = percentile(reset_ms, 50), percentile(reset_ms, 99)
 
     # every live session must still be on the server, with as many steps as its client took
-    listed = {s["session_id"]: s for s in http_json("GET", f"{url}/sessions")["sessions"]}
+    listed = {s["session_id"]: s for s in http_json("GET", f"{url}/sessions", token=OPERATOR)["sessions"]}
     res.server_step_total = sum(s["step_count"] for s in listed.values())
     rng = random.Random(0)
     for i, (env, episode, steps) in enumerate(outcomes):
@@ -153,7 +154,7 @@ async def run_family(family: str, url: str, n_sessions: int, max_steps: int, dur
             res.problems.append(f"session {i}: server counted {listed[sid]['step_count']} steps, client {steps}")
         # state(t) read back over HTTP must be exactly what this session was sent at step t
         t = rng.randrange(len(episode))
-        if fetch_observation(url, sid, t) != episode[t]:
+        if await env.observation_at(t) != episode[t]:
             res.readback_mismatches += 1
             res.problems.append(f"session {i}: state({t}) differs from what step {t} returned")
     await asyncio.gather(*(env.close() for env, _, _ in outcomes if env is not None))
@@ -162,7 +163,9 @@ async def run_family(family: str, url: str, n_sessions: int, max_steps: int, dur
 def bench_family(family: str, n_sessions: int, max_steps: int, duration_s: float) -> FamilyResult:
     res = FamilyResult(family=family, sessions=n_sessions)
     t0 = time.monotonic()
-    url, handle = serve_in_background(family, options=ServerOptions(max_sessions=max(256, n_sessions)))
+    n_max = max(256, n_sessions)
+    opts = ServerOptions(max_sessions=n_max, max_sessions_per_client=n_max)  # every session comes from here
+    url, handle = serve_in_background(family, options=opts, operator_token=OPERATOR)
     res.startup_s = time.monotonic() - t0
     with handle:
         asyncio.run(run_family(family, url, n_sessions, max_steps, duration_s, res))

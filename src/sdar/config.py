@@ -142,9 +142,10 @@ class LaunchConfig:
     image: str = ""  # "" = $SDAR_IMAGE or the trainer image the pipeline uses
     queue: str = "default"  # Volcano queue
     namespace: str = ""  # "" = the namespace of the pod that launches (its service account's), else default
-    # the job's pods' service account ("" = the namespace's default; on EKS the pipeline's
-    # pipeline-runner, whose IRSA role reaches the bucket)
-    service_account: str = ""
+    # the job's pods' service account: the pipeline's pipeline-runner (whose IRSA role reaches the bucket on
+    # EKS, and which the env chart's admission policy requires of pods wearing the pipeline label); "" = the
+    # namespace's default
+    service_account: str = "pipeline-runner"
     node_selector: dict[str, str] = field(default_factory=lambda: {"eks.amazonaws.com/nodegroup": "gpu"})
     tolerations: list[dict[str, str]] = field(
         default_factory=lambda: [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}])
@@ -187,6 +188,10 @@ class TrainConfig:
     # draw mini-batches in a random order; false takes them in rollout order (the reference: batch.split)
     shuffle_mini_batches: bool = False
     ppo_epochs: int = 1
+    # take old_logp of the first mini-batch's rows from the update's own first forward (the weights have not
+    # moved yet, so it is the same number) instead of a separate scoring pass; false scores every row first.
+    # With the reference's mini-batch (256) and a step of <= 256 turn-samples, no old_logp pass is left
+    reuse_old_logp: bool = True
     # after every optimizer step, check the trainable weights are finite and the policy still scores one of
     # the step's samples to finite log-probs; otherwise restore the weights and optimizer state of before the
     # step and count the update as skipped. Costs a copy of the trainable weights and their optimizer state

@@ -3,7 +3,9 @@ OpenAPI schemas (kubernetes-validate, strict), check what was rendered, and refu
 
 from __future__ import annotations
 
+import base64
 import copy
+import json
 import shutil
 
 import kubernetes_validate
@@ -146,7 +148,11 @@ def test_every_object_validates_strictly(render, values, version):
 def test_defaults_render_one_deployment_and_service_per_family(render):
     r = render()
     kinds = sorted(o["kind"] for o in r.objects)
-    assert kinds == ["Deployment"] * 3 + ["Service"] * 3 + ["ServiceAccount"]
+    assert kinds == ["Deployment"] * 3 + ["NetworkPolicy", "Secret"] + ["Service"] * 3 + [
+        "ServiceAccount",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ]
     for family in FAMILIES:
         name = f"sdar-envs-{family}"
         deploy, svc = r.get("Deployment", name), r.get("Service", name)
@@ -386,9 +392,51 @@ def test_alfworld_backend_mounts_games_read_only_and_a_cache(render):
         assert [m["mountPath"] for m in other["volumeMounts"]] == ["/tmp"]
 
 
-def test_network_policy_admits_only_labelled_clients(render):
-    assert render().kind("NetworkPolicy") == []
-    r = render(FULL)
+def _by_name(namespaces: list[str]) -> dict:
+    return {
+        "matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": namespaces}
+        ]
+    }
+
+
+def _admits(r, namespace: str, ns_labels: dict, pod_labels: dict, service_account: str) -> bool:
+    """Whether a pod could exist (the admission policies let it) and reach the servers (the
+    NetworkPolicy admits it): the rendered objects evaluated as the API server and CNI would."""
+    ns_labels = {**ns_labels, "kubernetes.io/metadata.name": namespace}
+
+    def ns_match(selector: dict) -> bool:
+        for expr in selector.get("matchExpressions", []):
+            assert expr["operator"] == "In"
+            if ns_labels.get(expr["key"]) not in expr["values"]:
+                return False
+        return selects(selector.get("matchLabels", {}), ns_labels)
+
+    for binding in r.kind("ValidatingAdmissionPolicyBinding"):
+        match = binding["spec"]["matchResources"]
+        if ns_match(match["namespaceSelector"]) and selects(
+            match["objectSelector"]["matchLabels"], pod_labels
+        ):
+            (policy,) = [
+                p
+                for p in r.kind("ValidatingAdmissionPolicy")
+                if p["metadata"]["name"] == binding["spec"]["policyName"]
+            ]
+            (rule,) = policy["spec"]["validations"]
+            prefix = "has(object.spec.serviceAccountName) && object.spec.serviceAccountName in "
+            assert rule["expression"].startswith(prefix)
+            if service_account not in json.loads(rule["expression"][len(prefix) :]):
+                return False  # refused at admission: such a pod cannot exist
+    (np,) = r.kind("NetworkPolicy")
+    return any(
+        ns_match(peer["namespaceSelector"]) and selects(peer["podSelector"]["matchLabels"], pod_labels)
+        for rule in np["spec"]["ingress"]
+        for peer in rule["from"]
+    )
+
+
+def test_network_policy_is_on_and_admits_the_pipeline_by_namespace_and_service_account(render):
+    r = render()
     (np,) = r.kind("NetworkPolicy")
     spec = np["spec"]
     assert spec["policyTypes"] == ["Ingress"]
@@ -397,21 +445,101 @@ def test_network_policy_admits_only_labelled_clients(render):
             spec["podSelector"]["matchLabels"], deploy["spec"]["template"]["metadata"]["labels"]
         )
     (rule,) = spec["ingress"]
-    # one peer per client entry; both selectors in one peer: pods with the labels in those namespaces
+    pipeline = {"app.kubernetes.io/part-of": "sdar-pipeline"}
+    # the default client: KFP standalone's pods, in kubeflow (by its immutable name label)
+    assert rule["from"] == [{"namespaceSelector": _by_name(["kubeflow"]), "podSelector": {"matchLabels": pipeline}}]
+    assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
+    # ... and the labels are tied to kubeflow's pipeline-runner: no other pod there may wear them
+    (policy,) = r.kind("ValidatingAdmissionPolicy")
+    (binding,) = r.kind("ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert policy["metadata"]["name"].startswith("sdar-envs-client-0-")  # + a hash of namespace/release
+    assert render(namespace="other").kind("ValidatingAdmissionPolicy")[0]["metadata"]["name"] != policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert binding["spec"]["matchResources"] == {
+        "namespaceSelector": _by_name(["kubeflow"]),
+        "objectSelector": {"matchLabels": pipeline},
+    }
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    assert policy["spec"]["matchConstraints"]["resourceRules"][0]["operations"] == ["CREATE", "UPDATE"]
+    assert "pipeline-runner" in policy["spec"]["validations"][0]["message"]
+    # who gets through, as the API server and the CNI would decide
+    assert _admits(r, "kubeflow", {}, pipeline, "pipeline-runner")
+    assert not _admits(r, "kubeflow", {}, pipeline, "default")  # a pod that set the label itself
+    assert not _admits(r, "kubeflow", {}, {"app": "x"}, "pipeline-runner")  # the SA without the label
+    assert not _admits(r, "rl", {}, pipeline, "pipeline-runner")  # the label in another namespace
+    assert not _admits(r, "team-b", {}, pipeline, "default")
+
+    # FULL: namespaceLabels alone select namespaces by label; an entry with neither, this release's
+    r = render(FULL)
+    (rule,) = r.kind("NetworkPolicy")[0]["spec"]["ingress"]
     assert rule["from"] == [
         {
-            "podSelector": {"matchLabels": {"app.kubernetes.io/part-of": "sdar-pipeline"}},
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kubeflow"}},
+            "podSelector": {"matchLabels": pipeline},
         },
-        {
-            "podSelector": {"matchLabels": {"role": "eval"}}
-        },  # no namespaceSelector: this namespace only
+        {"namespaceSelector": _by_name(["rl"]), "podSelector": {"matchLabels": {"role": "eval"}}},
     ]
-    assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
-    # the default client: the pipeline's pods, in the release's namespace
-    default = render({"networkPolicy": {"enabled": True}})
-    (peer,) = default.kind("NetworkPolicy")[0]["spec"]["ingress"][0]["from"]
-    assert peer == {"podSelector": {"matchLabels": {"app.kubernetes.io/part-of": "sdar-pipeline"}}}
+    assert r.kind("ValidatingAdmissionPolicy") == []  # no serviceAccounts given: nothing pinned
+    # namespaces and namespaceLabels together: those names, if they carry the labels
+    client = {"namespaces": ["a", "b"], "namespaceLabels": {"env": "prod"}, "podLabels": {"role": "x"}}
+    r = render({"networkPolicy": {"allowedClients": [{**client, "serviceAccounts": ["x"]}]}})
+    (peer,) = r.kind("NetworkPolicy")[0]["spec"]["ingress"][0]["from"]
+    assert peer["namespaceSelector"] == {**_by_name(["a", "b"]), "matchLabels": {"env": "prod"}}
+    assert _admits(r, "a", {"env": "prod"}, {"role": "x"}, "x")
+    assert not _admits(r, "a", {}, {"role": "x"}, "x") and not _admits(r, "c", {"env": "prod"}, {"role": "x"}, "x")
+    (binding,) = r.kind("ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["matchResources"]["namespaceSelector"] == peer["namespaceSelector"]
+
+    # several namespaces and service accounts; pinning off; the whole policy off
+    clients = [
+        {"namespaces": ["kubeflow", "team-a"], "podLabels": {"role": "eval"}, "serviceAccounts": ["eval", "ci"]},
+        {"podLabels": {"role": "probe"}},
+    ]
+    r = render({"networkPolicy": {"allowedClients": clients}})
+    assert [p["metadata"]["name"][:19] for p in r.kind("ValidatingAdmissionPolicy")] == ["sdar-envs-client-0-"]
+    assert _admits(r, "team-a", {}, {"role": "eval"}, "ci")
+    assert not _admits(r, "team-a", {}, {"role": "eval"}, "default")
+    assert _admits(r, "rl", {}, {"role": "probe"}, "default")  # unpinned: labels and namespace only
+    assert not _admits(r, "kubeflow", {}, {"role": "probe"}, "default")
+    r = render({"networkPolicy": {"pinServiceAccounts": False}})
+    assert len(r.kind("NetworkPolicy")) == 1 and r.kind("ValidatingAdmissionPolicy") == []
+    assert _admits(r, "kubeflow", {}, pipeline, "default")  # what pinning prevents
+    r = render({"networkPolicy": {"enabled": False}})
+    assert r.kind("NetworkPolicy") == [] and r.kind("ValidatingAdmissionPolicyBinding") == []
+
+
+def test_service_account_pinning_needs_kubernetes_1_30(helm, tmp_path):
+    with pytest.raises(HelmFailed) as err:
+        run_helm(helm, "template", "sdar-envs", "--kube-version", "1.29.0", tmp_dir=tmp_path)
+    assert "pinServiceAccounts needs Kubernetes >= 1.30" in err.value.output
+    values = {"networkPolicy": {"pinServiceAccounts": False}}
+    out = run_helm(helm, "template", "sdar-envs", "--kube-version", "1.29.0", values=values, tmp_dir=tmp_path)
+    assert "kind: NetworkPolicy" in out and "ValidatingAdmissionPolicy" not in out
+
+
+def test_operator_token_comes_from_a_secret(render):
+    r = render()
+    (secret,) = r.kind("Secret")
+    assert secret["metadata"]["name"] == "sdar-envs-operator"
+    token = base64.b64decode(secret["data"]["token"]).decode()
+    assert len(token) == 48 and token.isalnum()
+    for deploy in r.kind("Deployment"):
+        (var,) = [e for e in container(deploy)["env"] if e["name"] == "SDAR_ENV_OPERATOR_TOKEN"]
+        assert var == {
+            "name": "SDAR_ENV_OPERATOR_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": "sdar-envs-operator", "key": "token"}},
+        }
+        assert "value" not in var  # never in the pod spec itself
+    assert render().kind("Secret")[0]["data"]["token"] != secret["data"]["token"]  # random per install
+    r = render({"operatorToken": {"existingSecret": "ops-token", "secretKey": "t"}})
+    assert r.kind("Secret") == []
+    for deploy in r.kind("Deployment"):
+        (var,) = [e for e in container(deploy)["env"] if e["name"] == "SDAR_ENV_OPERATOR_TOKEN"]
+        assert var["valueFrom"]["secretKeyRef"] == {"name": "ops-token", "key": "t"}
+    r = render({"operatorToken": {"create": False}})
+    assert r.kind("Secret") == []
+    assert all("SDAR_ENV_OPERATOR_TOKEN" not in env_of(container(d)) for d in r.kind("Deployment"))
 
 
 def test_pod_disruption_budgets(render):
@@ -472,6 +600,15 @@ def test_long_release_names_stay_valid_and_distinct(render):
             ["networkPolicy.allowedClients", "1"],
         ),
         (
+            {"networkPolicy": {"allowedClients": [{"podLabels": {"a": "b"}, "namespaces": ["Kube_Flow"]}]}},
+            ["networkPolicy.allowedClients.0.namespaces.0"],
+        ),
+        (
+            {"networkPolicy": {"allowedClients": [{"podLabels": {"a": "b"}, "serviceAccounts": ["Runner!"]}]}},
+            ["networkPolicy.allowedClients.0.serviceAccounts.0"],
+        ),
+        ({"operatorToken": {"secretKey": "a key"}}, ["operatorToken.secretKey"]),
+        (
             {"household": {"backend": "alfworld"}},
             ["household.alfworld.dataPVC", "PersistentVolumeClaim"],
         ),
@@ -491,6 +628,9 @@ def test_long_release_names_stay_valid_and_distinct(render):
         "affinity",
         "netpol-empty-labels",
         "netpol-no-clients",
+        "netpol-namespace",
+        "netpol-service-account",
+        "operator-secret-key",
         "alfworld-no-data",
         "none-enabled",
     ],
@@ -525,16 +665,29 @@ def test_notes_print_the_endpoints(render, tmp_path):
         ]
         return doc["notes"]
 
-    text = notes_for({"shop": {"enabled": False}, "networkPolicy": {"enabled": True}})
+    text = notes_for({"shop": {"enabled": False}})
     assert "http://envs-sdar-envs-household.rl.svc.cluster.local:8000" in text
     assert "http://envs-sdar-envs-searchqa.rl.svc.cluster.local:8000" in text
     assert "shop" not in text
     assert "port-forward svc/envs-sdar-envs-household" in text
-    assert "pods app.kubernetes.io/part-of=sdar-pipeline in namespace rl" in text
-    text = notes_for({"household": {"enabled": False}, "service": {"port": 9000}})
+    assert (
+        "pods app.kubernetes.io/part-of=sdar-pipeline in namespace kubeflow, running as pipeline-runner"
+        in text
+    )
+    assert "kubectl -n rl get secret envs-sdar-envs-operator -o jsonpath='{.data.token}'" in text
+    text = notes_for({"networkPolicy": {"pinServiceAccounts": False}})
+    assert "running as pipeline-runner (not enforced: pinServiceAccounts is off)" in text
+    text = notes_for(
+        {
+            "household": {"enabled": False},
+            "service": {"port": 9000},
+            "networkPolicy": {"enabled": False},
+            "operatorToken": {"create": False},
+        }
+    )
     assert "http://envs-sdar-envs-shop.rl.svc.cluster.local:9000" in text
     assert "port-forward svc/envs-sdar-envs-shop 8000:9000" in text
-    assert "NetworkPolicy" not in text
+    assert "NetworkPolicy" not in text and "operator token" not in text
 
 
 def test_values_file_documents_every_schema_key():

@@ -196,6 +196,28 @@ def test_invalid_actions_carry_error_markers_and_change_nothing(engine):
 
 
 @needs_data
+def test_backend_calls_a_missing_or_overlong_task_id_unknown(root):
+    """A KeyError (the env server's 404 "unknown task") before any engine sees the id: not a
+    FileNotFoundError, nor an OSError for a name too long for the file system (both were 500s)."""
+    backend = ab.AlfworldHousehold(root)
+    try:
+        for task_id in (
+            "valid_seen/nothing/game.tw-pddl",
+            "x" * 300,  # one name over the file system's 255
+            "x" * 5000,
+            "../../etc/passwd",
+            "/etc/passwd",
+            "valid_seen",
+            "a\0b",
+        ):
+            with pytest.raises(KeyError, match="no ALFWorld game"):
+                backend.reset(task_id)
+        assert backend.reset(QUICK_GAME).metadata["task_id"] == QUICK_GAME
+    finally:
+        backend.close()
+
+
+@needs_data
 def test_engine_never_opens_a_socket(engine, monkeypatch):
     calls = []
     real = socket.socket.connect

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import random
 import threading
 import time
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -15,6 +17,7 @@ from sdar.envs.base import METADATA_KEYS, EnvStep, TextEnv
 from sdar.envs.skills import SkillLibrary
 
 GUESS_FACTORY = "tests.envs.test_server:GuessEnv"
+OPERATOR = "operator-token-for-tests-0123456789"
 
 
 class GuessEnv(TextEnv):
@@ -105,22 +108,44 @@ def server():
     from sdar.envs.client import serve_in_background
     from sdar.envs.server import ServerOptions
 
-    url, handle = serve_in_background(GUESS_FACTORY, options=ServerOptions(max_sessions=32, max_action_chars=200))
+    url, handle = serve_in_background(
+        GUESS_FACTORY, options=ServerOptions(max_sessions=32, max_action_chars=200), operator_token=OPERATOR
+    )
     yield url
     handle.stop()
     assert not handle.alive()
 
 
-def _http(method, url, body=None, raw=None):
-    """(status, parsed JSON) of one request, without raising on 4xx."""
+def _http(method, url, body=None, raw=None, token=None, source=None):
+    """(status, parsed JSON) of one request, without raising on 4xx; `token` goes in as a Bearer
+    token, `source` is the client address (e.g. 127.0.0.2, a second client on loopback)."""
     data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    if source is not None:
+        parts = urllib.parse.urlsplit(url)
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30, source_address=(source, 0))
+        try:
+            conn.request(method, parts.path + (f"?{parts.query}" if parts.query else ""), body=data, headers=headers)
+            resp = conn.getresponse()
+            return resp.status, json.loads(resp.read() or b"null")
+        finally:
+            conn.close()
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
         with opener.open(req, timeout=30) as resp:
             return resp.status, json.loads(resp.read() or b"null")
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read() or b"null")
+
+
+def _open(server, **kw):
+    """A new HTTP session: (session id, its token)."""
+    status, created = _http("POST", f"{server}/sessions", **kw)
+    assert status == 201, created
+    return created["session_id"], created["session_token"]
 
 
 def _local_trajectory(task_id, actions):
@@ -157,9 +182,11 @@ def test_remote_episode_matches_local_env_step_for_step(server):
         assert env.state() == got[-1].observation
         with pytest.raises(IndexError, match=r"steps 0\.\.4"):
             env.state(9)
-        status, body = _http("GET", f"{server}/sessions/{sid}/state?t=9")
+        assert env.credentials()[0] == sid
+        token = env.credentials()[1]
+        status, body = _http("GET", f"{server}/sessions/{sid}/state?t=9", token=token)
         assert status == 404 and "steps 0..4" in body["detail"]
-        status, body = _http("GET", f"{server}/sessions/{sid}/state")
+        status, body = _http("GET", f"{server}/sessions/{sid}/state", token=token)
         assert status == 200 and body["step_count"] == 4 and body["done"] is True
         assert body["observations"] == [s.observation for s in expected]
         # a finished episode refuses more steps, and a new reset starts over in the same session
@@ -202,20 +229,18 @@ def test_remote_env_refuses_the_wrong_family_and_lists_tasks(server):
 
 # ---- HTTP sessions and bad input ----------------------------------------------------------------
 def test_http_session_lifecycle(server):
-    status, created = _http("POST", f"{server}/sessions")
-    assert status == 201
-    sid = created["session_id"]
-    status, first = _http("POST", f"{server}/sessions/{sid}/reset", {"task_id": "test-3"})
+    sid, token = _open(server)
+    status, first = _http("POST", f"{server}/sessions/{sid}/reset", {"task_id": "test-3"}, token=token)
     assert status == 200 and first["observation"]["text"].startswith("[test-3] step 0")
-    status, nxt = _http("POST", f"{server}/sessions/{sid}/step", {"action": {"message": "guess 5"}})
+    status, nxt = _http("POST", f"{server}/sessions/{sid}/step", {"action": {"message": "guess 5"}}, token=token)
     assert status == 200 and nxt["observation"]["text"] == "[test-3] step 1: lower" and nxt["observation"]["step"] == 1
-    status, listed = _http("GET", f"{server}/sessions")
+    status, listed = _http("GET", f"{server}/sessions", token=OPERATOR)
     assert sid in [s["session_id"] for s in listed["sessions"]]
     assert next(s for s in listed["sessions"] if s["session_id"] == sid)["step_count"] == 1
-    status, read = _http("GET", f"{server}/sessions/{sid}/state?t=1")
+    status, read = _http("GET", f"{server}/sessions/{sid}/state?t=1", token=token)
     assert status == 200 and read == nxt
-    assert _http("DELETE", f"{server}/sessions/{sid}")[0] == 200
-    status, body = _http("POST", f"{server}/sessions/{sid}/step", {"action": {"message": "guess 3"}})
+    assert _http("DELETE", f"{server}/sessions/{sid}", token=token)[0] == 200
+    status, body = _http("POST", f"{server}/sessions/{sid}/step", {"action": {"message": "guess 3"}}, token=token)
     assert status == 404 and "unknown session" in body["detail"] and "POST /sessions" in body["detail"]
 
 
@@ -224,25 +249,27 @@ def test_bad_requests_get_clear_errors_and_the_server_keeps_serving(server):
 
     with RemoteEnv(server) as bystander:
         bystander.reset(task_id="test-8")
-        sid = _http("POST", f"{server}/sessions")[1]["session_id"]
+        sid, token = _open(server)
         base = f"{server}/sessions/{sid}"
 
-        status, body = _http("POST", f"{base}/step", {"action": {"message": "guess 1"}})
+        status, body = _http("POST", f"{base}/step", {"action": {"message": "guess 1"}}, token=token)
         assert status == 409 and "step before reset" in body["detail"]
-        status, body = _http("POST", f"{base}/reset", {"task_id": "nope-1"})
+        status, body = _http("POST", f"{base}/reset", {"task_id": "nope-1"}, token=token)
         assert status == 404 and "has no task 'nope-1'" in body["detail"] and "GET /tasks" in body["detail"]
-        status, body = _http("POST", f"{base}/reset", {"task": "test-1"})
+        status, body = _http("POST", f"{base}/reset", {"task_id": "t" * 5000}, token=token)
+        assert status == 404 and "no task id of 5000 characters" in body["detail"]
+        status, body = _http("POST", f"{base}/reset", {"task": "test-1"}, token=token)
         assert status == 400 and "unknown reset parameter(s) ['task']" in body["detail"]
-        status, body = _http("POST", f"{base}/reset", raw=b'{"task_id": ')
+        status, body = _http("POST", f"{base}/reset", raw=b'{"task_id": ', token=token)
         assert status == 400 and "malformed JSON" in body["detail"]
-        assert _http("POST", f"{base}/reset", {"task_id": "test-1"})[0] == 200
-        status, body = _http("POST", f"{base}/step", {"message": "guess 1"})
+        assert _http("POST", f"{base}/reset", {"task_id": "test-1"}, token=token)[0] == 200
+        status, body = _http("POST", f"{base}/step", {"message": "guess 1"}, token=token)
         assert status == 400 and '{"action": {"message": "look"}}' in body["detail"]
-        status, body = _http("POST", f"{base}/step", {"action": {"text": "guess 1"}})
+        status, body = _http("POST", f"{base}/step", {"action": {"text": "guess 1"}}, token=token)
         assert status == 422 and any(e["loc"][-1] in ("message", "text") for e in body["detail"])
-        status, body = _http("POST", f"{base}/step", {"action": {"message": "x" * 201}})
+        status, body = _http("POST", f"{base}/step", {"action": {"message": "x" * 201}}, token=token)
         assert status == 413 and "201 characters, over this server's limit of 200" in body["detail"]
-        status, body = _http("POST", f"{server}/sessions/not-a-session/reset", {})
+        status, body = _http("POST", f"{server}/sessions/not-a-session/reset", {}, token=token)
         assert status == 404 and "unknown session 'not-a-session'" in body["detail"]
 
         # the same refusals over the WebSocket come back as errors naming the problem
@@ -257,10 +284,10 @@ def test_bad_requests_get_clear_errors_and_the_server_keeps_serving(server):
             assert env.step("guess 2").metadata["won"] is True  # the refused action did not count
 
         # after all that, the HTTP session, the bystander and /health are fine
-        assert _http("POST", f"{base}/step", {"action": {"message": "guess 1"}})[1]["observation"]["won"] is True
+        assert _http("POST", f"{base}/step", {"action": {"message": "guess 1"}}, token=token)[1]["observation"]["won"] is True
         assert bystander.step("guess 8").metadata["won"] is True
         assert _http("GET", f"{server}/health") == (200, {"status": "healthy"})
-        _http("DELETE", base)
+        _http("DELETE", base, token=token)
 
 
 def test_malformed_websocket_messages_do_not_end_the_session(server):
@@ -309,6 +336,199 @@ def test_concurrent_sessions_keep_their_own_episodes(server):
     for th in threads:
         th.join(60)
     assert errors == []
+
+
+# ---- sessions belong to whoever opened them ------------------------------------------------------
+def _ws_connect(server, source=None):
+    """A raw WebSocket to /ws (from `source`, a loopback address, when given)."""
+    import socket as socket_mod
+
+    from websockets.sync.client import connect
+
+    uri = server.replace("http://", "ws://") + "/ws"
+    if source is None:
+        return connect(uri, open_timeout=10)
+    host, port = urllib.parse.urlsplit(server).hostname, urllib.parse.urlsplit(server).port
+    sock = socket_mod.create_connection((host, port), timeout=10, source_address=(source, 0))
+    return connect(uri, sock=sock, open_timeout=10)
+
+
+def _ws_ask(ws, message):
+    ws.send(message if isinstance(message, (str, bytes)) else json.dumps(message))
+    return json.loads(ws.recv(timeout=10))
+
+
+def test_session_list_shows_counts_and_ids_only_to_the_operator(server):
+    from sdar.envs.client import RemoteEnv
+
+    with RemoteEnv(server) as trainer:
+        ws_sid = trainer.reset(task_id="test-1").metadata["session_id"]
+        http_sid, http_token = _open(server)
+        status, listed = _http("GET", f"{server}/sessions")
+        assert status == 200 and "sessions" not in listed
+        assert ws_sid not in json.dumps(listed) and http_sid not in json.dumps(listed)
+        assert listed["active"] >= 2 and listed["websocket"] >= 1 and listed["http"] >= 1 and listed["yours"] >= 2
+        assert listed["max"] == 32 and listed["max_per_client"] == 128
+        # a session's own token, or a made-up one, is not the operator's
+        for token in (http_token, "x" * 40):
+            status, body = _http("GET", f"{server}/sessions", token=token)
+            assert status == 403 and "operator token" in body["detail"] and "sessions" not in body
+        status, listed = _http("GET", f"{server}/sessions", token=OPERATOR)
+        kinds = {s["session_id"]: (s["kind"], s["client"]) for s in listed["sessions"]}
+        assert kinds[ws_sid] == ("ws", "127.0.0.1") and kinds[http_sid] == ("http", "127.0.0.1")
+        assert all("token" not in key for s in listed["sessions"] for key in s)  # ids, never tokens
+        assert _http("DELETE", f"{server}/sessions/{http_sid}", token=http_token)[0] == 200
+
+
+def test_http_session_routes_need_that_sessions_token(server):
+    sid, token = _open(server)
+    other_sid, other_token = _open(server)
+    assert len(token) >= 40 and token != other_token
+    base = f"{server}/sessions/{sid}"
+    routes = [
+        ("POST", f"{base}/reset", {"task_id": "test-5"}),
+        ("POST", f"{base}/step", {"action": {"message": "guess 1"}}),
+        ("GET", f"{base}/state", None),
+        ("GET", f"{base}/state?t=0", None),
+        ("DELETE", base, None),
+    ]
+    for method, url, body in routes:
+        status, reply = _http(method, url, body)
+        assert status == 401 and "Authorization: Bearer <session_token>" in reply["detail"], (method, url)
+        status, reply = _http(method, url, body, token=other_token)  # another session's token
+        assert status == 403 and "does not open session" in reply["detail"], (method, url)
+        status, reply = _http(method, url, body, token=token + "x")
+        assert status == 403, (method, url)
+    # the refused requests changed nothing: the session is there, with no episode
+    status, state = _http("GET", f"{base}/state", token=token)
+    assert status == 200 and state["observations"] == []
+    assert _http("POST", f"{base}/reset", {"task_id": "test-5"}, token=token)[0] == 200
+    # the operator may read and close any session, but not play one
+    status, reply = _http("POST", f"{base}/step", {"action": {"message": "guess 5"}}, token=OPERATOR)
+    assert status == 403
+    assert _http("GET", f"{base}/state?t=0", token=OPERATOR)[0] == 200
+    assert _http("DELETE", base, token=OPERATOR) == (200, {"session_id": sid, "closed": True})
+    assert _http("GET", f"{base}/state", token=token)[0] == 404
+    assert _http("DELETE", f"{server}/sessions/{other_sid}", token=other_token)[0] == 200
+
+
+def test_websocket_sessions_belong_to_their_connection(server):
+    from sdar.envs.client import RemoteEnv
+
+    with RemoteEnv(server) as env:
+        env.reset(task_id="test-4")
+        env.step("guess 1")
+        sid, token = env.credentials()
+        base = f"{server}/sessions/{sid}"
+        # nobody else can play, reset or close it: without a token, nor with its own token over HTTP
+        for method, url, body in [
+            ("POST", f"{base}/reset", {"task_id": "test-1"}),
+            ("POST", f"{base}/step", {"action": {"message": "guess 4"}}),
+            ("DELETE", base, None),
+        ]:
+            assert _http(method, url, body)[0] == 401
+            status, reply = _http(method, url, body, token=token)
+            assert status == 403 and "belongs to its WebSocket connection" in reply["detail"]
+        # OpenEnv's session close over /mcp (and over another WebSocket) needs the token too
+        rpc = {"jsonrpc": "2.0", "method": "openenv/session/close", "params": {"session_id": sid}, "id": 7}
+        status, reply = _http("POST", f"{server}/mcp", rpc)
+        assert status == 401 and reply["error"]["message"].startswith("session routes need the session's token")
+        with _ws_connect(server) as intruder:
+            reply = _ws_ask(intruder, {"type": "mcp", "data": rpc})
+            assert reply["type"] == "error" and "no MCP tools" in reply["data"]["message"]
+        # its token lets a reader (e.g. a teacher) read the steps back
+        status, step1 = _http("GET", f"{base}/state?t=1", token=token)
+        assert status == 200 and step1["observation"]["text"] == "[test-4] step 1: higher"
+        # and the episode went on untouched
+        out = env.step("guess 4")
+        assert out.metadata["step"] == 2 and out.metadata["won"] is True and out.metadata["session_id"] == sid
+
+
+def test_mcp_session_lifecycle_uses_tokens(server):
+    create = {"jsonrpc": "2.0", "method": "openenv/session/create", "id": 1}
+    status, reply = _http("POST", f"{server}/mcp", create)
+    assert status == 200
+    sid, token = reply["result"]["session_id"], reply["result"]["session_token"]
+    close = {"jsonrpc": "2.0", "method": "openenv/session/close", "id": 2, "params": {"session_id": sid, "session_token": "nope"}}
+    status, reply = _http("POST", f"{server}/mcp", close)
+    assert status == 403 and reply["error"]["message"] == f"that token does not open session {sid}"
+    assert _http("POST", f"{server}/sessions/{sid}/reset", {"task_id": "test-2"}, token=token)[0] == 200
+    close["params"]["session_token"] = token
+    assert _http("POST", f"{server}/mcp", close) == (200, {"jsonrpc": "2.0", "id": 2, "result": {"session_id": sid, "closed": True}})
+    status, reply = _http("POST", f"{server}/mcp", {"jsonrpc": "2.0", "method": "tools/list", "id": 3})
+    assert status == 404 and "no MCP tools" in reply["error"]["message"]
+
+
+def test_one_client_cannot_lock_others_out():
+    """A client opening idle sessions stops at its own limit (429); another client still gets in."""
+    from sdar.envs.client import EnvServerError, RemoteEnv, serve_in_background
+    from sdar.envs.server import ServerOptions
+
+    opts = ServerOptions(max_sessions=6, max_sessions_per_client=3)
+    url, handle = serve_in_background(GUESS_FACTORY, options=opts, in_process=True)
+    with handle:
+        hog = [_open(url), _open(url)]
+        ws_hog = RemoteEnv(url)
+        ws_hog.reset(task_id="test-1")
+        status, body = _http("POST", f"{url}/sessions")
+        assert status == 429 and "already holds 3 open sessions" in body["detail"] and "--max-sessions-per-client" in body["detail"]
+        status, body = _http("POST", f"{url}/mcp", {"jsonrpc": "2.0", "method": "openenv/session/create", "id": 1})
+        assert status == 429
+        extra = RemoteEnv(url)
+        with pytest.raises(EnvServerError, match="already holds 3 open sessions") as err:
+            extra.reset(task_id="test-2")
+        assert err.value.code == "TOO_MANY_SESSIONS"
+        extra.close()
+        # a second client (another loopback address) plays, over HTTP and over a WebSocket
+        sid, token = _open(url, source="127.0.0.2")
+        status, out = _http("POST", f"{url}/sessions/{sid}/reset", {"task_id": "test-3"}, token=token, source="127.0.0.2")
+        assert status == 200 and out["observation"]["task_id"] == "test-3"
+        with _ws_connect(url, source="127.0.0.2") as ws:
+            assert _ws_ask(ws, {"type": "reset", "data": {"task_id": "test-4"}})["type"] == "observation"
+            assert _http("GET", f"{url}/sessions", source="127.0.0.2")[1]["yours"] == 2
+        # closing one of its own frees a place for the first client
+        assert _http("DELETE", f"{url}/sessions/{hog[0][0]}", token=hog[0][1])[0] == 200
+        assert _http("POST", f"{url}/sessions")[0] == 201
+        ws_hog.close()
+
+
+def test_tokens_stay_out_of_the_server_log():
+    from sdar.envs.client import RemoteEnv, serve_in_background
+    from sdar.envs.server import ServerOptions
+
+    url, handle = serve_in_background(GUESS_FACTORY, options=ServerOptions(log_level="debug"), operator_token=OPERATOR)
+    with handle:
+        sid, token = _open(url)
+        _http("POST", f"{url}/sessions/{sid}/reset", {"task_id": "test-1"}, token=token)
+        _http("POST", f"{url}/sessions/{sid}/step", {"action": {"message": "guess 9"}}, token=token + "x")
+        _http("GET", f"{url}/sessions", token=OPERATOR)
+        _http("GET", f"{url}/sessions", token="wrong-operator-token-000000")
+        with RemoteEnv(url) as env:
+            env.reset(task_id="test-2")
+            ws_token = env.credentials()[1]
+        _http("DELETE", f"{url}/sessions/{sid}", token=token)
+        time.sleep(0.3)
+        log_text = handle.log_tail(1_000_000)
+        assert "POST /sessions" in log_text  # the access log is on at debug
+        for secret in (token, ws_token, OPERATOR):
+            assert secret not in log_text
+
+
+def test_operator_token_must_be_long_enough(monkeypatch):
+    from sdar.envs.server import (
+        OPERATOR_TOKEN_ENV,
+        ServerOptions,
+        create_env_app,
+        operator_token_from_env,
+    )
+
+    monkeypatch.setenv(OPERATOR_TOKEN_ENV, "short")
+    with pytest.raises(ValueError, match="has 5 characters; use at least 16"):
+        operator_token_from_env()
+    with pytest.raises(ValueError, match="at least 16 characters"):
+        create_env_app(ServerOptions(family=GUESS_FACTORY), operator_token="short")
+    monkeypatch.setenv(OPERATOR_TOKEN_ENV, "  ")
+    assert operator_token_from_env() is None
 
 
 # ---- limits: capacity and idle TTL (in-process servers, so closes can be observed) --------------
@@ -375,6 +595,7 @@ def test_async_remote_env_drives_many_sessions_from_one_loop():
     async def one(i: int) -> tuple[str, int, bool]:
         async with AsyncRemoteEnv(url) as env:
             out = await env.reset(task_id=f"test-{i}")
+            assert await env.observation_at(0) == out  # read back over HTTP with the session's token
             lo, hi = 0, 9
             while not out.done:  # bisect on the higher/lower hints
                 guess = (lo + hi) // 2

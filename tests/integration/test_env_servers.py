@@ -108,6 +108,38 @@ def test_household_on_the_real_alfworld_engine_over_the_wire():
         assert env.state(len(got) - 1) == expected[-1].observation
 
 
+@pytest.mark.alfworld
+def test_alfworld_unknown_task_ids_are_404_not_500():
+    """A missing game, a path outside the games and an id too long for the file system: 404 with a
+    message, over HTTP and the WebSocket, and the session plays a real game right after."""
+    _family_or_skip("household")
+    from sdar.envs.household.alfworld_backend import resolve_data_root
+
+    try:
+        resolve_data_root()
+    except Exception as exc:  # the official games are not on this machine
+        pytest.skip(f"ALFWorld games not found: {exc}")
+    from sdar.envs.client import EnvServerError, RemoteEnv, http_json, serve_in_background
+
+    url, handle = serve_in_background("household", backend="alfworld")
+    with handle:
+        created = http_json("POST", f"{url}/sessions")
+        sid, token = created["session_id"], created["session_token"]
+        bad_ids = ["valid_seen/no-such-task/trial_0/game.tw-pddl", "x" * 1000, "a/" * 400, "../../../etc/passwd", "/etc/hostname"]
+        for task_id in bad_ids:
+            with pytest.raises(EnvServerError) as err:
+                http_json("POST", f"{url}/sessions/{sid}/reset", {"task_id": task_id}, token=token)
+            assert err.value.status == 404 and "has no task" in err.value.message, (task_id[:40], err.value)
+        with RemoteEnv(url, "household") as env:
+            with pytest.raises(EnvServerError, match="no ALFWorld game 'xxxxx") as err:
+                env.reset(task_id="x" * 1000)
+            assert err.value.code == "EXECUTION_ERROR"
+            task_id = env.task_ids("test")[0]
+            assert env.reset(task_id=task_id).metadata["task_id"] == task_id
+        out = http_json("POST", f"{url}/sessions/{sid}/reset", {"task_id": task_id}, token=token)
+        assert out["observation"]["task_id"] == task_id
+
+
 def _random_action(family: str, md: dict, rng) -> str:
     """A policy with no idea of the task: a random admissible action; search-QA answers a
     random corpus-looking word without searching; the shop searches random words."""

@@ -312,3 +312,23 @@ def test_privileged_skills_json_holds_the_texts_the_teacher_saw(tiny_ckpt, tmp_p
     for task_type, by_task in logged.items():
         for text in by_task.values():
             assert len(text) < len(lib.render(task_type))
+
+
+@pytest.mark.parametrize("mini", [6, 100000])
+def test_old_logp_from_the_first_forward_changes_nothing(tiny_ckpt, tmp_path, mini):
+    """The first mini-batch's old_logp taken from the update's own forward: the same update, the same
+    statistics, one scoring pass less (all of it when the mini-batch holds the whole step)."""
+    results = {}
+    for reuse in (True, False):
+        trainer = Trainer(small_config(tmp_path / str(reuse), arm="sdar", steps=1, tracking=False,
+                                       mini_batch_size=mini, reuse_old_logp=reuse))
+        m = trainer.train_step(0).metrics
+        results[reuse] = (m, {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad})
+    (m1, w1), (m0, w0) = results[True], results[False]
+    for key in ("loss/pg", "loss/kl", "loss/sdar", "pg/ratio_mean", "pg/approx_kl", "sdar/gap_mean",
+                "teacher/gap_free_tokens", "teacher/gap_all_tokens"):
+        assert m1[key] == pytest.approx(m0[key], abs=1e-5), key
+    if mini == 100000:
+        assert m1["pg/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    for k in w0:
+        torch.testing.assert_close(w1[k], w0[k], atol=1e-6, rtol=1e-5)

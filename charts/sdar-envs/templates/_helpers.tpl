@@ -71,6 +71,33 @@ app.kubernetes.io/component: {{ .family }}
 {{- end -}}
 {{- end -}}
 
+{{/* The namespaceSelector of a networkPolicy client, call with (dict "root" $ "client" .):
+namespaces by name (the kubernetes.io/metadata.name label no pod can set), narrowed by
+namespaceLabels; namespaceLabels alone select by those labels; neither: this release's namespace. */}}
+{{- define "sdar-envs.clientNamespaces" -}}
+{{- $c := .client -}}
+{{- if or $c.namespaces (not $c.namespaceLabels) -}}
+matchExpressions:
+  - key: kubernetes.io/metadata.name
+    operator: In
+    values:
+      {{- toYaml (default (list .root.Release.Namespace) $c.namespaces) | nindent 6 }}
+{{- end }}
+{{- with $c.namespaceLabels }}
+matchLabels:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* The Secret holding the operator token (existing or created), or "" when there is none. */}}
+{{- define "sdar-envs.operatorSecretName" -}}
+{{- if .Values.operatorToken.existingSecret -}}
+{{- .Values.operatorToken.existingSecret -}}
+{{- else if .Values.operatorToken.create -}}
+{{- printf "%s-operator" (include "sdar-envs.fullname" . | trunc 54 | trimSuffix "-") -}}
+{{- end -}}
+{{- end -}}
+
 {{/* registry/repository:tag or registry/repository@digest; global.image.registry wins. */}}
 {{- define "sdar-envs.image" -}}
 {{- $registry := .Values.image.registry -}}
@@ -102,6 +129,10 @@ imagePullSecrets:
 {{- $h := .Values.household -}}
 {{- if and $h.enabled (eq $h.backend "alfworld") (not $h.alfworld.dataPVC) -}}
 {{- fail "household.backend=alfworld needs the ALFWorld games: set household.alfworld.dataPVC to the name of a PersistentVolumeClaim that holds json_2.1.1/ (as alfworld-download lays it out), or use household.backend=sim" -}}
+{{- end -}}
+{{- $np := .Values.networkPolicy -}}
+{{- if and $np.enabled $np.pinServiceAccounts (semverCompare "<1.30.0-0" .Capabilities.KubeVersion.Version) -}}
+{{- fail (printf "networkPolicy.pinServiceAccounts needs Kubernetes >= 1.30 (ValidatingAdmissionPolicy v1), this cluster is %s: upgrade, or set networkPolicy.pinServiceAccounts=false and keep other pods from wearing the clients' podLabels another way" .Capabilities.KubeVersion.Version) -}}
 {{- end -}}
 {{- $any := false -}}
 {{- range $family := splitList " " (include "sdar-envs.families" .) -}}

@@ -1,7 +1,9 @@
 """Clients of sdar environment servers: `RemoteEnv` (sync, what the trainer uses) and `AsyncRemoteEnv`.
 
-Both speak OpenEnv's WebSocket protocol through OpenEnv's `EnvClient`; `serve_in_background` starts
-a server on 127.0.0.1 in a child process (or a thread) and waits for /health.
+Both speak OpenEnv's WebSocket protocol through OpenEnv's `EnvClient`; the session belongs to that
+connection, which asks the server for the session's token only when a step is read back over HTTP
+(`observation_at`). `serve_in_background` starts a server on 127.0.0.1 in a child process (or a
+thread) and waits for /health.
 """
 
 from __future__ import annotations
@@ -61,10 +63,18 @@ def _http_base(url: str) -> str:
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback never goes through a proxy
 
 
-def http_json(method: str, url: str, body: dict[str, Any] | None = None, timeout_s: float = 30.0) -> Any:
-    """One JSON request; HTTP errors become `EnvServerError` carrying the server's message."""
+def http_json(
+    method: str, url: str, body: dict[str, Any] | None = None, timeout_s: float = 30.0, token: str | None = None
+) -> Any:
+    """One JSON request; HTTP errors become `EnvServerError` carrying the server's message.
+
+    token: a session token (session routes) or the operator token, sent as a Bearer token.
+    """
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
     host = urllib.parse.urlsplit(url).hostname or ""
     opener = _DIRECT if host in ("127.0.0.1", "localhost", "::1") else urllib.request.build_opener()
     try:
@@ -82,10 +92,11 @@ def http_json(method: str, url: str, body: dict[str, Any] | None = None, timeout
     return json.loads(raw) if raw else None
 
 
-def fetch_observation(base_url: str, session_id: str, t: int, timeout_s: float = 30.0) -> EnvStep:
-    """state(t) for anyone holding a session id (e.g. an external teacher): step t exactly as returned."""
+def fetch_observation(base_url: str, session_id: str, t: int, timeout_s: float = 30.0, token: str | None = None) -> EnvStep:
+    """state(t) for anyone holding a session id and its token (e.g. an external teacher given them
+    by the session's owner): step t exactly as returned."""
     url = f"{_http_base(base_url)}/sessions/{urllib.parse.quote(session_id)}/state?t={int(t)}"
-    return step_from_payload(http_json("GET", url, timeout_s=timeout_s))
+    return step_from_payload(http_json("GET", url, timeout_s=timeout_s, token=token))
 
 
 # ---- OpenEnv client subclass ----------------------------------------------------------------------
@@ -132,6 +143,13 @@ class SdarEnvClient(EnvClient[Any, dict, dict]):
             self._raise_error(response)
         return response
 
+    async def session_credentials(self) -> dict[str, str]:
+        """{"session_id", "session_token"} of this connection's session, for reading it over HTTP."""
+        response = await self._send_and_receive({"type": "session"})
+        if response.get("type") != "session":
+            raise EnvServerError(f"unexpected reply to a session request: {response.get('type')!r}", url=self._ws_url)
+        return dict(response["data"])
+
     async def _pending_message(self) -> dict[str, Any] | None:
         try:
             return json.loads(await asyncio.wait_for(self._ws.recv(), timeout=1.0))  # type: ignore[union-attr]
@@ -145,6 +163,8 @@ class SdarEnvClient(EnvClient[Any, dict, dict]):
             detail += f": {data['errors']}"
         if data.get("code") == "CAPACITY_REACHED":
             detail = detail.rstrip(". ") + "; close other sessions or restart the server with a larger --max-sessions"
+        elif data.get("code") == "TOO_MANY_SESSIONS":
+            detail = detail.rstrip(". ") + "; or restart the server with a larger --max-sessions-per-client"
         raise EnvServerError(detail, code=str(data.get("code", "UNKNOWN")), url=self._ws_url)
 
 
@@ -168,6 +188,7 @@ class _RemoteBase:
         self.family = family
         self.session_id: str | None = None
         self.num_steps = 0
+        self._token: str | None = None  # the session's token, asked for on the first HTTP read-back
         if family is not None and check_family:
             served = self.info()["family"]
             if served != family:
@@ -179,11 +200,13 @@ class _RemoteBase:
     def task_ids(self, split: str = "test") -> list[str]:
         return list(http_json("GET", f"{self.base_url}/tasks?split={urllib.parse.quote(split)}")["task_ids"])
 
-    def observation_at(self, t: int) -> EnvStep:
-        """The exact observation (with metadata) of step t, read back over HTTP."""
+    def _check_started(self) -> None:
         if self.session_id is None:
             raise RuntimeError("observation_at() before reset(); call reset() first")
-        return fetch_observation(self.base_url, self.session_id, t)
+
+    def _keep_credentials(self, creds: dict[str, str]) -> tuple[str, str]:
+        self.session_id, self._token = creds["session_id"], creds["session_token"]
+        return self.session_id, self._token
 
     def _track(self, out: EnvStep) -> EnvStep:
         self.session_id = out.metadata.get("session_id") or self.session_id
@@ -238,6 +261,19 @@ class RemoteEnv(_RemoteBase):
         """The session state: ids, step count, done, and every observation text so far."""
         return self._client.state()
 
+    def credentials(self) -> tuple[str, str]:
+        """(session id, session token): what someone else (e.g. a teacher) needs to read this
+        session's steps over HTTP (`fetch_observation`). Only the holder of this connection plays it."""
+        if self._token is None:
+            self._keep_credentials(self._client.session_credentials())
+        return self.session_id, self._token  # type: ignore[return-value]
+
+    def observation_at(self, t: int) -> EnvStep:
+        """The exact observation (with metadata) of step t, read back over HTTP."""
+        self._check_started()
+        sid, token = self.credentials()
+        return fetch_observation(self.base_url, sid, t, token=token)
+
     def close(self) -> None:
         self._client.close()
 
@@ -278,6 +314,18 @@ class AsyncRemoteEnv(_RemoteBase):
 
     async def state(self, t: int | None = None) -> str:
         return _select_state((await self._client.state())["observations"], t)
+
+    async def credentials(self) -> tuple[str, str]:
+        """(session id, session token), as `RemoteEnv.credentials`."""
+        if self._token is None:
+            self._keep_credentials(await self._client.session_credentials())
+        return self.session_id, self._token  # type: ignore[return-value]
+
+    async def observation_at(self, t: int) -> EnvStep:
+        """The exact observation (with metadata) of step t, read back over HTTP (in a thread)."""
+        self._check_started()
+        sid, token = await self.credentials()
+        return await asyncio.to_thread(fetch_observation, self.base_url, sid, t, 30.0, token)
 
     async def close(self) -> None:
         await self._client.close()
@@ -371,6 +419,7 @@ def serve_in_background(
     in_process: bool = False,
     startup_timeout_s: float = 120.0,
     die_with_parent: bool = True,
+    operator_token: str | None = None,
     **env_kwargs: Any,
 ) -> tuple[str, ServerHandle]:
     """Start a server for `family` on a free 127.0.0.1 port and wait until /health answers.
@@ -379,6 +428,8 @@ def serve_in_background(
     port: the port to listen on (0: any free port, the default).
     in_process: serve from a thread of this process instead of a child process (fast to start).
     die_with_parent: the child server ends when this process ends (set False to outlive it).
+    operator_token: the server's operator token (lists and closes every session); default: the
+        child inherits $SDAR_ENV_OPERATOR_TOKEN, an in-process server reads it.
     env_kwargs: the family's constructor arguments, e.g. backend="sim".
     Returns (url, handle); `handle.stop()` ends the server.
     """
@@ -394,7 +445,7 @@ def serve_in_background(
     host_for_url = f"[{opts.host}]" if ":" in opts.host else opts.host
     url = f"http://{host_for_url}:{sock.getsockname()[1]}"
     if in_process:
-        return url, _serve_thread(url, opts, sock, startup_timeout_s)
+        return url, _serve_thread(url, opts, sock, startup_timeout_s, operator_token)
     try:
         kwargs_json = json.dumps(opts.env_kwargs)
     except TypeError as exc:
@@ -411,8 +462,12 @@ def serve_in_background(
         "--port", url.rsplit(":", 1)[1],
         "--env-kwargs", kwargs_json,
         "--max-sessions", str(opts.max_sessions),
+        "--max-sessions-per-client", str(opts.max_sessions_per_client),
         "--session-ttl", str(opts.session_ttl_s or 0),
         "--max-action-chars", str(opts.max_action_chars),
+        "--header-timeout", str(opts.header_timeout_s),
+        "--body-timeout", str(opts.body_timeout_s),
+        "--keep-alive", str(opts.keep_alive_s),
         "--log-level", opts.log_level,
     ]  # fmt: skip
     if opts.reap_interval_s is not None:
@@ -422,6 +477,10 @@ def serve_in_background(
     env = dict(os.environ)
     # the child imports what this process can (e.g. a factory 'module:attr' defined in a test)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+    if operator_token is not None:
+        from sdar.envs.server_config import OPERATOR_TOKEN_ENV
+
+        env[OPERATOR_TOKEN_ENV] = operator_token  # the environment, not argv: ps shows argv
     try:
         proc = subprocess.Popen(
             cmd,
@@ -442,12 +501,12 @@ def serve_in_background(
     return url, handle
 
 
-def _serve_thread(url: str, opts: Any, sock: socket.socket, startup_timeout_s: float) -> ServerHandle:
+def _serve_thread(url: str, opts: Any, sock: socket.socket, startup_timeout_s: float, operator_token: str | None) -> ServerHandle:
     import uvicorn
 
     from sdar.envs.server import create_env_app, uvicorn_config
 
-    server = uvicorn.Server(uvicorn_config(create_env_app(opts), opts))
+    server = uvicorn.Server(uvicorn_config(create_env_app(opts, operator_token=operator_token), opts))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"sdar-env-{opts.family}", daemon=True)
     thread.start()
     handle = ServerHandle(url=url, family=opts.family, _thread=thread, _server=server)

@@ -25,11 +25,29 @@ reaper are reused, not copied) and adds:
   * limits with clear errors: action length (413 / error message), session capacity (503), unknown
     or reclaimed session (404 / 410), unknown task id at reset (404), malformed JSON (400), stepping
     before reset or after the end (409).
-Routes are registered in OpenEnv's "production" mode so its stateless `/reset` and `/step` (which
-fail on multi-turn environments) are not exposed; `/ws`, `/health`, `/schema`, `/metadata` are
-OpenEnv's own. Our routes: POST /sessions, GET /sessions, POST /sessions/{id}/reset
-{"task_id", "seed"}, POST /sessions/{id}/step {"action": {"message"}}, GET /sessions/{id}/state
-[?t=], DELETE /sessions/{id}, GET /info, GET /tasks?split=.
+
+Sessions belong to whoever opened them. POST /sessions answers with a `session_token` (from
+`secrets.token_urlsafe`) that every /sessions/{id}/... route requires as `Authorization: Bearer
+<token>`; a WebSocket session is driven only by its connection, which can ask for its token
+({"type": "session"}) to let someone else (a teacher) read its state over HTTP. GET /sessions shows
+counts; with the operator token (env SDAR_ENV_OPERATOR_TOKEN, from a Secret) it lists every session,
+and DELETE /sessions/{id} with it closes any. One client address holds at most
+`max_sessions_per_client` sessions (429 beyond). Tokens are compared in constant time, never logged.
+
+Every bad input is a 4xx with a message, read within bounds (`sdar.envs.server_limits`): bodies over
+`max_body_bytes` are refused on Content-Length before reading and while reading chunked ones (413),
+slow request heads and bodies get 408 and lose their connection, JSON that is not UTF-8, nested
+deeper than 32 or holding integers of more than 64 digits is a 400, and a binary or non-object
+WebSocket frame gets an error message while the session goes on.
+
+OpenEnv's routes are registered in its "production" mode (no stateless `/reset` and `/step`, which
+fail on multi-turn environments); `/health` and `/schema` are OpenEnv's own, while `/ws`, `/mcp` and
+`/metadata` are replaced: OpenEnv's `/ws` ends a session on a binary frame and lets its "mcp"
+messages close any session, its `/mcp` reads any body and closes any session by id, and its
+`/metadata` builds a whole environment per request. Our routes: POST /sessions, GET /sessions,
+POST /sessions/{id}/reset {"task_id", "seed"}, POST /sessions/{id}/step {"action": {"message"}},
+GET /sessions/{id}/state [?t=], DELETE /sessions/{id}, GET /info, GET /tasks?split=, POST /mcp
+(openenv/session/create and openenv/session/close only: these environments have no MCP tools).
 """
 
 from __future__ import annotations
@@ -37,35 +55,64 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
+import errno
 import functools
+import hmac
 import importlib
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict
-from typing import Any
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
 
 # first, so that openenv is imported without its Gradio web UI (see openenv_models)
 from sdar.envs.openenv_models import SdarAction, SdarObservation, SdarState, observation_from_step
 
 # isort: split
-from fastapi import FastAPI, HTTPException, Request, WebSocketDisconnect
+from fastapi import FastAPI, HTTPException, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse
 from openenv.core.env_server.exceptions import EnvironmentFactoryError, SessionCapacityError
 from openenv.core.env_server.http_server import HTTPEnvServer
 from openenv.core.env_server.interfaces import Environment
+from openenv.core.env_server.mcp_types import JsonRpcErrorCode, JsonRpcRequest, JsonRpcResponse
 from openenv.core.env_server.serialization import deserialize_action, serialize_observation
-from openenv.core.env_server.types import ConcurrencyConfig, EnvironmentMetadata, ServerMode
+from openenv.core.env_server.types import (
+    ConcurrencyConfig,
+    EnvironmentMetadata,
+    ServerMode,
+    WSErrorCode,
+    WSErrorResponse,
+    WSObservationResponse,
+    WSResetMessage,
+    WSStateMessage,
+    WSStateResponse,
+    WSStepMessage,
+)
 from pydantic import ValidationError
 
 from sdar.envs.base import TextEnv, make_env
-from sdar.envs.server_config import ServerOptions, add_serve_arguments, options_from_args
+from sdar.envs.server_config import (
+    MIN_OPERATOR_TOKEN_CHARS,
+    OPERATOR_TOKEN_ENV,
+    ServerOptions,
+    add_serve_arguments,
+    options_from_args,
+)
+from sdar.envs.server_limits import (
+    MAX_TASK_ID_CHARS,
+    BadJSON,
+    RequestGuard,
+    guarded_h11_protocol,
+    loads_guarded,
+)
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +153,24 @@ class StepNotFoundError(EnvRequestError):
 class SessionGoneError(EnvRequestError):
     status = 410
     kind = "session_gone"
+
+
+class SessionAuthError(EnvRequestError):
+    """No token where one is needed (401, with a WWW-Authenticate challenge)."""
+
+    status = 401
+    kind = "unauthorized"
+    headers: ClassVar[dict[str, str]] = {"WWW-Authenticate": 'Bearer realm="sdar-env"'}
+
+
+class SessionForbiddenError(EnvRequestError):
+    status = 403
+    kind = "forbidden"
+
+
+class TooManySessionsError(EnvRequestError):
+    status = 429
+    kind = "too_many_sessions"
 
 
 def build_text_env(family: str, env_kwargs: dict[str, Any] | None = None) -> TextEnv:
@@ -150,12 +215,21 @@ class SdarEnvironment(Environment[SdarAction, SdarObservation, SdarState]):
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ResetError(f"seed must be an integer, got {seed!r}")
         if task_id is not None and not isinstance(task_id, str):
-            raise ResetError(f"task_id must be a string, got {task_id!r}")
+            raise ResetError(f"task_id must be a string, got {type(task_id).__name__}")
         self._records = []  # a failed reset leaves no episode to step in
+        if task_id is not None and len(task_id) > MAX_TASK_ID_CHARS:
+            raise UnknownTaskError(
+                f"family {self.family!r} has no task id of {len(task_id)} characters (ids are at most {MAX_TASK_ID_CHARS}); "
+                "list task ids with GET /tasks?split=train|test"
+            )
         try:
             out = self.env.reset(task_id=task_id, seed=seed)
-        except (KeyError, ValueError) as exc:
+        except (LookupError, ValueError, FileNotFoundError, OSError) as exc:
+            if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError) and exc.errno != errno.ENAMETOOLONG:
+                raise  # the engine's own I/O failed: a server error, not the client's
             reason = exc.args[0] if exc.args else repr(exc)
+            if isinstance(exc, OSError):
+                reason = exc.strerror or reason
             if task_id is not None:
                 raise UnknownTaskError(
                     f"family {self.family!r} has no task {task_id!r} ({reason}); list task ids with GET /tasks?split=train|test"
@@ -219,11 +293,7 @@ class SdarEnvironment(Environment[SdarAction, SdarObservation, SdarState]):
         return self._records[t]
 
     def get_metadata(self) -> EnvironmentMetadata:
-        return EnvironmentMetadata(
-            name=f"sdar-{self.family}",
-            description=f"sdar {self.family} text environment (actions: {{'message': str}}; reset: task_id, seed)",
-            version=_sdar_version(),
-        )
+        return family_metadata(self.family)
 
     def expire(self, reason: str) -> None:
         """Mark the session unusable (the reaper reclaimed it) before it is closed."""
@@ -248,15 +318,51 @@ def _sdar_version() -> str:
     return __version__
 
 
+def family_metadata(family: str) -> EnvironmentMetadata:
+    return EnvironmentMetadata(
+        name=f"sdar-{family}",
+        description=f"sdar {family} text environment (actions: {{'message': str}}; reset: task_id, seed)",
+        version=_sdar_version(),
+    )
+
+
+@dataclass
+class SessionOwner:
+    """Who may use a session: its kind ("http" or "ws"), the client address that opened it, its token."""
+
+    kind: str
+    client: str
+    token: str
+
+
+def client_address(scope: Any) -> str:
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
+
+
+def bearer_token(request: Request) -> str | None:
+    scheme, _, value = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return value.strip() or None
+
+
+def same_token(given: str, expected: str) -> bool:
+    return hmac.compare_digest(given.encode("utf-8", "replace"), expected.encode("utf-8"))
+
+
 # ---- the server -----------------------------------------------------------------------------
 _MISSING = object()
+_WS_EXAMPLE = '{"type": "step", "data": {"message": "look"}}'
 
 
 class SdarEnvServer(HTTPEnvServer):
-    """OpenEnv's HTTPEnvServer with session ids in observations, a tunable reaper and HTTP sessions."""
+    """OpenEnv's HTTPEnvServer with session ids in observations, a tunable reaper, HTTP sessions,
+    and sessions owned by whoever opened them."""
 
-    def __init__(self, options: ServerOptions):
+    def __init__(self, options: ServerOptions, operator_token: str | None = None):
         self.options = options
+        self._operator_token = operator_token
         # built once up front: a bad family or kwargs fails here, before the port is served
         self.probe = build_text_env(options.family, options.env_kwargs)
         factory = functools.partial(
@@ -272,6 +378,8 @@ class SdarEnvServer(HTTPEnvServer):
         )
         # reclaimed session ids, remembered so a late request gets 410 "expired" instead of 404
         self._expired: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._owners: dict[str, SessionOwner] = {}
+        self._per_client: collections.Counter[str] = collections.Counter()
         self.sessions_created = 0
 
     # -- OpenEnv hooks ---------------------------------------------------------------------------
@@ -280,6 +388,14 @@ class SdarEnvServer(HTTPEnvServer):
         env.session_id = session_id  # type: ignore[attr-defined]
         self.sessions_created += 1
         return session_id, env
+
+    async def _destroy_session(self, session_id: str) -> None:
+        owner = self._owners.pop(session_id, None)
+        if owner is not None:
+            self._per_client[owner.client] -= 1
+            if self._per_client[owner.client] <= 0:
+                del self._per_client[owner.client]
+        await super()._destroy_session(session_id)
 
     async def _reap_idle_sessions(self) -> None:
         # OpenEnv's reaper, with our interval and a memory of what it reclaimed
@@ -316,6 +432,50 @@ class SdarEnvServer(HTTPEnvServer):
         while len(self._expired) > 10_000:
             self._expired.popitem(last=False)
 
+    # -- ownership -------------------------------------------------------------------------------
+    async def open_session(self, client: str, kind: str) -> tuple[str, SdarEnvironment, str]:
+        """A new session owned by `client` (an address) over `kind` ("http" or "ws"), and its token."""
+        cap = self.options.max_sessions_per_client
+        held = self._per_client[client]
+        if cap and held >= cap:
+            raise TooManySessionsError(
+                f"this client ({client}) already holds {held} open sessions, this server's limit per client "
+                "(--max-sessions-per-client); close some (DELETE /sessions/{id}, or close WebSockets) first"
+            )
+        self._per_client[client] += 1  # counted before the first await, so parallel opens see it
+        try:
+            sid, env = await self._create_session()
+        except BaseException:
+            self._per_client[client] -= 1
+            if self._per_client[client] <= 0:
+                del self._per_client[client]
+            raise
+        token = secrets.token_urlsafe(32)
+        self._owners[sid] = SessionOwner(kind=kind, client=client, token=token)
+        return sid, env, token  # type: ignore[return-value]
+
+    def is_operator(self, token: str | None) -> bool:
+        return bool(token and self._operator_token and same_token(token, self._operator_token))
+
+    def _authorize(self, token: str | None, sid: str, action: str) -> SdarEnvironment:
+        """The session's env if `token` may `action` ("read", "play" or "close") on it."""
+        env = self._session_env(sid)
+        if token is None:
+            raise SessionAuthError(
+                "session routes need the session's token: send 'Authorization: Bearer <session_token>' with the "
+                "token POST /sessions returned (a WebSocket gets its own with {\"type\": \"session\"})"
+            )
+        owner = self._owners.get(sid)
+        if owner is not None and same_token(token, owner.token):
+            if action != "read" and owner.kind == "ws":
+                raise SessionForbiddenError(
+                    f"session {sid} belongs to its WebSocket connection; {action} it over that connection"
+                )
+            return env
+        if action in ("read", "close") and self.is_operator(token):
+            return env
+        raise SessionForbiddenError(f"that token does not open session {sid}")
+
     # -- helpers for our routes ------------------------------------------------------------------
     def _session_env(self, sid: str) -> SdarEnvironment:
         env = self._sessions.get(sid, _MISSING)
@@ -323,9 +483,7 @@ class SdarEnvServer(HTTPEnvServer):
             if sid in self._expired:
                 raise SessionGoneError(self._expired[sid])
             raise HTTPException(
-                404,
-                f"unknown session {sid!r}; create one with POST /sessions (or open a WebSocket at /ws); "
-                "GET /sessions lists the live ones",
+                404, f"unknown session {sid[:100]!r}; create one with POST /sessions (or open a WebSocket at /ws)"
             )
         if env is None:
             raise HTTPException(409, f"session {sid!r} is still starting; retry in a moment")
@@ -336,19 +494,26 @@ class SdarEnvServer(HTTPEnvServer):
         self._update_session_activity(sid, increment_step=func.__name__ == "step")
         return out
 
-    async def _json_body(self, request: Request, limit: int, example: str) -> dict[str, Any]:
-        body = await request.body()
-        if len(body) > limit:
-            raise ActionTooLongError(f"request body has {len(body)} bytes, over this server's limit of {limit}")
+    async def _json_body(self, request: Request, example: str) -> dict[str, Any]:
+        body = await request.body()  # RequestGuard has read it within max_body_bytes and body_timeout_s
+        if len(body) > self.options.max_body_bytes:
+            raise ActionTooLongError(f"request body has {len(body)} bytes, over this server's limit of {self.options.max_body_bytes}")
         if not body.strip():
             return {}
         try:
-            data = json.loads(body)
-        except json.JSONDecodeError as exc:
-            raise EnvRequestError(f"malformed JSON body ({exc}); send a JSON object like {example}") from exc
+            data = loads_guarded(body)
+        except BadJSON as exc:
+            raise EnvRequestError(f"{exc}; send a JSON object like {example}") from None
         if not isinstance(data, dict):
             raise EnvRequestError(f"the body must be a JSON object like {example}, got {type(data).__name__}")
         return data
+
+    def _capacity_error(self, exc: SessionCapacityError) -> HTTPException:
+        return HTTPException(
+            503,
+            f"server is at capacity ({exc.active_sessions}/{exc.max_sessions} sessions); close sessions "
+            "(DELETE /sessions/{id}, or close WebSockets) or restart with a larger --max-sessions",
+        )
 
     def info(self) -> dict[str, Any]:
         o = self.options
@@ -357,12 +522,28 @@ class SdarEnvServer(HTTPEnvServer):
             "env_kwargs": o.env_kwargs,
             "active_sessions": self.active_sessions,
             "max_sessions": o.max_sessions,
+            "max_sessions_per_client": o.max_sessions_per_client,
             "sessions_created": self.sessions_created,
             "sessions_expired": len(self._expired),
             "session_ttl_s": o.session_ttl_s,
             "reap_interval_s": o.reap_every_s,
             "max_action_chars": o.max_action_chars,
+            "max_body_bytes": o.max_body_bytes,
+            "header_timeout_s": o.header_timeout_s,
+            "body_timeout_s": o.body_timeout_s,
+            "operator_token": self._operator_token is not None,
             "sdar_version": _sdar_version(),
+        }
+
+    def session_counts(self, client: str) -> dict[str, Any]:
+        kinds = collections.Counter(o.kind for o in self._owners.values())
+        return {
+            "active": len(self._sessions),
+            "max": self.options.max_sessions,
+            "http": kinds["http"],
+            "websocket": kinds["ws"],
+            "yours": self._per_client[client],
+            "max_per_client": self.options.max_sessions_per_client,
         }
 
     async def close_all(self) -> None:
@@ -373,14 +554,159 @@ class SdarEnvServer(HTTPEnvServer):
         except Exception as exc:
             log.warning("closing the probe env failed: %s", exc)
 
+    # -- the WebSocket session -----------------------------------------------------------------------
+    @staticmethod
+    def _ws_error(message: str, code: str, **extra: Any) -> str:
+        return WSErrorResponse(data={"message": message, "code": code, **extra}).model_dump_json()
+
+    async def serve_websocket(self, websocket: WebSocket) -> None:
+        """One session per connection, in OpenEnv's message protocol, plus {"type": "session"} (its
+        id and token). A frame the server cannot use gets an error message; the session goes on."""
+        await websocket.accept()
+        try:
+            sid, env, token = await self.open_session(client_address(websocket.scope), "ws")
+        except (SessionCapacityError, TooManySessionsError, EnvironmentFactoryError) as exc:
+            if isinstance(exc, SessionCapacityError):
+                reply = self._ws_error(
+                    str(exc), WSErrorCode.CAPACITY_REACHED, active_sessions=exc.active_sessions, max_sessions=exc.max_sessions
+                )
+            elif isinstance(exc, TooManySessionsError):
+                reply = self._ws_error(str(exc), "TOO_MANY_SESSIONS")
+            else:
+                reply = self._ws_error(f"could not build a {self.options.family} environment: {exc.__cause__ or exc}", WSErrorCode.FACTORY_ERROR)
+            with contextlib.suppress(Exception):
+                await websocket.send_text(reply)
+                await websocket.close()
+            return
+        disconnected = False
+        try:
+            while True:
+                message = await websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    disconnected = True
+                    break
+                reply = await self._ws_reply(sid, env, token, message)
+                if reply is None:
+                    break
+                await websocket.send_text(reply)
+        except WebSocketDisconnect:
+            disconnected = True
+        finally:
+            await self._destroy_session(sid)
+            if not disconnected:
+                with contextlib.suppress(Exception):
+                    await websocket.close()
+
+    async def _ws_reply(self, sid: str, env: SdarEnvironment, token: str, message: dict[str, Any]) -> str | None:
+        text = message.get("text")
+        if text is None:
+            return self._ws_error(f"binary frames are not understood; send JSON text like {_WS_EXAMPLE}", WSErrorCode.INVALID_JSON)
+        try:
+            data = loads_guarded(text)
+        except BadJSON as exc:
+            return self._ws_error(f"Invalid JSON: {exc}; send a message like {_WS_EXAMPLE}", WSErrorCode.INVALID_JSON)
+        if not isinstance(data, dict):
+            return self._ws_error(
+                f"a message is a JSON object like {_WS_EXAMPLE}, got {type(data).__name__}", WSErrorCode.VALIDATION_ERROR
+            )
+        kind = data.get("type")
+        try:
+            if kind == "reset":
+                obs = await self._call(sid, env.reset, **WSResetMessage(**data).data)
+                return WSObservationResponse(data=serialize_observation(obs)).model_dump_json()
+            if kind == "step":
+                action = deserialize_action(WSStepMessage(**data).data, SdarAction)
+                obs = await self._call(sid, env.step, action)
+                return WSObservationResponse(data=serialize_observation(obs)).model_dump_json()
+            if kind == "state":
+                WSStateMessage(**data)
+                return WSStateResponse(data=env.state.model_dump()).model_dump_json()
+            if kind == "close":
+                return None
+            if kind == "session":
+                return json.dumps({"type": "session", "data": {"session_id": sid, "session_token": token}})
+            if kind == "mcp":
+                return self._ws_error("this environment has no MCP tools; send reset, step and state messages", WSErrorCode.UNKNOWN_TYPE)
+            shown = kind if isinstance(kind, str) and len(kind) <= 40 else type(kind).__name__
+            return self._ws_error(
+                f"Unknown message type: {shown!r}; send reset, step, state, session or close", WSErrorCode.UNKNOWN_TYPE
+            )
+        except ValidationError as exc:
+            errors = exc.errors(include_url=False, include_context=False, include_input=False)
+            return self._ws_error("Invalid message", WSErrorCode.VALIDATION_ERROR, errors=errors)
+        except EnvRequestError as exc:
+            return self._ws_error(str(exc), WSErrorCode.EXECUTION_ERROR, error=exc.kind)
+        except TypeError as exc:  # e.g. reset data with a key that is not a keyword
+            return self._ws_error(f"Invalid message: {exc}", WSErrorCode.VALIDATION_ERROR)
+        except Exception as exc:
+            log.warning("session %s: %s failed: %r", sid, kind, exc)
+            return self._ws_error(str(exc), WSErrorCode.EXECUTION_ERROR)
+
+    # -- POST /mcp: OpenEnv's session lifecycle methods, with tokens ---------------------------------
+    async def mcp(self, request: Request) -> JSONResponse:
+        def answer(status: int, rpc: JsonRpcResponse) -> JSONResponse:
+            return JSONResponse(rpc.model_dump(), status_code=status)
+
+        data = await self._json_body(request, '{"jsonrpc": "2.0", "method": "openenv/session/create", "id": 1}')
+        try:
+            rpc = JsonRpcRequest(**data)
+        except ValidationError as exc:
+            errors = exc.errors(include_url=False, include_context=False, include_input=False)
+            return answer(400, JsonRpcResponse.error_response(JsonRpcErrorCode.INVALID_REQUEST, f"Invalid request: {errors}"))
+        rid, params = rpc.id, rpc.params
+        if rpc.method == "openenv/session/create":
+            try:
+                sid, _env, token = await self.open_session(client_address(request.scope), "http")
+            except TooManySessionsError as exc:
+                return answer(429, JsonRpcResponse.error_response(JsonRpcErrorCode.SERVER_ERROR, str(exc), request_id=rid))
+            except SessionCapacityError as exc:
+                return answer(503, JsonRpcResponse.error_response(JsonRpcErrorCode.SERVER_ERROR, str(exc), request_id=rid))
+            return answer(200, JsonRpcResponse.success({"session_id": sid, "session_token": token}, request_id=rid))
+        if rpc.method == "openenv/session/close":
+            sid = params.get("session_id")
+            if not isinstance(sid, str) or not sid:
+                return answer(400, JsonRpcResponse.error_response(JsonRpcErrorCode.INVALID_PARAMS, "params need 'session_id'", request_id=rid))
+            given = params.get("session_token")
+            token = given if isinstance(given, str) and given else bearer_token(request)
+            try:
+                self._authorize(token, sid, "close")
+            except (EnvRequestError, HTTPException) as exc:
+                status = exc.status if isinstance(exc, EnvRequestError) else exc.status_code
+                detail = str(exc) if isinstance(exc, EnvRequestError) else str(exc.detail)
+                return answer(status, JsonRpcResponse.error_response(JsonRpcErrorCode.INVALID_PARAMS, detail, request_id=rid))
+            await self._destroy_session(sid)
+            return answer(200, JsonRpcResponse.success({"session_id": sid, "closed": True}, request_id=rid))
+        if rpc.method in ("tools/list", "tools/call"):
+            message = f"the {self.options.family} environment has no MCP tools; play it over /ws or /sessions"
+            return answer(404, JsonRpcResponse.error_response(JsonRpcErrorCode.METHOD_NOT_FOUND, message, request_id=rid))
+        return answer(
+            404,
+            JsonRpcResponse.error_response(
+                JsonRpcErrorCode.METHOD_NOT_FOUND,
+                f"Method not found: {rpc.method[:80]!r}; this server has openenv/session/create and openenv/session/close",
+                request_id=rid,
+            ),
+        )
+
     # -- routes ------------------------------------------------------------------------------------
     def add_session_routes(self, app: FastAPI) -> None:
-        """Stateful HTTP sessions, state(t), /info and /tasks on top of OpenEnv's routes."""
-        body_limit = 6 * self.options.max_action_chars + 64 * 1024  # JSON may escape a char to 6 bytes
+        """Stateful HTTP sessions, state(t), /info, /tasks, and our /ws, /mcp and /metadata."""
 
         @app.exception_handler(EnvRequestError)
         async def _env_error(_request: Request, exc: EnvRequestError) -> JSONResponse:
-            return JSONResponse({"detail": str(exc), "error": exc.kind}, status_code=exc.status)
+            return JSONResponse({"detail": str(exc), "error": exc.kind}, status_code=exc.status, headers=getattr(exc, "headers", None))
+
+        @app.websocket("/ws")
+        async def websocket_session(websocket: WebSocket) -> None:
+            await self.serve_websocket(websocket)
+
+        @app.post("/mcp", tags=["Sessions"], summary="JSON-RPC: openenv/session/create, openenv/session/close")
+        async def mcp(request: Request) -> JSONResponse:
+            return await self.mcp(request)
+
+        @app.get("/metadata", response_model=EnvironmentMetadata, tags=["Environment Info"], summary="Environment metadata")
+        async def metadata() -> EnvironmentMetadata:
+            return family_metadata(self.options.family)
 
         @app.get("/info", tags=["Environment Info"], summary="Family, limits and session counts")
         async def info() -> dict[str, Any]:
@@ -393,42 +719,52 @@ class SdarEnvServer(HTTPEnvServer):
             except NotImplementedError as exc:
                 raise HTTPException(404, f"family {self.options.family!r} has no fixed task list ({exc}); reset with a seed instead") from None
             except (KeyError, ValueError) as exc:
-                raise HTTPException(400, f"cannot list split {split!r}: {exc.args[0] if exc.args else exc}") from None
+                raise HTTPException(400, f"cannot list split {split[:100]!r}: {exc.args[0] if exc.args else exc}") from None
             return {"family": self.options.family, "split": split, "task_ids": list(ids)}
 
-        @app.get("/sessions", tags=["Sessions"], summary="Live sessions")
-        async def list_sessions() -> dict[str, Any]:
-            infos = [i.model_dump() for i in self._session_info.values()]
-            return {"active": len(self._sessions), "max": self.options.max_sessions, "sessions": infos}
+        @app.get("/sessions", tags=["Sessions"], summary="Session counts; every session with the operator token")
+        async def list_sessions(request: Request) -> dict[str, Any]:
+            out = self.session_counts(client_address(request.scope))
+            token = bearer_token(request)
+            if token is None:
+                return out
+            if not self.is_operator(token):
+                raise SessionForbiddenError(
+                    "that is not this server's operator token"
+                    + ("" if self._operator_token else f" (none is set: start the server with {OPERATOR_TOKEN_ENV})")
+                )
+            out["sessions"] = [
+                {**info.model_dump(), "kind": self._owners[sid].kind, "client": self._owners[sid].client}
+                for sid, info in list(self._session_info.items())
+                if sid in self._owners
+            ]
+            return out
 
-        @app.post("/sessions", status_code=201, tags=["Sessions"], summary="Open a session")
-        async def create_session() -> dict[str, Any]:
+        @app.post("/sessions", status_code=201, tags=["Sessions"], summary="Open a session; keep its session_token")
+        async def create_session(request: Request) -> dict[str, Any]:
+            await self._json_body(request, "{}")  # nothing to configure yet; a bad body is still refused
             try:
-                sid, _env = await self._create_session()
+                sid, _env, token = await self.open_session(client_address(request.scope), "http")
             except SessionCapacityError as exc:
-                raise HTTPException(
-                    503,
-                    f"server is at capacity ({exc.active_sessions}/{exc.max_sessions} sessions); close sessions "
-                    "(DELETE /sessions/{id}, or close WebSockets) or restart with a larger --max-sessions",
-                ) from None
+                raise self._capacity_error(exc) from None
             except EnvironmentFactoryError as exc:
                 raise HTTPException(500, f"could not build a {self.options.family} environment: {exc.__cause__ or exc}") from None
-            return {"session_id": sid, "family": self.options.family}
+            return {"session_id": sid, "session_token": token, "family": self.options.family}
 
         @app.post("/sessions/{sid}/reset", tags=["Sessions"], summary="Start an episode: {task_id, seed}")
         async def reset(sid: str, request: Request) -> dict[str, Any]:
-            env = self._session_env(sid)
-            data = await self._json_body(request, body_limit, '{"task_id": "...", "seed": 0}')
+            env = self._authorize(bearer_token(request), sid, "play")
+            data = await self._json_body(request, '{"task_id": "...", "seed": 0}')
             obs = await self._call(sid, env.reset, **data)
             return serialize_observation(obs)
 
         @app.post("/sessions/{sid}/step", tags=["Sessions"], summary='Act: {"action": {"message": str}}')
         async def step(sid: str, request: Request) -> dict[str, Any]:
-            env = self._session_env(sid)
+            env = self._authorize(bearer_token(request), sid, "play")
             example = '{"action": {"message": "look"}}'
-            data = await self._json_body(request, body_limit, example)
+            data = await self._json_body(request, example)
             if set(data) != {"action"} or not isinstance(data["action"], dict):
-                raise EnvRequestError(f"the body must be {example}, got keys {sorted(data)}")
+                raise EnvRequestError(f"the body must be {example}, got keys {sorted(data)[:10]}")
             try:
                 action = deserialize_action(data["action"], SdarAction)
             except ValidationError as exc:
@@ -437,15 +773,15 @@ class SdarEnvServer(HTTPEnvServer):
             return serialize_observation(obs)
 
         @app.get("/sessions/{sid}/state", tags=["Sessions"], summary="State, or the exact observation of step t")
-        async def state(sid: str, t: int | None = None) -> dict[str, Any]:
-            env = self._session_env(sid)
+        async def state(sid: str, request: Request, t: int | None = None) -> dict[str, Any]:
+            env = self._authorize(bearer_token(request), sid, "read")
             if t is None:
                 return env.state.model_dump()
             return serialize_observation(env.observation_at(t))
 
         @app.delete("/sessions/{sid}", tags=["Sessions"], summary="Close a session and its environment")
-        async def close(sid: str) -> dict[str, Any]:
-            self._session_env(sid)
+        async def close(sid: str, request: Request) -> dict[str, Any]:
+            self._authorize(bearer_token(request), sid, "close")
             await self._destroy_session(sid)
             return {"session_id": sid, "closed": True}
 
@@ -456,8 +792,8 @@ class SdarEnvServer(HTTPEnvServer):
 
 
 class _QuietWebSocketClose:
-    """ASGI middleware: openenv 0.3.0 closes a WebSocket the client already closed and only expects
-    RuntimeError; the resulting WebSocketDisconnect is noise, not an error, so it ends here."""
+    """ASGI middleware: a WebSocketDisconnect raised after the client left is noise, not an error,
+    so it ends here."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -471,17 +807,43 @@ class _QuietWebSocketClose:
             pass
 
 
-def create_env_app(options: ServerOptions) -> FastAPI:
-    """The FastAPI app serving `options.family`: OpenEnv's routes plus sdar's session routes."""
-    server = SdarEnvServer(options)
+def operator_token_from_env() -> str | None:
+    """The operator token from SDAR_ENV_OPERATOR_TOKEN (None when unset or empty)."""
+    token = os.environ.get(OPERATOR_TOKEN_ENV, "").strip()
+    if not token:
+        return None
+    if len(token) < MIN_OPERATOR_TOKEN_CHARS:
+        raise ValueError(
+            f"{OPERATOR_TOKEN_ENV} has {len(token)} characters; use at least {MIN_OPERATOR_TOKEN_CHARS}, "
+            "e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+        )
+    return token
+
+
+# OpenEnv routes this module serves itself (see the module docstring)
+_REPLACED_ROUTES = frozenset({"/ws", "/mcp", "/metadata"})
+
+
+def create_env_app(options: ServerOptions, operator_token: str | None = None) -> FastAPI:
+    """The FastAPI app serving `options.family`: OpenEnv's routes plus sdar's session routes.
+
+    operator_token: the token that lists and closes every session (default: $SDAR_ENV_OPERATOR_TOKEN).
+    """
+    if operator_token is None:
+        operator_token = operator_token_from_env()
+    elif len(operator_token) < MIN_OPERATOR_TOKEN_CHARS:
+        raise ValueError(f"the operator token needs at least {MIN_OPERATOR_TOKEN_CHARS} characters")
+    server = SdarEnvServer(options, operator_token=operator_token)
     app = FastAPI(
         title=f"sdar environment server: {options.family}",
         version=_sdar_version(),
         description=__doc__,
     )
     server.register_routes(app, mode=ServerMode.PRODUCTION)
+    app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) not in _REPLACED_ROUTES]
     server.add_session_routes(app)
     app.add_middleware(_QuietWebSocketClose)
+    app.add_middleware(RequestGuard, max_body_bytes=options.max_body_bytes, body_timeout_s=options.body_timeout_s)
     app.state.sdar_server = server
     return app
 
@@ -494,8 +856,16 @@ def uvicorn_config(app: FastAPI, options: ServerOptions) -> Any:
         host=options.host,
         port=options.port,
         log_level=options.log_level,
+        # h11 with a deadline on request heads (uvicorn has none); bodies are bounded by RequestGuard
+        http=guarded_h11_protocol(options.header_timeout_s),
+        h11_max_incomplete_event_size=16 * 1024,  # request line + headers
+        timeout_keep_alive=options.keep_alive_s,
+        # connections (WebSockets included) beyond this get 503 instead of memory
+        limit_concurrency=4 * options.max_sessions + 256,
+        # the per-client session limit counts the peer address; a forwarded header must not move it
+        proxy_headers=False,
         # the transport limit only stops absurd frames; the action limit gives the clear error
-        ws_max_size=max(1 << 20, 6 * options.max_action_chars + 64 * 1024),
+        ws_max_size=max(1 << 20, options.max_body_bytes),
         ws_per_message_deflate=False,  # loopback and cluster-local traffic: CPU matters more than bytes
         timeout_graceful_shutdown=3,
         access_log=options.log_level == "debug",

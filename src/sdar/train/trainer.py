@@ -29,7 +29,7 @@ from sdar.agent.prompts import PromptBuilder
 from sdar.agent.rollout import Trajectory, episode_reward, rollout, turn_rewards
 from sdar.algos import LossBatch, compose_loss, get_arm, grpo_advantages
 from sdar.config import TrainConfig
-from sdar.teacher import TeacherScorer, free_token_mask, response_logprobs
+from sdar.teacher import ScoredBatch, TeacherScorer, free_token_mask, response_logprobs
 from sdar.teacher.vllm_scoring import select_teacher_engine
 from sdar.train import distributed
 
@@ -206,10 +206,31 @@ class Trainer:
         t1 = time.perf_counter()
         # every score is taken at the rollout temperature: the distribution the tokens were sampled from
         temp = self.rollout_cfg.temperature
-        old = response_logprobs(self.model, prompts, responses, pad_id=self.pad_id, batch_size=cfg.score_batch_size,
-                                allowed=allowed, temperature=temp)
+        n = len(prompts)
+        T = max((len(r) for r in responses), default=0)
+        mask = torch.zeros(n, T)
+        for i, r in enumerate(responses):
+            mask[i, : len(r)] = 1.0
         # the tokens that carry a choice: every loss term and per-token statistic is over these
-        free = free_token_mask(allowed, old.mask, forced_free=not rc.mask_forced_tokens)
+        free = free_token_mask(allowed, mask, forced_free=not rc.mask_forced_tokens)
+        # mini-batches are drawn over every rank's rows (alone: this process's), so N ranks make the
+        # same updates on the same samples as one process; each rank scores only its own rows
+        plan = distributed.plan([int(x) for x in free.sum(dim=1).tolist()], self.dist)
+        gen = torch.Generator().manual_seed(_step_seed(cfg.seed, step))
+        orders = [torch.randperm(plan.n, generator=gen).tolist() if cfg.shuffle_mini_batches else list(range(plan.n))
+                  for _ in range(cfg.ppo_epochs)]
+        # old_logp of the first mini-batch's rows is the update's own first forward (the weights have not
+        # moved yet): only the other rows need a scoring pass here
+        reused = set(plan.local(orders[0][: cfg.mini_batch_size])) if cfg.reuse_old_logp else set()
+        scored = [i for i in range(n) if i not in reused]
+        part = response_logprobs(self.model, [prompts[i] for i in scored], [responses[i] for i in scored],
+                                 pad_id=self.pad_id, batch_size=cfg.score_batch_size,
+                                 allowed=[allowed[i] for i in scored], temperature=temp)
+        old_logp = torch.zeros(n, T, device=part.logp.device)
+        if scored:
+            old_logp[torch.tensor(scored), : part.logp.shape[1]] = part.logp
+        old = ScoredBatch(logp=old_logp, entropy=None, mask=mask.to(part.logp.device))
+        self._reuse_rows = reused
         ref = None
         if arm.kl_coef != 0.0:
             # LoRA: the same module with the adapter disabled; full fine-tuning: the frozen copy
@@ -224,15 +245,9 @@ class Trainer:
         t_score = time.perf_counter() - t1
 
         t2 = time.perf_counter()
-        n = len(prompts)
-        # mini-batches are drawn over every rank's rows (alone: this process's), so N ranks make the
-        # same updates on the same samples as one process; each rank scores only its own rows
-        plan = distributed.plan([int(x) for x in free.sum(dim=1).tolist()], self.dist)
-        gen = torch.Generator().manual_seed(_step_seed(cfg.seed, step))
         sums: dict[str, float] = {}
         updates = 0
-        for _ in range(cfg.ppo_epochs):
-            order = torch.randperm(plan.n, generator=gen).tolist() if cfg.shuffle_mini_batches else list(range(plan.n))
+        for order in orders:
             for start in range(0, plan.n, cfg.mini_batch_size):
                 rows = order[start : start + cfg.mini_batch_size]
                 self.optimizer.zero_grad(set_to_none=True)
@@ -249,6 +264,13 @@ class Trainer:
                     (total * weight).backward()
                     for k, v in part_metrics.items():
                         metrics[k] = metrics.get(k, 0.0) + weight * float(v)
+                if self._reuse_rows:  # a micro-batch never ran (non-finite loss): score its rows now, unmoved
+                    rest = sorted(self._reuse_rows)
+                    got = response_logprobs(self.model, [prompts[i] for i in rest], [responses[i] for i in rest],
+                                            pad_id=self.pad_id, batch_size=cfg.score_batch_size,
+                                            allowed=[allowed[i] for i in rest], temperature=temp)
+                    old.logp[torch.tensor(rest), : got.logp.shape[1]] = got.logp
+                    self._reuse_rows = set()
                 self.attempted_updates += 1
                 if not finite:
                     self.optimizer.zero_grad(set_to_none=True)
@@ -346,6 +368,11 @@ class Trainer:
                                 allowed=[allowed[i] for i in mb], temperature=temp)
         T = cur.logp.shape[1]
         idx = torch.tensor(mb, dtype=torch.long)
+        fill = [j for j, i in enumerate(mb) if i in self._reuse_rows]
+        if fill:  # first forward on unchanged weights: it is old_logp (exact), no separate pass needed
+            rows = torch.tensor([mb[j] for j in fill], dtype=torch.long)
+            old.logp[rows, :T] = cur.logp.detach()[torch.tensor(fill)].to(old.logp.device)
+            self._reuse_rows = self._reuse_rows - {mb[j] for j in fill}
         batch = LossBatch(
             logp=cur.logp, old_logp=old.logp[idx, :T], advantages=advantages[idx].to(cur.logp.device),
             mask=cur.mask * free[idx, :T].to(cur.mask.device),
