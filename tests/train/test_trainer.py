@@ -73,7 +73,8 @@ def test_nonfinite_loss_is_skipped_and_training_continues(tiny_ckpt, tmp_path, m
         return (total * float("nan"), metrics) if calls["n"] == 1 else (total, metrics)
 
     monkeypatch.setattr(tr, "compose_loss", poisoned)
-    trainer = Trainer(small_config(tmp_path, arm="sdar", steps=1, mini_batch_size=1000))
+    # one update in all, skipped: allow that share (the run-level failure is tested in test_guards.py)
+    trainer = Trainer(small_config(tmp_path, arm="sdar", steps=1, mini_batch_size=1000, max_skipped_update_frac=1.0))
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     trainer.run()
     assert trainer.skipped_updates == 1

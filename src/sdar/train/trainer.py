@@ -254,14 +254,14 @@ class Trainer:
                 finite, metrics = True, {}
                 for part, weight in micro_batches(plan, rows, cfg.micro_batch_size, arm.agg, cfg.loss_normalisation):
                     mb = plan.local(part)
-                    if not mb:
-                        continue
+                    # a rank with no rows of this micro-batch still forms its (empty) loss: every rank then
+                    # reports the same metric names to sync_update, whose all-reduce needs equal sizes
                     total, part_metrics = self._micro_loss(mb, prompts, responses, allowed, old, free, ref, teacher,
                                                            advantages, temp)
                     if not bool(torch.isfinite(total)):
-                        finite = False
-                        break
-                    (total * weight).backward()
+                        finite = False  # the update is skipped; the other micro-batches still report metrics
+                    elif mb and finite:
+                        (total * weight).backward()
                     for k, v in part_metrics.items():
                         metrics[k] = metrics.get(k, 0.0) + weight * float(v)
                 if self._reuse_rows:  # a micro-batch never ran (non-finite loss): score its rows now, unmoved
