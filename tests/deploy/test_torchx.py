@@ -96,7 +96,8 @@ def test_the_job_rebuilds_the_launching_config_and_uses_the_pipelines_secrets():
     assert cfg.launch.wants_torchx()
     job = dryrun(cfg, CONFIG, overrides, validate_spec=False).request.resource
     assert job["spec"]["queue"] == "gpu" and len(job["spec"]["tasks"]) == 2
-    assert scheduler_cfg(cfg) == {"queue": "gpu", "namespace": "rl"}
+    # the workers run as the pipeline's service account (its IRSA role; the env chart admits only it)
+    assert scheduler_cfg(cfg) == {"queue": "gpu", "namespace": "rl", "service_account": "pipeline-runner"}
     from kubernetes.client import ApiClient
 
     for task in job["spec"]["tasks"]:
