@@ -599,7 +599,9 @@ class Trainer:
                     progress.update(bar, completed=self.step, info=info)
                     if main and not self.console.is_terminal:  # logs get one line per step
                         extra = f" eval {m['eval/success']:.2f}" if "eval/success" in m else ""
-                        self.console.print(f"[{self.arm.name}] step {self.step}/{cfg.steps}: {info}{extra}")
+                        # markup=False: rich would read "[grpo]" as a style tag and drop the arm's name
+                        self.console.print(f"[{self.arm.name}] step {self.step}/{cfg.steps}: {info}{extra}", markup=False,
+                                           highlight=False)
             self.flush_checkpoints(wait=True)  # the run ends with its last checkpoint in the store
             final = self.out / "final"
             if main:
