@@ -88,3 +88,45 @@ def test_prompt_lm_term_is_the_prompt_log_likelihood_and_trains(small):
     plain = response_logprobs(model, prompts, responses, pad_id=tok.pad_token_id)
     assert plain.prompt_logp_sum is None and plain.prompt_tokens == 0
     assert torch.allclose(plain.logp, out.logp.detach(), atol=1e-6)  # the response scores are unchanged
+
+
+@pytest.mark.parametrize("constrained", [False, True], ids=["free", "trie"])
+def test_checkpoint_generation_defaults_do_not_reach_the_sampler(small, tmp_path, constrained):
+    """Issue 12.3: a checkpoint whose generation_config.json sets a repetition penalty and top-k
+    (as Qwen2.5-Instruct's does) samples from exactly the distribution the trainer scores: the
+    sampler's log-prob of every token equals `response_logprobs` at the rollout temperature, so the
+    first PPO ratio (exp(sampler logp - old_logp)) is 1. Before the fix the penalty shifted repeated
+    tokens' log-probs."""
+    from transformers import AutoModelForCausalLM
+
+    from sdar.agent.backends import sampling_config
+
+    import copy
+
+    tok, model = small
+    model = copy.deepcopy(model)
+    model.generation_config.update(do_sample=True, repetition_penalty=2.0, top_k=3, no_repeat_ngram_size=2)
+    model.save_pretrained(tmp_path / "ckpt")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt").eval()
+    assert loaded.generation_config.repetition_penalty == 2.0, "the checkpoint carries the penalty"
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    trie = action_trie(tok, "household", ACTIONS, eos) if constrained else None
+    prompt = tok("what now? go to fridge go to fridge", add_special_tokens=False)["input_ids"]
+    backend = TransformersBackend(loaded, tok, batch_size=64, record_logprobs=True)
+    torch.manual_seed(3)
+    temperature = 0.7
+    gens = backend.generate([prompt] * 64, max_new_tokens=16, temperature=temperature, top_p=1.0,
+                            tries=[trie] * 64 if constrained else None)
+    responses = [g.token_ids for g in gens]
+    repeats = sum(len(r) - len(set(r)) for r in responses)
+    assert repeats > 0, "some token repeats, so a repetition penalty would show"
+    scored = response_logprobs(loaded, [prompt] * 64, responses, pad_id=tok.pad_token_id, temperature=temperature,
+                               allowed=[trie.allowed_along(r) for r in responses] if constrained else None)
+    for i, g in enumerate(gens):
+        n = len(g.token_ids)
+        assert len(g.logprobs) == n
+        torch.testing.assert_close(torch.tensor(g.logprobs), scored.logp[i, :n].float(), rtol=0, atol=2e-5)
+    # the configuration itself spells out every processor-adding setting as neutral
+    cfg = sampling_config(temperature, 1.0, max_new_tokens=4, eos_ids=[eos], pad_id=0)
+    assert (cfg.repetition_penalty, cfg.top_k, cfg.no_repeat_ngram_size, cfg.typical_p) == (1.0, 0, 0, 1.0)
+    assert loaded.generation_config.repetition_penalty == 2.0, "the model's own config is restored after sampling"

@@ -138,12 +138,37 @@ def test_save_load_round_trip(tmp_path, tok_dir, batch, base_logp, lora):
     again = Policy.load(resumed.save(tmp_path / "ckpt2"))
     again.model.eval()
     torch.testing.assert_close(logp_of(again.model, batch), logp_of(resumed.model, batch), rtol=0, atol=1e-6)
-    if lora:  # a LoRA checkpoint directory also loads through load_policy
-        via_spec = load_policy(ModelSpec(str(out)))
-        via_spec.model.eval()
-        torch.testing.assert_close(logp_of(via_spec.model, batch), trained, rtol=0, atol=1e-6)
-        with pytest.raises(ValueError, match="load it with lora=True"):
-            load_policy(ModelSpec(str(out), lora=False))
+
+
+@pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointing"])
+def test_a_lora_checkpoint_as_the_start_is_also_the_reference(tmp_path, tok_dir, batch, base_logp, lora, checkpointing):
+    """Issue 12.4: starting from a LoRA checkpoint, KL pulls toward that checkpoint (merged), not
+    toward the base it was trained from: at step 0 ref_logp == old_logp."""
+    start = load_policy(ModelSpec(f"tiny:{tok_dir}", gradient_checkpointing=checkpointing))
+    update(start, batch, lr=1e-2)
+    trained = logp_of(start.model, batch)
+    mask = batch[1][:, 1:].bool()
+    assert (trained - base_logp)[mask].abs().max() > 1e-2
+    out = start.save(tmp_path / "start")
+
+    policy = load_policy(ModelSpec(str(out), lora=lora))
+    policy.model.eval()
+    old_logp = logp_of(policy.model, batch)
+    with policy.reference() as ref:
+        ref_logp = logp_of(ref, batch)
+    torch.testing.assert_close(old_logp[mask], trained[mask], rtol=0, atol=1e-5)
+    torch.testing.assert_close(ref_logp[mask], old_logp[mask], rtol=0, atol=1e-6)
+    assert (ref_logp - base_logp)[mask].abs().max() > 1e-2, "the reference is the start, not the old base"
+    assert policy.is_lora is lora and policy.base_source is None
+    if lora:  # a fresh adapter: zero at the start, the only trainable tensors
+        names = [n for n, p in policy.model.named_parameters() if p.requires_grad]
+        assert names and all("lora_" in n for n in names)
+    # training moves the policy away; the reference stays at the start, also after save and load
+    update(policy, batch, lr=1e-2 if lora else 1e-3)
+    resumed = Policy.load(policy.save(tmp_path / "next"))
+    with resumed.reference() as ref:
+        torch.testing.assert_close(logp_of(ref, batch)[mask], trained[mask], rtol=0, atol=1e-5)
 
 
 def test_local_checkpoint_loads_through_the_same_path(tmp_path, tokenizer, small_cfg, batch):

@@ -23,7 +23,7 @@ class Generation:
 
     logprobs: the sampler's log-prob of each token, or None. vLLM fills it (with
     `logprobs_mode='processed_logprobs'` these are of the distribution actually sampled: after the
-    trie mask and temperature); transformers leaves it None. Diagnostic only: the trainer
+    trie mask and temperature); transformers fills it with `record_logprobs=True`. Diagnostic only: the trainer
     recomputes `old_logp` with its own forward, so nothing in the update depends on it.
     """
 
@@ -56,14 +56,56 @@ def _cut_at_eos(row: list[int], eos_ids) -> tuple[list[int], bool]:
     return (row, False) if cut is None else (row[: cut + 1], True)
 
 
+def sampling_config(temperature: float, top_p: float, *, max_new_tokens: int, eos_ids: list[int], pad_id: int):
+    """The complete `GenerationConfig` the transformers backend samples with: temperature and
+    top-p, nothing else. Every setting that would add a logits processor is spelled out neutral
+    (transformers >= 5 fills unset fields from the checkpoint's `generation_config.json`, and
+    Qwen2.5-Instruct's sets repetition_penalty 1.05-1.1 and top_k 20), so tokens come from exactly
+    the distribution the trainer scores (`token_logprobs` at the rollout temperature)."""
+    from transformers import GenerationConfig
+
+    sample = temperature > 0
+    return GenerationConfig(
+        do_sample=sample, temperature=temperature if sample else 1.0, top_p=top_p if sample else 1.0, top_k=0,
+        min_p=None, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0, repetition_penalty=1.0,
+        encoder_repetition_penalty=1.0, no_repeat_ngram_size=0, encoder_no_repeat_ngram_size=0, length_penalty=1.0,
+        exponential_decay_length_penalty=None, bad_words_ids=None, sequence_bias=None, suppress_tokens=None,
+        begin_suppress_tokens=None, forced_bos_token_id=None, forced_eos_token_id=None, min_length=0, min_new_tokens=0,
+        num_beams=1, num_return_sequences=1, renormalize_logits=False, remove_invalid_values=False,
+        max_new_tokens=max_new_tokens, eos_token_id=list(eos_ids), pad_token_id=pad_id, use_cache=True,
+    )
+
+
+@contextlib.contextmanager
+def _plain_generation_defaults(model):
+    """Within the block, the model (and a peft wrapper's inner model) carries an empty
+    `generation_config`, so no checkpoint default fills a field `sampling_config` left unset."""
+    from transformers import GenerationConfig
+
+    holders = [m for m in (model, getattr(getattr(model, "base_model", None), "model", None)) if m is not None
+               and hasattr(m, "generation_config")]
+    saved = [(m, m.generation_config) for m in holders]
+    try:
+        for m, _ in saved:
+            m.generation_config = GenerationConfig()
+        yield
+    finally:
+        for m, cfg in saved:
+            m.generation_config = cfg
+
+
 class TransformersBackend:
     """Batched sampling with `model.generate` and its KV cache; prompts are left-padded.
 
     batch_size bounds memory: prompts are generated in chunks of this many.
+    record_logprobs: fill `Generation.logprobs` with the sampler's log-prob of each token (the
+        processed distribution: trie mask, temperature, top-p), for checking that sampling equals
+        scoring. Costs a vocabulary-wide float row per token while a chunk generates: off by default.
     """
 
-    def __init__(self, model, tokenizer, batch_size: int = 64) -> None:
+    def __init__(self, model, tokenizer, batch_size: int = 64, record_logprobs: bool = False) -> None:
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
+        self.record_logprobs = record_logprobs
         self.eos_ids = _eos_ids(tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
 
@@ -89,24 +131,31 @@ class TransformersBackend:
         for i, p in enumerate(prompts):
             ids[i, width - len(p) :] = torch.tensor(p)
             mask[i, width - len(p) :] = 1
-        sample = temperature > 0
-        # top_k=0: no top-k truncation (generation configs default to 50), so tokens come from
-        # exactly the distribution the trainer scores
-        kwargs = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if sample else dict(do_sample=False)
+        gen_cfg = sampling_config(temperature, top_p, max_new_tokens=max_new_tokens, eos_ids=self.eos_ids,
+                                  pad_id=self.pad_id)
+        kwargs = {}
         if any(t is not None for t in tries):
             from transformers import LogitsProcessorList
 
             from sdar.agent.constrained import TrieLogitsProcessor
 
             kwargs["logits_processor"] = LogitsProcessorList([TrieLogitsProcessor(list(tries), width)])
-        seqs = self.model.generate(
-            input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens,
-            eos_token_id=self.eos_ids, pad_token_id=self.pad_id, use_cache=True, **kwargs,
-        )
+        if self.record_logprobs:
+            gen_cfg.output_scores, gen_cfg.return_dict_in_generate = True, True
+        with _plain_generation_defaults(self.model):
+            out = self.model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                                      generation_config=gen_cfg, **kwargs)
+        seqs = out.sequences if self.record_logprobs else out
+        new = seqs[:, width:]
+        lps = None
+        if self.record_logprobs:  # scores[t]: the processed logits step t sampled from
+            steps = torch.stack([torch.log_softmax(sc.float(), dim=-1) for sc in out.scores], dim=1)
+            lps = steps.gather(-1, new[:, : steps.shape[1]].unsqueeze(-1)).squeeze(-1).tolist()
         gens = []
-        for row in seqs[:, width:].tolist():
+        for i, row in enumerate(new.tolist()):
             toks, finished = _cut_at_eos(row, self.eos_ids)
-            gens.append(Generation(toks, self.tokenizer.decode(toks, skip_special_tokens=True), finished))
+            gens.append(Generation(toks, self.tokenizer.decode(toks, skip_special_tokens=True), finished,
+                                   None if lps is None else lps[i][: len(toks)]))
         return gens
 
 

@@ -370,20 +370,35 @@ class Policy:
         return cls(model, tokenizer, spec, reference_model=reference, base_source=base_source)
 
 
+def _merged_start(where: str, spec: ModelSpec) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A LoRA checkpoint's base with its adapter folded in, as a plain transformers model in `spec`'s dtype."""
+    start = Policy.load(where)
+    model = start.model
+    with _quiet_peft():
+        merged = model.merge_and_unload() if hasattr(model, "merge_and_unload") else model
+    if getattr(merged, "is_activation_checkpointing", False):  # the start's setting; `spec`'s applies below
+        merged.activation_checkpointing_disable()
+        merged.config.use_cache = True
+    merged.requires_grad_(False)
+    return merged.to(spec.torch_dtype), start.tokenizer
+
+
 def load_policy(spec: ModelSpec) -> Policy:
     """Load `spec` as a trainable policy: base weights -> (LoRA adapter | frozen reference copy).
 
-    A directory holding a `Policy.save` LoRA checkpoint is resumed with `Policy.load`.
+    A directory holding a `Policy.save` LoRA checkpoint is a *starting policy*: its adapter is
+    merged into its base and training starts from the merged weights (a fresh adapter with LoRA, or
+    every weight with full fine-tuning), so the reference (adapter disabled / the frozen copy) is
+    that starting policy, not the base it was trained from. The reference's
+    `ray_trainer.py`/`fsdp_workers.py` likewise build the ref model from the actor's starting
+    weights. To continue training the same adapter instead, use `Policy.load`.
     """
     kind, where = resolve_name(spec.name_or_path)
     if kind == "lora_checkpoint":
-        if not spec.lora:
-            raise ValueError(
-                f"{where} is a LoRA adapter checkpoint; load it with lora=True (or merge the adapter "
-                "into the base model and save that for full fine-tuning)"
-            )
-        return Policy.load(where)
-    model, tok, base_source = _load_base(spec)
+        model, tok = _merged_start(where, spec)
+        base_source = None  # merged weights no name reloads: Policy.save keeps a copy in base/
+    else:
+        model, tok, base_source = _load_base(spec)
     if spec.lora:
         from peft import get_peft_model
 
