@@ -161,3 +161,28 @@ def test_precomputed_entropy_equals_logits():
     b2.entropy, b2.logits = entropy_per_token(b2.logits), None
     t2, _ = compose_loss("sdar", b2)
     assert t1.item() == pytest.approx(t2.item(), rel=1e-6)
+
+
+def test_a_new_loss_term_is_one_registered_function(monkeypatch):
+    """Issue 13.3: a channel is a registered LossTerm plus its inputs (a LossBatch field or an `extras`
+    key); its weight comes from the arm (a field or `extra_coefs`), and it is logged as loss/<name>."""
+    from sdar.algos import arms as A
+
+    monkeypatch.setattr(A, "LOSS_TERMS", dict(A.LOSS_TERMS))
+
+    def squared_logp(arm, b):
+        return (b.extras["scale"] * b.logp.pow(2) * b.mask).sum() / b.mask.sum(), {"rows": torch.tensor(float(b.logp.shape[0]))}
+
+    A.register_loss_term(A.LossTerm("sq", "sq_coef", ("scale",), squared_logp, stats="sq", always=False))
+    b = make_batch()
+    base, base_m = compose_loss("grpo", b)
+    arm = get_arm("grpo", extra_coefs=(("sq_coef", 0.5),))
+    with pytest.raises(ValueError, match="needs scale"):
+        compose_loss(arm, b)
+    b.extras["scale"] = 2.0
+    total, m = compose_loss(arm, b)
+    want = 2.0 * (b.logp.pow(2) * b.mask).sum() / b.mask.sum()
+    torch.testing.assert_close(m["loss/sq"], want.detach())
+    torch.testing.assert_close(total, base + 0.5 * want)
+    assert m["sq/rows"] == b.logp.shape[0]
+    assert "loss/sq" not in base_m and "loss/sq" not in compose_loss("grpo", b)[1], "weight 0 and always=False: not computed"

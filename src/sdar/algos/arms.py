@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field, fields
+from typing import Callable
 
 import torch
 
@@ -41,6 +42,7 @@ class ArmConfig:
     jsd_temperature: float = 1.0
     jsd_top_k: int | None = None
     dpo_beta: float = 0.1
+    extra_coefs: tuple[tuple[str, float], ...] = ()  # weights of registered loss terms with no field here
 
     @property
     def needs_teacher(self) -> bool:
@@ -139,80 +141,126 @@ class LossBatch:
     extras: dict = field(default_factory=dict)
 
 
+def _input(batch: LossBatch, name: str):
+    """A loss input: a LossBatch field, or an entry of `batch.extras` (a new term's own inputs)."""
+    return getattr(batch, name) if hasattr(batch, name) else batch.extras.get(name)
+
+
 def _require(batch: LossBatch, arm: ArmConfig, names: tuple[str, ...], why: str) -> None:
-    missing = [n for n in names if getattr(batch, n) is None]
+    missing = [n for n in names if _input(batch, n) is None]
     if missing:
         raise ValueError(f"arm {arm.name!r} needs {', '.join(missing)} in the batch ({why}); compute it or set that weight to 0")
+
+
+@dataclass(frozen=True)
+class LossTerm:
+    """One term of the composed loss: `total += sign * coef * value`.
+
+    name: the metric is `loss/<name>`; stats: the term's statistics go under `<stats>/<key>`.
+    coef: the ArmConfig field holding its weight (or a key of `ArmConfig.extra_coefs`).
+    inputs: the LossBatch fields (or `extras` keys) it reads; required when the weight is not 0.
+    fn(arm, batch) -> (value, stats): the term as a scalar, and a dict of detached statistics.
+    always: computed (for its metric) whenever its inputs are there, even at weight 0; False = only
+        when weighted. any_input: one of `inputs` suffices (entropy: logits or entropy).
+    """
+
+    name: str
+    coef: str
+    inputs: tuple[str, ...]
+    fn: Callable[[ArmConfig, LossBatch], tuple[torch.Tensor, dict]]
+    sign: float = 1.0
+    stats: str | None = None
+    always: bool = True
+    any_input: bool = False
+
+    def weight(self, arm: ArmConfig) -> float:
+        if hasattr(arm, self.coef):
+            return float(getattr(arm, self.coef))
+        return float(dict(arm.extra_coefs).get(self.coef, 0.0))
+
+    def available(self, batch: LossBatch) -> bool:
+        have = [_input(batch, n) is not None for n in self.inputs]
+        return any(have) if self.any_input else all(have)
+
+
+LOSS_TERMS: dict[str, LossTerm] = {}
+
+
+def register_loss_term(term: LossTerm) -> LossTerm:
+    """Add a term to every arm's loss (its weight, from `term.coef`, decides whether it counts). A new
+    channel is this one call plus its inputs (LossBatch fields or `extras` keys)."""
+    LOSS_TERMS[term.name] = term
+    return term
+
+
+def _pg(arm: ArmConfig, b: LossBatch):
+    return policy_loss(b.logp, b.old_logp, b.advantages, b.mask, clip_low=arm.clip_low, clip_high=arm.clip_high,
+                       dual_clip=arm.dual_clip, agg=arm.agg)
+
+
+def _kl(arm: ArmConfig, b: LossBatch):
+    return kl_k3(b.logp, b.ref_logp, b.mask, agg=arm.agg), {}
+
+
+def _entropy(arm: ArmConfig, b: LossBatch):
+    ent_tok = b.entropy if b.entropy is not None else entropy_per_token(b.logits)
+    return aggregate(ent_tok, b.mask, arm.agg), {}
+
+
+def _sdar(arm: ArmConfig, b: LossBatch):
+    return sdar_distill_loss(b.logp, b.teacher_logp, b.mask, beta=arm.sdar_beta, agg=arm.agg)
+
+
+def _hint(arm: ArmConfig, b: LossBatch):
+    jsd = generalized_jsd(b.hint_student_logits, b.hint_teacher_logits, b.hint_mask, beta=arm.jsd_beta,
+                          temperature=arm.jsd_temperature, top_k=arm.jsd_top_k, agg=arm.agg)
+    return jsd, {}
+
+
+def _replay(arm: ArmConfig, b: LossBatch):
+    names = ("dpo_chosen_logp", "dpo_rejected_logp", "dpo_ref_chosen_logp", "dpo_ref_rejected_logp")
+    return dpo_loss(*(getattr(b, n) for n in names), beta=arm.dpo_beta)
+
+
+register_loss_term(LossTerm("pg", "pg_coef", ("logp", "old_logp", "advantages", "mask"), _pg, stats="pg"))
+register_loss_term(LossTerm("kl", "kl_coef", ("ref_logp",), _kl))
+register_loss_term(LossTerm("entropy", "entropy_coef", ("logits", "entropy"), _entropy, sign=-1.0, any_input=True))
+register_loss_term(LossTerm("sdar", "sdar_coef", ("teacher_logp",), _sdar, stats="sdar"))
+register_loss_term(LossTerm("hint_jsd", "hint_distill_coef", ("hint_student_logits", "hint_teacher_logits", "hint_mask"),
+                            _hint, always=False))
+register_loss_term(LossTerm("replay_dpo", "replay_coef", ("dpo_chosen_logp", "dpo_rejected_logp", "dpo_ref_chosen_logp",
+                                                         "dpo_ref_rejected_logp"), _replay, stats="replay", always=False))
 
 
 def compose_loss(arm: ArmConfig | str, batch: LossBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The total loss of `batch` under `arm`, and every component under its own name.
 
-    Returns (total, metrics): metrics holds `loss/total`, `loss/pg`, `loss/kl`,
-    `loss/entropy` (the entropy H itself), `loss/sdar`, `loss/hint_jsd`, `loss/replay_dpo`
-    for the terms that were computed, plus `pg/*`, `sdar/*` and `replay/*` statistics.
-    All metrics are detached scalars. A term whose weight is 0 is not added (so a
-    NaN in an unused input cannot leak into the total).
+    Every registered `LossTerm` in order: `total += sign * weight * value` when its weight is not 0
+    (a missing input is then an error naming it); `loss/<name>` (and its statistics) are logged when
+    computed. Built in: `loss/pg`, `loss/kl`, `loss/entropy` (the entropy H itself, subtracted),
+    `loss/sdar`, `loss/hint_jsd`, `loss/replay_dpo`, plus `pg/*`, `sdar/*` and `replay/*` statistics.
+    All metrics are detached scalars. A term whose weight is 0 is not added (so a NaN in an unused
+    input cannot leak into the total).
     """
     if isinstance(arm, str):
         arm = get_arm(arm)
     metrics: dict[str, torch.Tensor] = {}
     total = torch.zeros((), dtype=upcast(batch.logp).dtype, device=batch.logp.device)
-
-    pg, pg_stats = policy_loss(
-        batch.logp, batch.old_logp, batch.advantages, batch.mask,
-        clip_low=arm.clip_low, clip_high=arm.clip_high, dual_clip=arm.dual_clip, agg=arm.agg,
-    )
-    metrics["loss/pg"] = pg.detach()
-    metrics.update({f"pg/{k}": v for k, v in pg_stats.items()})
-    if arm.pg_coef != 0.0:
-        total = total + arm.pg_coef * pg
-
-    if arm.kl_coef != 0.0:
-        _require(batch, arm, ("ref_logp",), "kl_coef != 0")
-    if batch.ref_logp is not None:
-        kl = kl_k3(batch.logp, batch.ref_logp, batch.mask, agg=arm.agg)
-        metrics["loss/kl"] = kl.detach()
-        if arm.kl_coef != 0.0:
-            total = total + arm.kl_coef * kl
-
-    if arm.entropy_coef != 0.0 and batch.logits is None and batch.entropy is None:
-        raise ValueError(f"arm {arm.name!r} has entropy_coef != 0 but the batch has neither logits nor entropy; pass one or set entropy_coef=0")
-    if batch.logits is not None or batch.entropy is not None:
-        ent_tok = batch.entropy if batch.entropy is not None else entropy_per_token(batch.logits)
-        ent = aggregate(ent_tok, batch.mask, arm.agg)
-        metrics["loss/entropy"] = ent.detach()
-        if arm.entropy_coef != 0.0:
-            total = total - arm.entropy_coef * ent
-
-    if arm.sdar_coef != 0.0:
-        _require(batch, arm, ("teacher_logp",), "sdar_coef != 0")
-    if batch.teacher_logp is not None:
-        distill, sd_stats = sdar_distill_loss(
-            batch.logp, batch.teacher_logp, batch.mask, beta=arm.sdar_beta, agg=arm.agg
-        )
-        metrics["loss/sdar"] = distill.detach()
-        metrics.update({f"sdar/{k}": v for k, v in sd_stats.items()})
-        if arm.sdar_coef != 0.0:
-            total = total + arm.sdar_coef * distill
-
-    if arm.hint_distill_coef != 0.0:
-        _require(batch, arm, ("hint_student_logits", "hint_teacher_logits", "hint_mask"), "hint_distill_coef != 0")
-        jsd = generalized_jsd(
-            batch.hint_student_logits, batch.hint_teacher_logits, batch.hint_mask,
-            beta=arm.jsd_beta, temperature=arm.jsd_temperature, top_k=arm.jsd_top_k, agg=arm.agg,
-        )
-        metrics["loss/hint_jsd"] = jsd.detach()
-        total = total + arm.hint_distill_coef * jsd
-
-    if arm.replay_coef != 0.0:
-        names = ("dpo_chosen_logp", "dpo_rejected_logp", "dpo_ref_chosen_logp", "dpo_ref_rejected_logp")
-        _require(batch, arm, names, "replay_coef != 0")
-        dpo, dpo_stats = dpo_loss(*(getattr(batch, n) for n in names), beta=arm.dpo_beta)
-        metrics["loss/replay_dpo"] = dpo.detach()
-        metrics.update({f"replay/{k}": v for k, v in dpo_stats.items()})
-        total = total + arm.replay_coef * dpo
-
+    for term in LOSS_TERMS.values():
+        w = term.weight(arm)
+        if w != 0.0 and not term.available(batch):
+            if term.any_input:
+                raise ValueError(f"arm {arm.name!r} has {term.coef} != 0 but the batch has neither "
+                                 f"{' nor '.join(term.inputs)}; pass one or set {term.coef}=0")
+            _require(batch, arm, term.inputs, f"{term.coef} != 0")
+        if not (w != 0.0 or (term.always and term.available(batch))):
+            continue
+        value, stats = term.fn(arm, batch)
+        metrics[f"loss/{term.name}"] = value.detach()
+        if term.stats:
+            metrics.update({f"{term.stats}/{k}": v for k, v in stats.items()})
+        if w != 0.0:
+            total = total + term.sign * w * value
     metrics["loss/total"] = total.detach()
     return total, metrics
 
