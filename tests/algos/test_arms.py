@@ -42,7 +42,10 @@ def test_registry_holds_the_paper_arms():
     for arm in ARMS.values():  # paper defaults shared by every arm
         assert (arm.kl_coef, arm.entropy_coef, arm.clip_low, arm.clip_high, arm.dual_clip) == (
             0.01, 0.001, 0.2, 0.2, 3.0)
-        assert arm.hint_distill_coef == 0.0 and arm.replay_coef == 0.0
+        if arm.name != "grpo_hint":  # the Composer channel arms weight their channel; the paper's do not
+            assert arm.hint_distill_coef == 0.0 and arm.replay_coef == 0.0
+    hint = get_arm("grpo_hint")  # issue 13.3: GRPO + channel 2 at alpha 0.1, nothing else changed
+    assert (hint.hint_distill_coef, hint.replay_coef, hint.sdar_coef, hint.pg_coef) == (0.1, 0.0, 0.0, 1.0)
 
 
 def test_unknown_arm_and_setting_errors_name_the_fix():

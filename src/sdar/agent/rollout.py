@@ -30,6 +30,7 @@ class Turn:
     reward: float  # the environment's reward for this step
     error_kind: str | None = None
     hint_template_key: str | None = None
+    error_args: dict | None = None  # what the hint template is filled with (observed names, the action)
     history_dropped: int = 0
     allowed: list[list[int]] | None = None  # constrained decoding: allowed tokens per response position
     format_valid: bool = True  # the response held a well-formed action block (what the reference penalises)
@@ -135,7 +136,8 @@ def rollout(
                     view=view, prompt_ids=ids, response_ids=gen.token_ids, response_text=gen.text,
                     action=p.action, valid=p.valid and gen.finished, env_valid=bool(md.get("valid_action", True)),
                     reward=float(res.reward), error_kind=md.get("error_kind") or (None if p.valid else "format"),
-                    hint_template_key=md.get("hint_template_key"), history_dropped=d,
+                    hint_template_key=md.get("hint_template_key"), error_args=md.get("error_args"),
+                    history_dropped=d,
                     allowed=trie.allowed_along(gen.token_ids) if trie is not None else None,
                     format_valid=p.valid_format and gen.finished,
                 ))

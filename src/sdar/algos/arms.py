@@ -100,6 +100,11 @@ register_arm(
 )
 
 
+# Composer channel 2 (ALGORITHM.md section 5): GRPO + hint distillation at error sites, alpha 0.1
+register_arm(ArmConfig("grpo_hint", "GRPO + hint distillation (generalized JSD) at environment-marked error sites",
+                       hint_distill_coef=0.1))
+
+
 def get_arm(name: str, **overrides) -> ArmConfig:
     """The registered arm `name`, optionally with some settings overridden."""
     if name not in ARMS:

@@ -150,6 +150,7 @@ class Trainer:
         self.run_id: str | None = None
         self.skipped_updates = 0
         self.attempted_updates = 0
+        self._hint_prompts: dict[int, list[int]] = {}  # error-site row -> hinted teacher prompt (this step)
         self.history: list[dict[str, float]] = []
 
     def _backend(self):
@@ -213,6 +214,16 @@ class Trainer:
             mask[i, : len(r)] = 1.0
         # the tokens that carry a choice: every loss term and per-token statistic is over these
         free = free_token_mask(allowed, mask, forced_free=not rc.mask_forced_tokens)
+        # Composer channel 2: error sites (steps the environment marked with a hint template) and the
+        # teacher context of each: the student's prompt with the rendered hint inserted at that turn
+        flat = [t for tr in trajs for t in tr.turns]
+        sites = [i for i, t in enumerate(flat) if t.hint_template_key]
+        self._hint_prompts = {}
+        if arm.hint_distill_coef != 0.0:
+            from sdar.teacher.hints import hint_prompt_ids, render_hint
+
+            self._hint_prompts = {i: hint_prompt_ids(self.tokenizer, prompts[i], render_hint(
+                cfg.env.family, flat[i].hint_template_key, flat[i].error_args)) for i in sites}
         # mini-batches are drawn over every rank's rows (alone: this process's), so N ranks make the
         # same updates on the same samples as one process; each rank scores only its own rows
         plan = distributed.plan([int(x) for x in free.sum(dim=1).tolist()], self.dist)
@@ -328,6 +339,8 @@ class Trainer:
             "teacher/gap_all_tokens": float("nan") if gap is None else _masked_mean(gap, old.mask),
             "teacher/vllm_fallback_frac": self.teacher.fallback_frac,
             "updates": float(updates), "skipped_updates": float(self.skipped_updates),
+            # turn-samples at error sites (marked by the environment with a hint template), every arm
+            "hint/error_sites": float(len(sites)), "hint/error_site_rate": len(sites) / max(n, 1),
         })
         counts = {"trajectories": len(trajs), "turns": len(turns), "tokens": float(old.mask.sum()),
                   "free_tokens": float(free_token_mask(allowed, old.mask).sum()), "teacher_turns": self.teacher.scored_turns}
@@ -380,7 +393,34 @@ class Trainer:
             teacher_logp=None if teacher is None else teacher.logp[idx, :T],
             entropy=cur.entropy,
         )
+        if self.arm.hint_distill_coef != 0.0:
+            self._hint_inputs(batch, mb, prompts, responses, allowed, free)
         return compose_loss(self.arm, batch)
+
+    def _hint_inputs(self, batch: LossBatch, mb, prompts, responses, allowed, free) -> None:
+        """Channel 2's inputs for the error-site rows of `mb`: the student's logits (with grad) and the
+        hinted teacher's (no grad, same weights, eval mode) on that turn's response tokens; the JSD is
+        over their free tokens only. A micro-batch without error sites gets an empty mask (JSD 0)."""
+        from sdar.teacher.hints import response_logits
+
+        err = [i for i in mb if i in self._hint_prompts]
+        if not err:
+            z = torch.zeros(1, 1, 1, device=batch.logp.device)
+            batch.hint_student_logits, batch.hint_teacher_logits, batch.hint_mask = z, z, torch.zeros(1, 1, device=z.device)
+            return
+        resp, allow = [responses[i] for i in err], [allowed[i] for i in err]
+        s_logits, hmask = response_logits(self.model, [prompts[i] for i in err], resp, pad_id=self.pad_id,
+                                          allowed=allow, grad=True)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            t_logits, _ = response_logits(self.model, [self._hint_prompts[i] for i in err], resp, pad_id=self.pad_id,
+                                          allowed=allow, grad=False)
+        finally:
+            self.model.train(was_training)
+        T = hmask.shape[1]
+        batch.hint_student_logits, batch.hint_teacher_logits = s_logits, t_logits
+        batch.hint_mask = hmask * free[torch.tensor(err), :T].to(hmask.device)
 
     # ---- evaluation ---------------------------------------------------------------------
     def evaluate(self, temperature: float | None = None, tasks: list[str] | None = None, privileged: bool = False):

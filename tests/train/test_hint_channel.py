@@ -1,0 +1,106 @@
+"""Composer channel 2 (issue 13.1/13.3): hints at environment-marked error sites, the hinted teacher
+context, and the generalized-JSD term on exactly the error turns' response tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sdar.algos import generalized_jsd
+from sdar.teacher.hints import HINT_HEADER, hint_prompt_ids, hint_templates, render_hint, response_logits
+from sdar.train import Trainer
+
+from .conftest import small_config
+
+
+@pytest.mark.parametrize("family", ["household", "shop", "searchqa"])
+def test_every_template_renders_from_its_arguments(family):
+    for key, template in hint_templates(family).items():
+        fields = [f.split("}")[0] for f in template.split("{")[1:]]
+        text = render_hint(family, key, {f: f"<<{f}>>" for f in fields})
+        assert "{" not in text and all(f"<<{f}>>" in text for f in fields)
+        # a field the step did not carry shows as <field>, never as a crash or a KeyError
+        assert render_hint(family, key, {}).count("<") >= len(fields)
+    with pytest.raises(KeyError, match="no shop hint template 'shop/nope'"):
+        render_hint("shop", "shop/nope")
+    with pytest.raises(ValueError, match="no hint templates for family 'kitchen'"):
+        render_hint("kitchen", "x")
+
+
+def test_the_hinted_context_is_the_students_plus_the_hint(tiny_ckpt, tmp_path):
+    trainer = Trainer(small_config(tmp_path, arm="grpo_hint", tracking=False))
+    tok = trainer.tokenizer
+    from sdar.agent.prompts import chat_ids
+
+    student = chat_ids(tok, [{"role": "system", "content": "be brief"}, {"role": "user", "content": "go"}])
+    hint = render_hint("household", "household/go_to_first", {"receptacle": "fridge 1"})
+    teacher = hint_prompt_ids(tok, student, hint)
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    k = max(i for i, t in enumerate(student) if t == end)
+    added = tok(HINT_HEADER + hint, add_special_tokens=False)["input_ids"]
+    assert teacher == student[:k] + added + student[k:]
+    assert "fridge 1" in tok.decode(teacher) and tok.decode(teacher).endswith(tok.decode(student[k:]))
+    with pytest.raises(ValueError, match="no <\\|im_end\\|> token"):
+        hint_prompt_ids(tok, tok("go to fridge", add_special_tokens=False)["input_ids"], hint)
+
+
+def _unconstrained(tmp_path, arm):
+    # without constrained decoding the small warm start's actions are often rejected: error sites
+    return small_config(tmp_path, arm=arm, steps=1, tracking=False, mini_batch_size=100000, micro_batch_size=100000,
+                        **{"rollout.constrained": False, "rollout.max_response_tokens": 16})
+
+
+def test_jsd_is_nonzero_exactly_on_error_turn_tokens(tiny_ckpt, tmp_path, monkeypatch):
+    import sdar.train.trainer as tr
+
+    trainer = Trainer(_unconstrained(tmp_path, "grpo_hint"))
+    seen = []
+    real = tr.compose_loss
+
+    def capture(arm, batch):
+        seen.append(batch)
+        return real(arm, batch)
+
+    monkeypatch.setattr(tr, "compose_loss", capture)
+    m = trainer.train_step(0).metrics
+    (batch,) = seen
+    sites = trainer._hint_prompts
+    assert m["hint/error_sites"] == len(sites) > 0 and 0 < m["hint/error_site_rate"] <= 1
+    # one row per error site, masked on its response tokens; the JSD there is positive (the hint
+    # changes the teacher's distribution), and it is 0 on every position outside the mask
+    assert batch.hint_mask.shape[0] == len(sites)
+    assert batch.hint_student_logits.requires_grad and not batch.hint_teacher_logits.requires_grad
+    mask = batch.hint_mask
+    per_tok = torch.zeros_like(mask)
+    for i in range(mask.shape[0]):
+        for t in range(mask.shape[1]):
+            one = torch.zeros_like(mask)
+            one[i, t] = 1.0
+            per_tok[i, t] = generalized_jsd(batch.hint_student_logits.detach(), batch.hint_teacher_logits, one,
+                                            beta=0.5)
+    assert (per_tok[mask > 0] > 0).all()
+    assert m["loss/hint_jsd"] == pytest.approx(float((per_tok * mask).sum() / mask.sum()), rel=1e-4)
+    # the gradient of the term reaches the policy
+    total = generalized_jsd(batch.hint_student_logits, batch.hint_teacher_logits, mask)
+    assert total.grad_fn is not None
+
+
+def test_arms_without_the_channel_count_error_sites_but_do_not_distill(tiny_ckpt, tmp_path):
+    m = Trainer(_unconstrained(tmp_path, "grpo")).train_step(0).metrics
+    assert m["hint/error_sites"] > 0 and "loss/hint_jsd" not in m
+
+
+def test_response_logits_match_response_logprobs(tiny_ckpt, tmp_path):
+    from sdar.teacher import response_logprobs
+
+    trainer = Trainer(small_config(tmp_path, arm="grpo", tracking=False))
+    tok = trainer.tokenizer
+    prompts = [tok("go to fridge", add_special_tokens=False)["input_ids"], tok("look", add_special_tokens=False)["input_ids"]]
+    responses = [tok("<action>look</action>", add_special_tokens=False)["input_ids"], [5, 6]]
+    allowed = [None, [[5, 9], [6, 7]]]
+    logits, mask = response_logits(trainer.model.eval(), prompts, responses, pad_id=trainer.pad_id, allowed=allowed)
+    want = response_logprobs(trainer.model, prompts, responses, pad_id=trainer.pad_id, allowed=allowed)
+    got = torch.log_softmax(logits, -1).gather(-1, torch.tensor(
+        [r + [0] * (logits.shape[1] - len(r)) for r in responses]).unsqueeze(-1)).squeeze(-1) * mask
+    torch.testing.assert_close(got, want.logp * want.mask, rtol=0, atol=1e-5)
+    assert torch.equal(mask, want.mask)
