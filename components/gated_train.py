@@ -7,7 +7,7 @@ the arm's MLflow child run id."""
 from typing import NamedTuple, Optional
 
 from kfp import dsl
-from kfp.dsl import Artifact, Input, Model, Output
+from kfp.dsl import Artifact, Dataset, Input, Model, Output
 
 from components._image import COMPONENT_OPTIONS, base_image
 
@@ -22,6 +22,9 @@ def gated_train(
     checkpoint: Output[Model],
     history: Output[Artifact],
     endpoints: Optional[Input[Artifact]] = None,
+    pairs: Optional[Input[Dataset]] = None,
+    replay_round: int = 0,
+    replay_rounds: int = 1,
     family: str = "",
     model: str = "",
     steps: int = 0,
@@ -44,6 +47,10 @@ def gated_train(
     output_root: run directory root (<output_root>/<job_id>/<arm>-seed<seed>); a retried step resumes
     from its latest checkpoint there. checkpoint_root: put checkpoints under this URI instead
     (s3://bucket/prefix on a cluster). checkpoint: the final policy (LoRA adapter + tokenizer).
+    pairs: teacher_replay's DPO pairs (Composer channel 3), added to the first step's loss of an arm with a
+    replay weight; its metadata (the pool's accounting) is logged to this arm's MLflow run as dag_replay/*.
+    replay_round / replay_rounds: round r of R trains up to step ceil(steps * (r + 1) / R), resuming the
+    previous round's run (same output directory, optimizer state, reference and MLflow run).
     A TorchX job (launch.* in the config or overrides, e.g. '{"launch.nodes": 2, "launch.gpus_per_node": 4}')
     gets the same config and overrides, and runs launch.image, else SDAR_IMAGE (the cluster pipeline
     sets it to its own image); on Kubernetes it needs checkpoint_root (s3://), through which its
@@ -75,6 +82,15 @@ def gated_train(
         ov["env.url"] = info["url"]
     if info.get("parent_run_id"):
         ov["parent_run_id"] = info["parent_run_id"]
+    if pairs is not None:
+        ov["replay.pairs_path"] = pairs.path
+    if replay_rounds < 1 or not 0 <= replay_round < replay_rounds:
+        raise ValueError(f"replay_round={replay_round} of replay_rounds={replay_rounds}: need 0 <= round < rounds")
+    if replay_rounds > 1:
+        import math
+
+        total = load_config(config_path, ov).steps
+        ov["steps"] = math.ceil(total * (replay_round + 1) / replay_rounds)
     if checkpoint_root:
         ov["checkpoint_uri"] = f"{checkpoint_root.rstrip('/')}/{job_id}/{arm}-seed{int(seed)}"
     if tracking:
@@ -92,6 +108,12 @@ def gated_train(
     else:
         summary = train(cfg)
     seconds = time.perf_counter() - t0
+    if tracking and pairs is not None and summary.get("run_id"):
+        from sdar.eval.compare import log_to_run
+
+        acct = {f"dag_{k}": float(v) for k, v in pairs.metadata.items() if isinstance(v, (int, float))}
+        if acct:
+            log_to_run(summary["run_id"], acct, tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"))
 
     dst = Path(checkpoint.path)
     if dst.exists():

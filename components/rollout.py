@@ -21,6 +21,7 @@ def rollout(
     split: str = "train",
     temperature: float = 1.0,
     seed: int = 0,
+    replay_round: int = 0,
     family: str = "",
     model: str = "",
     output_root: str = "runs/kfp",
@@ -65,7 +66,7 @@ def rollout(
         probe.close()
     if not pool:
         raise ValueError(f"split {split!r} of {cfg.env.family} has no tasks; use train, valid or test")
-    random.Random(seed).shuffle(pool)
+    random.Random(seed if not replay_round else f"{seed}:round{replay_round}").shuffle(pool)  # later rounds: other tasks
     ids = [pool[i % len(pool)] for i in range(episodes)]
     seed_everything(int(seed))
     rcfg = trainer.rollout_cfg.__class__(**{**vars(trainer.rollout_cfg), "temperature": float(temperature)})

@@ -2,8 +2,11 @@
 cluster, submit it to one, or run it on this machine through the KFP local runner.
 
 DAG: plan_runs -> launch_envs -> baseline evaluate (warm-started policy) -> ParallelFor over
-(arm, seed): gated_train -> evaluate -> compare; teardown_envs is the ExitHandler's exit task, so
-it runs even when a branch fails. `target="cluster"` adds GPUs, node selector, tolerations, the
+(arm, seed): [rollout -> teacher_replay -> gated_train] x replay_rounds -> evaluate -> compare;
+teardown_envs is the ExitHandler's exit task, so it runs even when a branch fails. Each round's
+rollout plays the newest policy, teacher_replay scores it with the self-teacher and (arms with a
+replay weight) turns the N-teacher pool's verdicts into DPO pairs, and gated_train continues the
+arm's run with those pairs in its first step while on-policy RL goes on in-process. `target="cluster"` adds GPUs, node selector, tolerations, the
 env-server image and namespace, and secrets; `target="local"` leaves them out, because the local
 runner ignores or rejects them.
 """
@@ -81,12 +84,19 @@ class ClusterSettings:
     step_memory: str = "2G"
     eval_cpu: str = "4"
     eval_memory: str = "16G"
+    # the teacher pool's API keys: {env var an endpoint's api_key_env names: key in the Secret}, mounted
+    # (optional: a pool of local models needs none) in the steps that call the pool (TEACHER_STEPS)
+    teacher_secret: str = "sdar-teachers"
+    teacher_keys: dict[str, str] = field(default_factory=lambda: {"OPENAI_API_KEY": "OPENAI_API_KEY"})
 
 
 # the steps (component names) that read each Secret: MLflow for those that log runs (launch opens the
 # parent run, teardown closes it); S3 for checkpoints, which only training reads and writes
 MLFLOW_STEPS = ("launch_envs", "evaluate", "gated_train", "compare", "teardown_envs")
 S3_STEPS = ("gated_train",)
+# the steps that call the N-teacher pool (Composer channel 3): the replay step, and training, which goes on
+# replaying its own on-policy trajectories
+TEACHER_STEPS = ("teacher_replay", "gated_train")
 
 
 def _components(image: str | None):
@@ -130,6 +140,9 @@ def _secrets(task, cs: ClusterSettings, step: str) -> None:
         kubernetes.use_secret_as_env(task, secret_name=cs.mlflow_secret, secret_key_to_env=dict(cs.mlflow_keys))
     if step in S3_STEPS:
         kubernetes.use_secret_as_env(task, secret_name=cs.s3_secret, secret_key_to_env=dict(cs.s3_keys))
+    if step in TEACHER_STEPS and cs.teacher_keys:
+        kubernetes.use_secret_as_env(task, secret_name=cs.teacher_secret, secret_key_to_env=dict(cs.teacher_keys),
+                                     optional=True)
 
 
 def _restricted(task, cs: ClusterSettings, cpu: str, memory: str) -> None:
@@ -145,14 +158,18 @@ def _restricted(task, cs: ClusterSettings, cpu: str, memory: str) -> None:
 
 
 def build_pipeline(target: str = "local", image: str | None = None, cluster: ClusterSettings | None = None,
-                   parallelism: int = 0):
+                   parallelism: int = 0, replay_rounds: int = 1):
     """The pipeline function for `target` ("local": the KFP local runner; "cluster": Kubeflow).
 
     image: the container image of every component (default: SDAR_IMAGE or the trainer image); on a
     cluster gated_train also gets it as SDAR_IMAGE, the image of the TorchX jobs it launches.
     cluster: GPU, scheduling, env-service and secret settings, applied only for target="cluster".
     parallelism: at most this many arms train at once (0: no limit; the local runner uses <= 2).
+    replay_rounds: rollout -> teacher_replay -> gated_train rounds per arm, unrolled at compile time; round
+        r trains to step ceil(steps * (r + 1) / R) from round r-1's run, so later rounds replay a newer policy.
     """
+    if replay_rounds < 1:
+        raise ValueError(f"replay_rounds must be >= 1, got {replay_rounds}")
     if target not in TARGETS:
         raise ValueError(f"target must be one of {', '.join(TARGETS)}, got {target!r}")
     from sdar.images import env_server_image
@@ -169,8 +186,9 @@ def build_pipeline(target: str = "local", image: str | None = None, cluster: Clu
     default_namespace = cs.env_namespace if on_cluster else ""
 
     @dsl.pipeline(name=PIPELINE_NAME, description=(
-        "GRPO vs GRPO+OPSD vs SDAR on the same budget: launch environment services, evaluate the "
-        "warm-started policy, train and evaluate every arm and seed in parallel, compare; teardown always runs."))
+        "GRPO vs GRPO+OPSD vs SDAR (and the Composer arms) on the same budget: launch environment services, "
+        "evaluate the warm-started policy, then per arm and seed in parallel: rollout -> teacher replay -> gated "
+        "training (x replay rounds) -> evaluate; compare; teardown always runs."))
     def sdar_comparison(
         family: str = "",
         model: str = "",
@@ -193,10 +211,14 @@ def build_pipeline(target: str = "local", image: str | None = None, cluster: Clu
         checkpoint_root: str = "",
         namespace: str = default_namespace,
         report_dir: str = "",
+        teacher_pool: str = "",
+        replay_episodes: int = 8,
     ):
         """Sizes left at 0 and family/model left empty keep the config's values; `overrides` is a JSON
         object of dotted config keys applied to every step (e.g. '{"rollout.max_turns": 8}');
-        `namespace` is where the env services go on a cluster ("" = the pipeline pods' own)."""
+        `namespace` is where the env services go on a cluster ("" = the pipeline pods' own).
+        `teacher_pool`: a YAML of the N-teacher pool (replay settings; "" = the config's, by default the
+        local pool); `replay_episodes`: episodes each round's rollout step plays for teacher replay."""
         job_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
         common = {"config_path": config_path, "overrides": overrides, "family": family}
         track = {"experiment": experiment, "tracking": tracking, "tracking_uri": tracking_uri, "output_root": output_root}
@@ -214,11 +236,25 @@ def build_pipeline(target: str = "local", image: str | None = None, cluster: Clu
             # arms and seeds arrive as one flat list of {arm, seed}: the local runner mis-binds an outer
             # loop's item inside a nested ParallelFor, so there is a single loop
             with dsl.ParallelFor(plan.output, parallelism=parallelism or None) as run:
-                train = c.gated_train(
-                    arm=run.arm, seed=run.seed, endpoints=endpoints, job_id=job_id, model=model, steps=steps,
-                    group_size=group_size, tasks_per_step=tasks_per_step, eval_tasks=eval_tasks,
-                    checkpoint_root=checkpoint_root, **common, **track,
-                ).after(baseline)  # the warm start is built once, by the baseline, before the arms share it
+                newest: dict[str, Any] = {}  # the previous round's policy (round 0: the config's warm start)
+                rounds = []
+                for r in range(replay_rounds):
+                    roll = c.rollout(arm=run.arm, seed=run.seed, replay_round=r, episodes=replay_episodes,
+                                     endpoints=endpoints, job_id=job_id, model=model, output_root=output_root,
+                                     **common, **newest)
+                    if r == 0:
+                        roll.after(baseline)  # the warm start is built once, by the baseline, before the arms share it
+                    replay = c.teacher_replay(trajectories=roll.outputs["trajectories"], arm=run.arm,
+                                              teacher_pool=teacher_pool, job_id=job_id, model=model,
+                                              output_root=output_root, **common, **newest)
+                    train = c.gated_train(
+                        arm=run.arm, seed=run.seed, endpoints=endpoints, job_id=job_id, model=model, steps=steps,
+                        group_size=group_size, tasks_per_step=tasks_per_step, eval_tasks=eval_tasks,
+                        checkpoint_root=checkpoint_root, pairs=replay.outputs["pairs"], replay_round=r,
+                        replay_rounds=replay_rounds, **common, **track,
+                    )
+                    newest = {"checkpoint": train.outputs["checkpoint"]}
+                    rounds.append((roll, replay, train))
                 final = c.evaluate(checkpoint=train.outputs["checkpoint"], run_id=train.outputs["run_id"],
                                    arm=run.arm, seed=run.seed, endpoints=endpoints, **common, **evals, **track)
             report = c.compare(
@@ -230,39 +266,49 @@ def build_pipeline(target: str = "local", image: str | None = None, cluster: Clu
         if on_cluster:
             from kfp import kubernetes
 
-            for task in (plan, teardown, launch, baseline, train, final, report):
+            steps = {plan: "plan_runs", launch: "launch_envs", baseline: "evaluate", final: "evaluate",
+                     report: "compare", teardown: "teardown_envs"}
+            for roll, replay, train_r in rounds:
+                steps.update({roll: "rollout", replay: "teacher_replay", train_r: "gated_train"})
+            for task in steps:
                 for k, v in cs.pod_labels.items():
                     kubernetes.add_pod_label(task, label_key=k, label_value=v)
-            steps = {plan: "plan_runs", launch: "launch_envs", baseline: "evaluate", train: "gated_train",
-                     final: "evaluate", report: "compare", teardown: "teardown_envs"}
-            sizes = {"gated_train": (cs.train_cpu, cs.train_memory), "evaluate": (cs.eval_cpu, cs.eval_memory)}
+            sizes = {"gated_train": (cs.train_cpu, cs.train_memory), "evaluate": (cs.eval_cpu, cs.eval_memory),
+                     "rollout": (cs.eval_cpu, cs.eval_memory), "teacher_replay": (cs.eval_cpu, cs.eval_memory)}
             for task, step in steps.items():
                 _secrets(task, cs, step)  # plan_runs touches no store
                 _restricted(task, cs, *sizes.get(step, (cs.step_cpu, cs.step_memory)))
-            for task in (teardown, launch, train, final, baseline):
-                task.set_caching_options(False)  # side effects (services, MLflow runs) must happen every run
-            _resources(train, cs)
-            # a TorchX job gated_train launches runs this image too (unless launch.image names another)
-            train.set_env_variable("SDAR_IMAGE", pipeline_image)
+            trains = [t for _, _, t in rounds]
+            for task in (teardown, launch, final, baseline, *trains, *(rp for _, rp, _ in rounds)):
+                # side effects (services, MLflow runs, paid teacher calls) must happen every run
+                task.set_caching_options(False)
+            for train_r in trains:
+                _resources(train_r, cs)
+                # a TorchX job gated_train launches runs this image too (unless launch.image names another)
+                train_r.set_env_variable("SDAR_IMAGE", pipeline_image)
             if cs.eval_on_gpu:
                 _resources(final, cs)
                 _resources(baseline, cs)
-            for task, name in ((plan, "plan runs"), (launch, "launch env services"), (baseline, "baseline eval"),
-                               (train, "train arm"), (final, "evaluate arm"), (report, "compare"),
-                               (teardown, "teardown env services")):
+            names = [(plan, "plan runs"), (launch, "launch env services"), (baseline, "baseline eval"),
+                     (final, "evaluate arm"), (report, "compare"), (teardown, "teardown env services")]
+            for r, (roll, replay, train_r) in enumerate(rounds):
+                tail = f" (round {r + 1})" if replay_rounds > 1 else ""
+                names += [(roll, f"rollout{tail}"), (replay, f"teacher replay{tail}"), (train_r, f"train arm{tail}")]
+            for task, name in names:
                 task.set_display_name(name)
 
     return sdar_comparison
 
 
 def compile_pipeline(out: str | os.PathLike = "pipeline.yaml", target: str = "cluster", image: str | None = None,
-                     cluster: ClusterSettings | None = None) -> Path:
+                     cluster: ClusterSettings | None = None, replay_rounds: int = 1) -> Path:
     """Write the pipeline's IR YAML (what `kfp run create -f` and the Kubeflow UI take)."""
     from kfp import compiler
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    compiler.Compiler().compile(build_pipeline(target, image, cluster), package_path=str(out))
+    compiler.Compiler().compile(build_pipeline(target, image, cluster, replay_rounds=replay_rounds),
+                                package_path=str(out))
     return out
 
 
@@ -326,13 +372,16 @@ class RunSettings:
     config_path: str = DEFAULT_CONFIG
     overrides: dict[str, Any] = field(default_factory=dict)
     experiment: str = DEFAULT_EXPERIMENT
+    teacher_pool: str = ""  # YAML of the N-teacher pool; "" = the config's replay section (the local pool)
+    replay_episodes: int = 8  # episodes each round's rollout step plays for teacher replay
+    replay_rounds: int = 1  # rollout -> teacher_replay -> gated_train rounds (compile time)
 
     @classmethod
     def quick(cls, **changes: Any) -> "RunSettings":
         """A few minutes on 2 CPU cores: 2 steps of 2 tasks x 2 rollouts, 10 eval tasks, 8-turn
         episodes, a small warm start, no periodic evaluation. A smoke test of the machinery: the
         policy barely learns at this size."""
-        base = cls(steps=2, group_size=2, tasks_per_step=2, eval_tasks=10, overrides={
+        base = cls(steps=2, group_size=2, tasks_per_step=2, eval_tasks=10, replay_episodes=2, overrides={
             "rollout.max_turns": 8, "eval_every": 0, "checkpoint_every": 2,
             "warmstart.episodes": 24, "warmstart.epochs": 1,  # the tokenizer still sees 400 (cheap)
             # headroom: a barely trained policy wanders into long observations the config's budgets refuse
@@ -346,7 +395,7 @@ class RunSettings:
         d = asdict(self)
         out = {k: d[k] for k in ("arms", "seeds", "steps", "group_size", "tasks_per_step", "eval_tasks",
                                  "episodes_per_task", "eval_temperature", "greedy", "family", "model",
-                                 "config_path", "experiment")}
+                                 "config_path", "experiment", "teacher_pool", "replay_episodes")}
         out["overrides"] = json.dumps(self.overrides, sort_keys=True)
         return out
 
@@ -403,7 +452,8 @@ def run_local(settings: RunSettings | None = None, *, quick: bool = False, root:
     console.print(f"[bold]sdar comparison[/bold] via the KFP local runner: arms {', '.join(s.arms)}, seeds "
                   f"{s.seeds}, steps {s.steps or 'config'}; outputs under {root}")
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), raise_on_error=True)
-    pipeline = build_pipeline("local", parallelism=LOCAL_PARALLELISM if parallelism is None else parallelism)
+    pipeline = build_pipeline("local", parallelism=LOCAL_PARALLELISM if parallelism is None else parallelism,
+                              replay_rounds=s.replay_rounds)
     t0 = time.perf_counter()
     error: str | None = None
     log_dir = root / "logs" / stamp

@@ -12,6 +12,7 @@ _COMMAND_MODULES = (
     "sdar.algos.cli",
     "sdar.envs.cli",
     "sdar.train.cli",
+    "sdar.replay.cli",
     "sdar.pipeline_cli",
     "sdar.plan",
     "sdar.demo",

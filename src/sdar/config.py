@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from sdar.replay.config import ReplayConfig
 
 
 # choices checked at load (TrainConfig.validate); the code that uses them imports them from here, so
@@ -238,6 +239,8 @@ class TrainConfig:
     warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    # Composer channel 3 (arms with replay_coef != 0): the N-teacher pool and how its votes become DPO pairs
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
 
     def validate(self) -> None:
         """Errors that name the setting and its valid values (called by load_config)."""

@@ -91,7 +91,8 @@ def _cmd_compile(args: argparse.Namespace) -> int:
                                  ("env_namespace", args.env_namespace), ("train_cpu", args.train_cpu),
                                  ("train_memory", args.train_memory)) if v is not None}
     cluster = replace(mod.ClusterSettings(), **changes)
-    path = mod.compile_pipeline(args.out, target=args.target, image=args.image, cluster=cluster)
+    path = mod.compile_pipeline(args.out, target=args.target, image=args.image, cluster=cluster,
+                                replay_rounds=args.replay_rounds)
     where = f", {cluster.gpus} GPU(s) per training pod" if args.target == "cluster" else ""
     print(f"wrote {path} (target {args.target}{where}); run it with: kfp run create -e EXPERIMENT -f {path}  "
           f"(or sdar submit --host URL --experiment EXPERIMENT --yaml {path})")
@@ -105,7 +106,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     settings: dict[str, Any] = {
         "group_size": args.group_size, "tasks_per_step": args.tasks_per_step, "eval_tasks": args.eval_tasks,
         "episodes_per_task": args.episodes_per_task, "family": args.family, "model": args.model,
-        "config_path": args.config, "experiment": args.experiment,
+        "config_path": args.config, "experiment": args.experiment, "teacher_pool": args.teacher_pool,
+        "replay_episodes": args.replay_episodes, "replay_rounds": args.replay_rounds,
     }
     if args.greedy:
         settings["greedy"] = True
@@ -140,6 +142,8 @@ def _cmd_submit(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser("compile", help="write the comparison pipeline's KFP IR YAML")
     c.add_argument("--out", default="pipeline.yaml", help="output YAML (default pipeline.yaml)")
+    c.add_argument("--replay-rounds", type=int, default=1,
+                   help="rollout -> teacher replay -> training rounds per arm, unrolled in the DAG (default 1)")
     c.add_argument("--target", choices=("cluster", "local"), default="cluster",
                    help="cluster adds GPUs, node selector, tolerations, the env image and secrets (default cluster)")
     c.add_argument("--image", default=None, help="component image (default: $SDAR_IMAGE or ghcr.io/sdar/sdar-trainer:<version>, see make images)")
@@ -173,6 +177,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--experiment", default=None, help="MLflow experiment (default sdar-comparison)")
     r.add_argument("--root", default="runs/kfp-local", help="pipeline root and MLflow store (default runs/kfp-local)")
     r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override any config key, dotted")
+    r.add_argument("--teacher-pool", default=None, metavar="YAML",
+                   help="N-teacher pool for the replay arms (default: the config's replay section, the local pool)")
+    r.add_argument("--replay-episodes", type=int, default=None, help="episodes each round's rollout plays for replay")
+    r.add_argument("--replay-rounds", type=int, default=None, help="rollout -> teacher replay -> training rounds (default 1)")
     r.add_argument("--parallel", type=int, default=None, metavar="N",
                    help="arms trained at once (default 2, the most the KFP local runner allows; 1 = one at a time)")
     r.add_argument("--quiet", action="store_true",

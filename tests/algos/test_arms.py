@@ -42,10 +42,14 @@ def test_registry_holds_the_paper_arms():
     for arm in ARMS.values():  # paper defaults shared by every arm
         assert (arm.kl_coef, arm.entropy_coef, arm.clip_low, arm.clip_high, arm.dual_clip) == (
             0.01, 0.001, 0.2, 0.2, 3.0)
-        if arm.name != "grpo_hint":  # the Composer channel arms weight their channel; the paper's do not
-            assert arm.hint_distill_coef == 0.0 and arm.replay_coef == 0.0
-    hint = get_arm("grpo_hint")  # issue 13.3: GRPO + channel 2 at alpha 0.1, nothing else changed
-    assert (hint.hint_distill_coef, hint.replay_coef, hint.sdar_coef, hint.pg_coef) == (0.1, 0.0, 0.0, 1.0)
+    composer = {"grpo_hint": (0.1, 0.0, 0.0), "grpo_replay": (0.0, 0.05, 0.0), "composer": (0.1, 0.05, 0.0),
+                "sdar_composer": (0.1, 0.05, 0.01)}
+    for arm in ARMS.values():  # the Composer channel arms weight their channels; the paper's do not
+        want = composer.get(arm.name, (0.0, 0.0, arm.sdar_coef))
+        assert (arm.hint_distill_coef, arm.replay_coef, arm.sdar_coef) == want, arm.name
+    # issue 13.3: the ablation matrix is GRPO plus channels, nothing else changed (sdar_composer: SDAR's gate)
+    assert all(get_arm(n).pg_coef == 1.0 for n in composer)
+    assert get_arm("sdar_composer").sdar_beta == get_arm("sdar").sdar_beta == 5.0
 
 
 def test_unknown_arm_and_setting_errors_name_the_fix():
@@ -124,6 +128,10 @@ def test_missing_inputs_are_reported():
         compose_loss("grpo", b)
     with pytest.raises(ValueError, match="needs hint_student_logits"):
         compose_loss(get_arm("sdar", hint_distill_coef=0.1), make_batch())
+    # replay pairs ride in only some micro-batches: a weighted DPO term without pairs is skipped, not an error
+    total, metrics = compose_loss(get_arm("sdar", replay_coef=0.05), make_batch(seed=3))
+    assert "loss/replay_dpo" not in metrics
+    assert total.item() == pytest.approx(compose_loss("sdar", make_batch(seed=3))[0].item())
 
 
 def test_composer_channels_add_their_weighted_terms():

@@ -142,12 +142,13 @@ def test_plan_runs_expands_arms_by_seeds_and_rejects_bad_settings():
         plan_runs.python_func(arms=["sdar"], seeds=[0], config_path=CONFIG, overrides='["steps", 3]')
 
 
-def test_teacher_replay_leaves_a_seam_for_external_teachers(tmp_path):
+def test_teacher_replay_names_a_missing_pool_file(tmp_path):
     from kfp.dsl import Dataset, Metrics
 
     from components.teacher_replay import teacher_replay
 
-    with pytest.raises(NotImplementedError, match="Composer-channels issue"):
+    with pytest.raises(FileNotFoundError, match="teacher pool file .*nope.yaml not found"):
         teacher_replay.python_func(trajectories=Dataset(uri=str(tmp_path / "t.jsonl")), config_path=CONFIG,
                                    overrides="{}", scores=Dataset(uri=str(tmp_path / "s.json")),
-                                   metrics=Metrics(uri=str(tmp_path / "m")), teachers=["http://teacher:8000/v1"])
+                                   pairs=Dataset(uri=str(tmp_path / "p.jsonl")), metrics=Metrics(uri=str(tmp_path / "m")),
+                                   teacher_pool=str(tmp_path / "nope.yaml"))

@@ -68,8 +68,11 @@ def test_rollout_writes_trajectories_that_teacher_replay_scores(tiny_dir, tmp_pa
 
     scores = Dataset(name="scores", uri=str(tmp_path / "scores.json"))
     metrics = Metrics(name="metrics", uri=str(tmp_path / "metrics"))
+    pairs = Dataset(name="pairs", uri=str(tmp_path / "pairs.jsonl"))
     rep = teacher_replay.python_func(trajectories=traj, config_path=CONFIG, overrides=json.dumps(ov), scores=scores,
-                                     metrics=metrics, output_root=str(tmp_path))
+                                     pairs=pairs, metrics=metrics, output_root=str(tmp_path))
+    # the sdar arm has no replay weight: the pool is not asked and the pairs file is empty
+    assert rep.pairs == 0 and Path(pairs.path).read_text() == "" and pairs.metadata["pairs"] == 0
     data = json.loads(Path(scores.path).read_text())
     assert data["turns"] == sum(len(r["steps"]) for r in records)
     assert [t["turns"] for t in data["trajectories"]] == [len(r["steps"]) for r in records]
@@ -133,3 +136,39 @@ def test_evaluate_plays_the_official_valid_seen_games_on_the_real_engine(tiny_di
     assert a["n"] == 2 and set(a["per_type"]) <= {"look_at_obj_in_light", "pick_and_place_simple",
                                                    "pick_clean_then_place_in_recep", "pick_cool_then_place_in_recep",
                                                    "pick_heat_then_place_in_recep", "pick_two_obj_and_place"}
+
+
+def test_teacher_replay_pairs_feed_gated_training(tiny_dir, tmp_path, monkeypatch):
+    """Issue 13.4: rollout -> teacher_replay (the local pool over HTTP: DPO pairs + accounting) -> gated_train,
+    whose first step's loss holds exactly those pairs and whose MLflow run gets the replay's accounting."""
+    from kfp.dsl import Artifact, Model
+    from mlflow.tracking import MlflowClient
+
+    from components.gated_train import gated_train
+    from sdar.train.replay import read_pair_set
+
+    ov = {**_overrides(tiny_dir), "rollout.max_turns": 4, "replay.lag": 1, "eval_every": 0, "eval_tasks": 2,
+          "tasks_per_step": 1, "group_size": 2, "checkpoint_every": 1}
+    traj = Dataset(name="trajectories", uri=str(tmp_path / "trajectories.jsonl"))
+    rollout.python_func(config_path=CONFIG, overrides=json.dumps(ov), trajectories=traj, episodes=4, split="train",
+                        seed=2, output_root=str(tmp_path), arm="grpo_replay")
+    pairs = Dataset(name="pairs", uri=str(tmp_path / "pairs.jsonl"))
+    rep = teacher_replay.python_func(trajectories=traj, config_path=CONFIG, overrides=json.dumps(ov),
+                                     scores=Dataset(uri=str(tmp_path / "scores.json")), pairs=pairs,
+                                     metrics=Metrics(uri=str(tmp_path / "m")), arm="grpo_replay",
+                                     output_root=str(tmp_path))
+    found = read_pair_set(pairs.path)
+    assert rep.pairs == len(found) == pairs.metadata["pairs"] > 0  # a fresh tiny model: the experts overrule it
+    assert pairs.metadata["replay/calls"] > 0 and pairs.metadata["replay/cost_usd"] == 0.0
+    assert 0.0 < pairs.metadata["replay/agreement_rate"] <= 1.0
+
+    ck, hist = Model(uri=str(tmp_path / "ck")), Artifact(uri=str(tmp_path / "history.json"))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # the component sets it for its process; restored after
+    out = gated_train.python_func(arm="grpo_replay", seed=0, config_path=CONFIG, overrides=json.dumps(ov),
+                                  job_id="j", checkpoint=ck, history=hist, pairs=pairs, steps=1,
+                                  output_root=str(tmp_path / "runs"), tracking=True, tracking_uri=uri)
+    h = json.loads(Path(hist.path).read_text())["history"]
+    assert h[0]["replay/pairs_in_loss"] == len(found)  # lag 1: step 0's pairs are exactly the handed-in ones
+    run = MlflowClient(tracking_uri=uri).get_run(out.run_id)
+    assert run.data.metrics["dag_pairs"] == len(found) and run.data.metrics["dag_replay/calls"] > 0

@@ -67,7 +67,15 @@ def test_dag_has_launch_baseline_parallel_arms_compare_and_teardown(cluster):
     assert loop["parameterIterator"]["items"] == {"inputParameter": "pipelinechannel--plan-runs-Output"}
     assert set(loop["dependentTasks"]) == {"evaluate", "launch-envs", "plan-runs"}  # arms start after the baseline
     arm = spec["components"][loop["componentRef"]["name"]]["dag"]["tasks"]
-    assert set(arm) == {"gated-train", "evaluate-2"}
+    # issue 13.4: rollout -> teacher replay -> gated training -> evaluate, per arm and seed
+    assert set(arm) == {"rollout", "teacher-replay", "gated-train", "evaluate-2"}
+    assert "dependentTasks" not in arm["rollout"]  # its wait for the baseline is the loop's (above)
+    assert arm["teacher-replay"]["inputs"]["artifacts"]["trajectories"]["taskOutputArtifact"] == {
+        "outputArtifactKey": "trajectories", "producerTask": "rollout"}
+    assert arm["gated-train"]["inputs"]["artifacts"]["pairs"]["taskOutputArtifact"] == {
+        "outputArtifactKey": "pairs", "producerTask": "teacher-replay"}
+    assert arm["teacher-replay"]["inputs"]["parameters"]["teacher_pool"]["componentInputParameter"] == \
+        "pipelinechannel--teacher_pool"
     ev = arm["evaluate-2"]["inputs"]
     assert ev["artifacts"]["checkpoint"]["taskOutputArtifact"] == {"outputArtifactKey": "checkpoint", "producerTask": "gated-train"}
     assert ev["parameters"]["run_id"]["taskOutputParameter"] == {"outputParameterKey": "run_id", "producerTask": "gated-train"}
@@ -77,9 +85,29 @@ def test_dag_has_launch_baseline_parallel_arms_compare_and_teardown(cluster):
     assert cmp_art["histories"]["taskOutputArtifact"]["producerTask"] == "for-loop-2"
     assert cmp_art["baseline"]["taskOutputArtifact"] == {"outputArtifactKey": "result", "producerTask": "evaluate"}
     params = spec["root"]["inputDefinitions"]["parameters"]
-    for name in ("family", "model", "arms", "steps", "group_size", "tasks_per_step", "seeds", "eval_tasks", "config_path"):
+    for name in ("family", "model", "arms", "steps", "group_size", "tasks_per_step", "seeds", "eval_tasks", "config_path",
+                 "teacher_pool", "replay_episodes"):
         assert name in params, name
     assert params["arms"]["defaultValue"] == ["grpo", "grpo_opsd", "sdar"]
+
+
+def test_replay_rounds_unroll_rollout_replay_and_training(tmp_path):
+    spec, _ = _compile(tmp_path, "local", replay_rounds=2)
+    _, body = _body(spec)
+    arm = spec["components"][body["for-loop-2"]["componentRef"]["name"]]["dag"]["tasks"]
+    assert set(arm) == {"rollout", "teacher-replay", "gated-train", "rollout-2", "teacher-replay-2", "gated-train-2",
+                        "evaluate-2"}
+    art = lambda task, name: arm[task]["inputs"]["artifacts"][name]["taskOutputArtifact"]  # noqa: E731
+    # round 2 plays, replays and trains from round 1's policy; the final evaluation takes round 2's
+    for task in ("rollout-2", "teacher-replay-2"):
+        assert art(task, "checkpoint") == {"outputArtifactKey": "checkpoint", "producerTask": "gated-train"}
+    assert art("gated-train-2", "pairs")["producerTask"] == "teacher-replay-2"
+    assert art("evaluate-2", "checkpoint")["producerTask"] == "gated-train-2"
+    rounds = {t: arm[t]["inputs"]["parameters"]["replay_round"]["runtimeValue"]["constant"]
+              for t in ("gated-train", "gated-train-2")}
+    assert rounds == {"gated-train": 0, "gated-train-2": 1}
+    with pytest.raises(ValueError, match="replay_rounds must be >= 1"):
+        build_pipeline("local", replay_rounds=0)
 
 
 def test_cluster_target_adds_gpu_scheduling_and_secrets(cluster):
@@ -92,10 +120,15 @@ def test_cluster_target_adds_gpu_scheduling_and_secrets(cluster):
     assert train["tolerations"] == [{"effect": "NoSchedule", "key": "nvidia.com/gpu", "operator": "Exists"}]
     # each step gets the Secrets it reads and no other: MLflow where it logs, S3 where checkpoints go
     mlflow, s3 = {"MLFLOW_TRACKING_URI"}, {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "SDAR_S3_ENDPOINT_URL"}
-    want = {"exec-gated-train": {"sdar-mlflow": mlflow, "sdar-s3": s3}, "exec-plan-runs": {}}
+    # and the teacher pool's API keys where the pool is called (optional: a local pool needs none)
+    teach = {"OPENAI_API_KEY"}
+    want = {"exec-gated-train": {"sdar-mlflow": mlflow, "sdar-s3": s3, "sdar-teachers": teach}, "exec-plan-runs": {},
+            "exec-rollout": {}, "exec-teacher-replay": {"sdar-teachers": teach}}
     for ex in k8s:
         secrets = {s["secretName"]: {e["envVar"] for e in s["keyToEnv"]} for s in k8s[ex].get("secretAsEnv", [])}
         assert secrets == want.get(ex, {"sdar-mlflow": mlflow}), ex
+        for s in k8s[ex].get("secretAsEnv", []):
+            assert s.get("optional", False) == (s["secretName"] == "sdar-teachers"), ex
     # no GPU on the other steps, and secrets never appear as pipeline parameters
     for ex, body in spec["deploymentSpec"]["executors"].items():
         if ex != "exec-gated-train":
@@ -158,7 +191,7 @@ def test_every_cluster_step_runs_as_the_images_user_with_requests_and_limits(tmp
     uid = _images_user()
     assert uid == settings.run_as_user == settings.run_as_group == 10001
     executors = spec["deploymentSpec"]["executors"]
-    assert len(executors) == 7
+    assert len(executors) == 9  # 7 steps + the rollout and teacher replay of each arm's round
     for ex in executors:
         container, k8s = _executor(spec, platform, ex)
         # kfp-kubernetes sets the user; KFP's backend adds allowPrivilegeEscalation false, drop ALL
@@ -174,6 +207,8 @@ def test_every_cluster_step_runs_as_the_images_user_with_requests_and_limits(tmp
     assert res("exec-gated-train")["resourceMemoryLimit"] == settings.train_memory
     evaluation = settings.train_cpu if settings.eval_on_gpu else settings.eval_cpu
     assert res("exec-evaluate")["resourceCpuLimit"] == res("exec-evaluate-2")["resourceCpuLimit"] == evaluation
+    for sized in ("exec-rollout", "exec-teacher-replay"):  # a policy forward each: evaluation-sized pods
+        assert res(sized)["resourceCpuLimit"] == settings.eval_cpu, sized
     for light in ("exec-plan-runs", "exec-launch-envs", "exec-compare", "exec-teardown-envs"):
         assert res(light)["resourceCpuLimit"] == settings.step_cpu, light
         assert res(light)["resourceMemoryLimit"] == settings.step_memory, light
@@ -203,7 +238,7 @@ def test_the_secret_lists_match_what_the_components_read():
     for comp in components.ALL:
         name, params = comp.python_func.__name__, inspect.signature(comp.python_func).parameters
         if name in ("rollout", "teacher_replay"):
-            continue  # not steps of the comparison pipeline
+            continue  # they log nothing to MLflow (gated_train logs the replay's accounting) and read no S3
         assert ("tracking" in params) == (name in MLFLOW_STEPS), name
         assert ("checkpoint_root" in params) == (name in S3_STEPS), name
 
@@ -221,7 +256,7 @@ def test_a_gpu_free_cluster_build_asks_for_no_gpu_node(tmp_path):
     res = container["resources"]
     assert (res["resourceCpuRequest"], res["resourceCpuLimit"]) == ("2", "2")
     assert (res["resourceMemoryRequest"], res["resourceMemoryLimit"]) == ("4G", "4G")
-    assert {s["secretName"] for s in k8s["secretAsEnv"]} == {"sdar-mlflow", "sdar-s3"}
+    assert {s["secretName"] for s in k8s["secretAsEnv"]} == {"sdar-mlflow", "sdar-s3", "sdar-teachers"}
     with pytest.raises(ValueError, match="gpus must be >= 0"):
         build_pipeline("cluster", cluster=ClusterSettings(gpus=-1))
 

@@ -103,6 +103,13 @@ register_arm(
 # Composer channel 2 (ALGORITHM.md section 5): GRPO + hint distillation at error sites, alpha 0.1
 register_arm(ArmConfig("grpo_hint", "GRPO + hint distillation (generalized JSD) at environment-marked error sites",
                        hint_distill_coef=0.1))
+# Composer channel 3: GRPO + DPO on N-teacher trace-replay pairs, beta_r 0.05; and the seed's ablation matrix
+register_arm(ArmConfig("grpo_replay", "GRPO + DPO on pairs where >= min_agree teachers overrule the student",
+                       replay_coef=0.05))
+register_arm(ArmConfig("composer", "GRPO + hint distillation + trace-replay DPO (Composer channels 2 and 3)",
+                       hint_distill_coef=0.1, replay_coef=0.05))
+register_arm(ArmConfig("sdar_composer", "SDAR + hint distillation + trace-replay DPO (all three channels)",
+                       sdar_coef=0.01, sdar_beta=5.0, hint_distill_coef=0.1, replay_coef=0.05))
 
 
 def get_arm(name: str, **overrides) -> ArmConfig:
@@ -167,6 +174,8 @@ class LossTerm:
     fn(arm, batch) -> (value, stats): the term as a scalar, and a dict of detached statistics.
     always: computed (for its metric) whenever its inputs are there, even at weight 0; False = only
         when weighted. any_input: one of `inputs` suffices (entropy: logits or entropy).
+    optional: a batch may lack the inputs even when weighted (the term is then skipped): replay pairs
+        ride in only some of a step's micro-batches.
     """
 
     name: str
@@ -177,6 +186,7 @@ class LossTerm:
     stats: str | None = None
     always: bool = True
     any_input: bool = False
+    optional: bool = False
 
     def weight(self, arm: ArmConfig) -> float:
         if hasattr(arm, self.coef):
@@ -234,7 +244,8 @@ register_loss_term(LossTerm("sdar", "sdar_coef", ("teacher_logp",), _sdar, stats
 register_loss_term(LossTerm("hint_jsd", "hint_distill_coef", ("hint_student_logits", "hint_teacher_logits", "hint_mask"),
                             _hint, always=False))
 register_loss_term(LossTerm("replay_dpo", "replay_coef", ("dpo_chosen_logp", "dpo_rejected_logp", "dpo_ref_chosen_logp",
-                                                         "dpo_ref_rejected_logp"), _replay, stats="replay", always=False))
+                                                         "dpo_ref_rejected_logp"), _replay, stats="replay", always=False,
+                            optional=True))
 
 
 def compose_loss(arm: ArmConfig | str, batch: LossBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -254,6 +265,8 @@ def compose_loss(arm: ArmConfig | str, batch: LossBatch) -> tuple[torch.Tensor, 
     for term in LOSS_TERMS.values():
         w = term.weight(arm)
         if w != 0.0 and not term.available(batch):
+            if term.optional:
+                continue
             if term.any_input:
                 raise ValueError(f"arm {arm.name!r} has {term.coef} != 0 but the batch has neither "
                                  f"{' nor '.join(term.inputs)}; pass one or set {term.coef}=0")

@@ -152,6 +152,20 @@ class Trainer:
         self.attempted_updates = 0
         self._hint_prompts: dict[int, list[int]] = {}  # error-site row -> hinted teacher prompt (this step)
         self.history: list[dict[str, float]] = []
+        # Composer channel 3: the teacher pool replays each step's trajectories; its DPO pairs enter the loss
+        # a step later. Pairs handed in from outside (the DAG's teacher_replay step) join the first step's
+        self.replay = None
+        self._given_pairs = None
+        if train and self.arm.replay_coef != 0.0:
+            from sdar.train.replay import ReplayChannel, read_pair_set
+
+            self.replay = ReplayChannel(cfg.replay, family=cfg.env.family, builder=self.builder, tokenizer=self.tokenizer,
+                                        constrained=self.rollout_cfg.constrained, out_dir=self.out, console=self.console,
+                                        lag=cfg.replay.lag)
+            if cfg.replay.pairs_path:
+                self._given_pairs = read_pair_set(cfg.replay.pairs_path)
+                self.console.print(f"replay: {len(self._given_pairs)} DPO pairs from {cfg.replay.pairs_path} join "
+                                   "the first step's loss")
 
     def _backend(self):
         # vLLM serves the current LoRA adapter, re-exported when the weights change (checked per call)
@@ -195,6 +209,8 @@ class Trainer:
                              "is for evaluation (eval_temperature: 0)")
         t0 = time.perf_counter()
         trajs = self.collect(step)
+        if self.replay is not None:  # the teacher pool replays these frozen trajectories in the background
+            self.replay.submit(trajs)
         t_rollout = time.perf_counter() - t0
         prompts = [t.prompt_ids for tr in trajs for t in tr.turns]
         responses = [t.response_ids for tr in trajs for t in tr.turns]
@@ -253,28 +269,44 @@ class Trainer:
         teacher = None
         if arm.needs_teacher or cfg.teacher_for_all_arms:
             teacher = self.teacher.score(self.model, trajs, self.pad_id, temperature=temp)
+        pairs = self._due_pairs(temp)
         t_score = time.perf_counter() - t1
+        # channel 3: pair p rides in micro-batch p mod M of every epoch (M micro-batches per epoch)
+        n_micro = sum(len(micro_batches(plan, orders[0][s : s + cfg.mini_batch_size], cfg.micro_batch_size, arm.agg,
+                                        cfg.loss_normalisation)) for s in range(0, plan.n, cfg.mini_batch_size))
+        slots: dict[int, list[int]] = {}
+        for p in range(len(pairs) if pairs is not None else 0):
+            slots.setdefault(p % max(n_micro, 1), []).append(p)
 
         t2 = time.perf_counter()
         sums: dict[str, float] = {}
         updates = 0
         for order in orders:
+            k_micro = 0
             for start in range(0, plan.n, cfg.mini_batch_size):
                 rows = order[start : start + cfg.mini_batch_size]
                 self.optimizer.zero_grad(set_to_none=True)
-                finite, metrics = True, {}
-                for part, weight in micro_batches(plan, rows, cfg.micro_batch_size, arm.agg, cfg.loss_normalisation):
+                finite, metrics, present = True, {}, {}
+                parts = micro_batches(plan, rows, cfg.micro_batch_size, arm.agg, cfg.loss_normalisation)
+                for part, weight in parts:
                     mb = plan.local(part)
                     # a rank with no rows of this micro-batch still forms its (empty) loss: every rank then
                     # reports the same metric names to sync_update, whose all-reduce needs equal sizes
                     total, part_metrics = self._micro_loss(mb, prompts, responses, allowed, old, free, ref, teacher,
-                                                           advantages, temp)
+                                                           advantages, temp, pairs, slots.get(k_micro, []))
+                    k_micro += 1
                     if not bool(torch.isfinite(total)):
                         finite = False  # the update is skipped; the other micro-batches still report metrics
                     elif mb and finite:
                         (total * weight).backward()
                     for k, v in part_metrics.items():
                         metrics[k] = metrics.get(k, 0.0) + weight * float(v)
+                        present[k] = present.get(k, 0.0) + weight
+                # a term only some micro-batches carry (replay pairs): its statistics are means over those
+                whole = sum(w for _, w in parts)
+                for k, w in present.items():
+                    if 0.0 < w < whole:
+                        metrics[k] *= whole / w
                 if self._reuse_rows:  # a micro-batch never ran (non-finite loss): score its rows now, unmoved
                     rest = sorted(self._reuse_rows)
                     got = response_logprobs(self.model, [prompts[i] for i in rest], [responses[i] for i in rest],
@@ -342,6 +374,9 @@ class Trainer:
             # turn-samples at error sites (marked by the environment with a hint template), every arm
             "hint/error_sites": float(len(sites)), "hint/error_site_rate": len(sites) / max(n, 1),
         })
+        if self.replay is not None:
+            out.update(self.replay.metrics())
+            out["replay/pairs_in_loss"] = float(len(pairs) if pairs is not None else 0)
         counts = {"trajectories": len(trajs), "turns": len(turns), "tokens": float(old.mask.sum()),
                   "free_tokens": float(free_token_mask(allowed, old.mask).sum()), "teacher_turns": self.teacher.scored_turns}
         return StepResult(step, distributed.reduce_step_metrics(out, counts, self.dist))
@@ -374,8 +409,10 @@ class Trainer:
     def _finite_weights(self) -> bool:
         return all(bool(torch.isfinite(p).all()) for p in self.params)
 
-    def _micro_loss(self, mb, prompts, responses, allowed, old, free, ref, teacher, advantages, temp):
-        """The arm's composed loss on local rows `mb` (one forward with grad), over their free tokens."""
+    def _micro_loss(self, mb, prompts, responses, allowed, old, free, ref, teacher, advantages, temp,
+                    pairs=None, pair_idx=()):
+        """The arm's composed loss on local rows `mb` (one forward with grad), over their free tokens, plus
+        the DPO term on replay pairs `pair_idx` of `pairs` when this micro-batch carries some."""
         cur = response_logprobs(self.model, [prompts[i] for i in mb], [responses[i] for i in mb],
                                 pad_id=self.pad_id, with_entropy=True, grad=True,
                                 allowed=[allowed[i] for i in mb], temperature=temp)
@@ -395,7 +432,39 @@ class Trainer:
         )
         if self.arm.hint_distill_coef != 0.0:
             self._hint_inputs(batch, mb, prompts, responses, allowed, free)
+        if pair_idx and self.arm.replay_coef != 0.0:
+            from sdar.train.replay import summed_logp
+
+            sel = list(pair_idx)
+            for side in ("chosen", "rejected"):
+                lp = summed_logp(self.model, [pairs.prompts[i] for i in sel], [getattr(pairs, side)[i] for i in sel],
+                                 [getattr(pairs, f"{side}_allowed")[i] for i in sel], pad_id=self.pad_id,
+                                 temperature=temp, grad=True)
+                setattr(batch, f"dpo_{side}_logp", lp)
+                setattr(batch, f"dpo_ref_{side}_logp", getattr(pairs, f"ref_{side}")[torch.tensor(sel)].to(lp.device))
         return compose_loss(self.arm, batch)
+
+    def _due_pairs(self, temp: float):
+        """This step's DPO pairs (the previous step's replay, plus pairs handed in for the first step), with
+        the frozen reference's summed log-probs computed once."""
+        if self.replay is None:
+            return None
+        pairs = self.replay.take()
+        if self._given_pairs is not None:
+            given, self._given_pairs = self._given_pairs, None
+            if pairs is not None:
+                given.extend(pairs)
+            pairs = given
+        if pairs is None or not len(pairs):
+            return None
+        from sdar.train.replay import summed_logp
+
+        with self.policy.reference() as ref_model:
+            for side in ("chosen", "rejected"):
+                setattr(pairs, f"ref_{side}", summed_logp(
+                    ref_model, pairs.prompts, getattr(pairs, side), getattr(pairs, f"{side}_allowed"),
+                    pad_id=self.pad_id, temperature=temp, grad=False, batch_size=self.cfg.score_batch_size))
+        return pairs
 
     def _hint_inputs(self, batch: LossBatch, mb, prompts, responses, allowed, free) -> None:
         """Channel 2's inputs for the error-site rows of `mb`: the student's logits (with grad) and the
@@ -586,6 +655,8 @@ class Trainer:
         with contextlib.ExitStack() as stack:
             if main:  # one run per output directory at a time: the replicas of a torchrun job share it
                 stack.enter_context(output_dir_lock(self.out))
+            if self.replay is not None:  # the teacher pool (and a local pool's server) ends with the run
+                stack.callback(self.replay.close)
             return self._run(main)
 
     def _run(self, main: bool) -> dict[str, Any]:

@@ -1,0 +1,80 @@
+"""The settings of Composer channel 3 (N-teacher trace replay to DPO pairs), typed and checked when
+loaded; light imports only, so reading a config never pulls torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from sdar.replay.pool import TeacherEndpoint
+
+# the local pool's default teachers: two observation-only rule experts that disagree sometimes, so
+# min_agree=2 means both saw the same move (names: `sdar.replay.experts.EXPERT_VARIANTS`)
+DEFAULT_LOCAL_EXPERTS = ("default", "b")
+
+
+@dataclass
+class ReplayConfig:
+    """Where the teachers are and how their votes become DPO pairs (YAML section `replay`)."""
+
+    # the teacher endpoints (dicts of `TeacherEndpoint` fields); empty = start the local pool on
+    # 127.0.0.1 (`sdar teachers serve`: the rule experts below plus `local_policies`)
+    teachers: list[TeacherEndpoint] = field(default_factory=list)
+    # teachers that must propose the same action for a pair (ALGORITHM.md section 5: 2)
+    min_agree: int = 2
+    # stop asking teachers once this many USD are spent (from `usage` x the endpoint prices); None = no cap
+    budget_usd: float | None = None
+    # keep teacher replies on disk here (a rerun asks nothing twice); None = the run's output dir decides
+    cache_dir: str | None = None
+    # sampling of every teacher request: completion tokens at most, temperature (0 = greedy)
+    max_tokens: int = 64
+    temperature: float = 0.0
+    # local pool only: checkpoints served as teachers, "PATH" or "NAME=PATH", ":skills" appended to prepend
+    # the task's privileged skills to their prompts (`sdar.replay.server.ServedPolicy.parse`)
+    local_policies: list[str] = field(default_factory=list)
+    # local pool only: rule-expert variants served as teachers (`sdar.replay.experts.EXPERT_VARIANTS`)
+    local_experts: list[str] = field(default_factory=lambda: list(DEFAULT_LOCAL_EXPERTS))
+    # 1 = a step's pairs enter the next step's loss (the replay runs beside scoring and the update); 0 = same step
+    lag: int = 1
+    # a JSONL of pairs made elsewhere (the DAG's teacher_replay step, `write_pairs`) added to the first step
+    pairs_path: str | None = None
+
+    def __post_init__(self) -> None:
+        self.teachers = [t if isinstance(t, TeacherEndpoint) else TeacherEndpoint.from_dict(dict(t))
+                         for t in (self.teachers or [])]
+        names = [t.name for t in self.teachers]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"replay.teachers: names must be unique; {dup} appear more than once")
+        if int(self.min_agree) < 1:
+            raise ValueError(f"replay.min_agree must be >= 1, got {self.min_agree}")
+        if self.teachers and len(self.teachers) < self.min_agree:
+            raise ValueError(f"replay.min_agree={self.min_agree} but only {len(self.teachers)} teacher(s) are "
+                             "configured: no turn could ever reach agreement; add teachers or lower min_agree")
+        if self.budget_usd is not None and float(self.budget_usd) < 0:
+            raise ValueError(f"replay.budget_usd must be >= 0 or null (no cap), got {self.budget_usd}")
+        if int(self.max_tokens) < 1:
+            raise ValueError(f"replay.max_tokens must be >= 1, got {self.max_tokens}")
+        if float(self.temperature) < 0:
+            raise ValueError(f"replay.temperature must be >= 0, got {self.temperature}")
+        if self.lag not in (0, 1):
+            raise ValueError(f"replay.lag must be 0 (same step) or 1 (next step), got {self.lag}")
+        for name in ("local_policies", "local_experts"):
+            value = getattr(self, name)
+            if isinstance(value, str) or not all(isinstance(v, str) and v for v in value):
+                raise ValueError(f"replay.{name} must be a list of non-empty strings, got {value!r}")
+            setattr(self, name, list(value))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> ReplayConfig:
+        data = dict(data or {})
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise ValueError(f"unknown replay setting(s) {unknown}; valid settings: {', '.join(known)}")
+        return cls(**data)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["teachers"] = [t.to_dict() for t in self.teachers]
+        return out

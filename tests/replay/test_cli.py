@@ -1,0 +1,62 @@
+"""`sdar teachers serve` (a real subprocess, interrupted) and `sdar teachers replay` (in process)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import openai
+
+from sdar.agent.rollout import Trajectory, Turn
+from sdar.cli import main
+from sdar.eval.report import write_trajectories
+from sdar.replay import read_pairs
+from tests.replay.test_server import VIEW
+
+
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=60)
+
+
+def test_cli_serves_until_interrupted():
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "sdar.cli", "teachers", "serve", "--family", "shop", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=Path(__file__).parent)
+    try:
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/v1"), proc.stderr.read()
+        assert [proc.stdout.readline().strip() for _ in range(2)] == ["model: rule", "model: rule-b"]
+        assert [m.id for m in client(url).models.list().data] == ["rule", "rule-b"]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=30)
+    assert rc == 0
+
+
+def test_replay_writes_pairs_and_stats(tmp_path, capsys):
+    turns = [Turn(view=VIEW, prompt_ids=[1, 2], response_ids=[3, 4], response_text="<action>look</action>",
+                  action="look", valid=True, env_valid=True, reward=0.0)]
+    src = tmp_path / "rollout" / "trajectories.jsonl"
+    write_trajectories(src, [Trajectory("household/x", "pick_and_place_simple", 0, skills="S", turns=turns)],
+                       "household")
+    out = tmp_path / "pairs" / "pairs.jsonl"
+    assert main(["teachers", "replay", "--trajectories", str(src), "--out", str(out)]) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed == {"pairs": str(out), "stats": str(out.with_name("pairs.stats.json")), "n_pairs": 1}
+    [pair] = read_pairs(out)
+    assert (pair.chosen, pair.rejected, pair.prompt_ids, pair.rejected_ids) == ("go to countertop 1", "look", [1, 2],
+                                                                                 [3, 4])
+    stats = json.loads(Path(printed["stats"]).read_text())
+    assert stats["replay/pairs"] == 1 and stats["replay/calls"] == 2
+    assert list((tmp_path / "pairs" / "replay-cache").rglob("*.json"))  # replies kept beside the pairs
+    # a pool file: one rule expert cannot reach min_agree=2
+    pool = tmp_path / "pool.yaml"
+    pool.write_text("local_experts: [b]\n")
+    assert main(["teachers", "replay", "--trajectories", str(src), "--out", str(out), "--teacher-pool",
+                 str(pool)]) == 2
+    assert "replay.min_agree=2 but the pool has 1 teacher(s)" in capsys.readouterr().err
