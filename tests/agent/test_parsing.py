@@ -32,3 +32,13 @@ def test_searchqa_forms_are_sent_verbatim():
 def test_overlong_actions_are_cut():
     p = parse_response("<action>" + "x" * 5000 + "</action>", "shop", None, max_action_chars=100)
     assert len(p.action) == 100
+
+
+def test_a_free_text_template_admits_its_filled_actions():
+    """The shop lists its search box as `search[<query>]`: a real search is admissible, an empty one is not."""
+    adm = ["search[<query>]", "click[back to search]"]
+    assert parse_response("<action>search[red mug under 20 dollars]</action>", "shop", adm).valid
+    assert parse_response("<action>click[back to search]</action>", "shop", adm).valid
+    for bad in ("search[]", "click[buy now]", "searching[mug]"):
+        p = parse_response(f"<action>{bad}</action>", "shop", adm)
+        assert p.valid_format and not p.admissible, bad

@@ -419,9 +419,13 @@ def test_invalid_actions_keep_the_page_and_are_marked(env, setup, action, kind, 
 
 def test_valid_steps_carry_no_error_markers(env):
     env.reset(task_id="shop/000003")
-    out = env.step("search[shampoo]")
+    out = env.step(f"search[{expert_query(env.world.goal('shop/000003'))}]")
     assert out.metadata["valid_action"] is True
     assert out.metadata["error_kind"] is None and out.metadata["hint_template_key"] is None
+    # accepted but useless (no protein bars among shampoos): still valid, marked as an error site
+    env.reset(task_id="shop/000003")
+    out = env.step("search[shampoo]")
+    assert out.metadata["valid_action"] is True and out.metadata["error_kind"] == "search_no_match"
 
 
 def test_require_options_refuses_early_buy():

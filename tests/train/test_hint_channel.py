@@ -104,3 +104,16 @@ def test_response_logits_match_response_logprobs(tiny_ckpt, tmp_path):
         [r + [0] * (logits.shape[1] - len(r)) for r in responses]).unsqueeze(-1)).squeeze(-1) * mask
     torch.testing.assert_close(got, want.logp * want.mask, rtol=0, atol=1e-5)
     assert torch.equal(mask, want.mask)
+
+
+def test_error_sites_survive_the_trajectory_file(tiny_ckpt, tmp_path):
+    """A replayed trajectory (the DAG's rollout -> teacher_replay) renders the same hints as the live one."""
+    from sdar.eval.report import read_trajectories, write_trajectories
+
+    trainer = Trainer(_unconstrained(tmp_path, "grpo"))
+    trajs = trainer.collect(0)
+    write_trajectories(tmp_path / "t.jsonl", trajs, "household")
+    back = read_trajectories(tmp_path / "t.jsonl")
+    live = [(t.error_kind, t.hint_template_key, t.error_args) for tr in trajs for t in tr.turns]
+    assert [(t.error_kind, t.hint_template_key, t.error_args) for tr in back for t in tr.turns] == live
+    assert any(key for _, key, _ in live)  # the case is exercised

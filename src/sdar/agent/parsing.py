@@ -64,6 +64,21 @@ def parse_response(
     action = " ".join(actions[0].strip().split())[:max_action_chars]
     if require_think and not thinks:
         return ParsedAction(action, False, True, "missing <think> block")
-    if admissible_actions and action not in admissible_actions:
+    if admissible_actions and not is_admissible(action, admissible_actions):
         return ParsedAction(action, True, False, "action not admissible")
     return ParsedAction(action, True, True)
+
+
+# an admissible entry with a free-text slot, as the shop lists its search box: "search[<query>]"
+_SLOT = re.compile(r"^(\w+)\[<\w+>\]$")
+
+
+def is_admissible(action: str, admissible_actions: list[str]) -> bool:
+    """`action` is listed, or fills a listed free-text template (`search[<query>]` admits `search[red mug]`)."""
+    if action in admissible_actions:
+        return True
+    for entry in admissible_actions:
+        m = _SLOT.match(entry)
+        if m and action.startswith(m.group(1) + "[") and action.endswith("]") and len(action) > len(m.group(1)) + 2:
+            return True
+    return False

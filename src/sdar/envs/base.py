@@ -27,15 +27,18 @@ def cache_root() -> Path:
     return Path(base) / "sdar"
 
 
-# Keys every step's metadata carries. `error_kind` and `hint_template_key` are set (non-empty)
-# only on a failed action; they drive the hint-distillation channel.
+# Keys every step's metadata carries. `error_kind` and `hint_template_key` are set (non-empty) only at
+# an error site: an action the environment refused (`valid_action` False), or one it accepted that
+# made no progress (`valid_action` True: a non-task object taken, a search with no fitting result, ...;
+# each family's progress.py). They drive the hint-distillation channel, the hint's fields coming from
+# the step's `error_args` (what the agent observed: the action, names it saw, words of the task).
 METADATA_KEYS = (
     "won",  # bool: the task is solved
     "admissible_actions",  # list[str]: valid actions now ([] where the family has none)
     "task_type",  # str: e.g. "pick_and_place", "heat", "two_hop"
-    "valid_action",  # bool: the last action was understood and applicable
-    "error_kind",  # str | None: why the last action failed ("invalid_action", ...)
-    "hint_template_key",  # str | None: which hint template fits the failure
+    "valid_action",  # bool: the environment accepted the last action (understood and applicable)
+    "error_kind",  # str | None: why the last action was refused or made no progress
+    "hint_template_key",  # str | None: which hint template fits the error site
 )
 
 

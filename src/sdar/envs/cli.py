@@ -74,7 +74,11 @@ def _show(out: Any, out_stream: TextIO, first: bool) -> list[str]:
         print(f"\n== task {md.get('task_id')}: {md['task']} ({md.get('task_type')})", file=out_stream)
     print(f"\n{out.observation}", file=out_stream)
     if not first:
-        flag = "" if md.get("valid_action", True) else f"  [invalid: {md.get('error_kind')}]"
+        # an accepted action can still be an error site (no progress): marked, but not invalid
+        if not md.get("valid_action", True):
+            flag = f"  [invalid: {md.get('error_kind')}]"
+        else:
+            flag = f"  [no progress: {md['error_kind']}]" if md.get("error_kind") else ""
         print(f"(reward {out.reward:g}, done {out.done}, won {md.get('won')}){flag}", file=out_stream)
     actions = list(md.get("admissible_actions") or [])
     if actions and not out.done:

@@ -61,9 +61,11 @@ class SdarObservation(Observation):
     won: bool = Field(False, description="the task is solved")
     admissible_actions: list[str] = Field(default_factory=list, description="valid actions now ([] if the family has none)")
     task_type: str = Field("", description="task type of this episode, e.g. 'pick_and_place'")
-    valid_action: bool = Field(True, description="the last action was understood and applicable")
-    error_kind: str | None = Field(None, description="why the last action failed (failed actions only)")
-    hint_template_key: str | None = Field(None, description="hint template for the failure (failed actions only)")
+    valid_action: bool = Field(True, description="the environment accepted the last action")
+    error_kind: str | None = Field(
+        None, description="why the last action was refused, or (accepted) made no progress; None elsewhere"
+    )
+    hint_template_key: str | None = Field(None, description="hint template of the error site (with error_kind)")
     task: str | None = Field(None, description="the goal of this episode in words")
     task_id: str | None = Field(None, description="id of the task being played")
     step: int = Field(0, ge=0, description="actions taken so far in this episode (0 after reset)")

@@ -33,7 +33,7 @@ def trajectory_record(traj: Trajectory, family: str, backend: str = "policy") ->
             "step": t.view.step, "max_steps": t.view.max_steps, "history": [list(h) for h in t.view.history],
             "memory": t.view.memory, "prompt_ids": list(t.prompt_ids), "response_ids": list(t.response_ids),
             "response": t.response_text, "valid": bool(t.valid), "env_valid": bool(t.env_valid),
-            "error_kind": t.error_kind, "hint_template_key": t.hint_template_key,
+            "error_kind": t.error_kind, "hint_template_key": t.hint_template_key, "error_args": t.error_args,
             "history_dropped": int(t.history_dropped), "format_valid": bool(t.format_valid),
             # constrained decoding: the allowed tokens per response position, so a replay scores the same
             # renormalised distribution and knows which tokens were forced (null when unconstrained)
@@ -80,7 +80,7 @@ def trajectory_from_record(rec: dict[str, Any], where: str = "record") -> Trajec
                                response_text=t["response"], action=step["action"], valid=bool(t["valid"]),
                                env_valid=bool(t["env_valid"]), reward=float(step["reward"]),
                                error_kind=t.get("error_kind"), hint_template_key=t.get("hint_template_key"),
-                               history_dropped=int(t.get("history_dropped", 0)),
+                               error_args=t.get("error_args"), history_dropped=int(t.get("history_dropped", 0)),
                                allowed=t.get("allowed"), format_valid=bool(t.get("format_valid", True))))
     return traj
 

@@ -359,6 +359,8 @@ class Trainer:
             "episode_length": sum(tr.length for tr in trajs) / len(trajs),
             "invalid_action_rate": sum(not (t.valid and t.env_valid) for t in turns) / max(len(turns), 1),
             "format_error_rate": sum(not t.format_valid for t in turns) / max(len(turns), 1),
+            # accepted actions the environment marked as making no progress (revisits, non-task objects, ...)
+            "no_progress_rate": sum(t.env_valid and bool(t.error_kind) and t.valid for t in turns) / max(len(turns), 1),
             "turn_samples": float(n),
             "tokens_per_s": gen_tokens / max(t_rollout, 1e-9),
             "time/rollout_s": t_rollout, "time/score_s": t_score, "time/update_s": t_update,

@@ -26,6 +26,7 @@ from sdar.envs.base import EnvStep
 from sdar.envs.household import wording as W
 from sdar.envs.household.backend import TASK_TYPES, HouseholdBackend
 from sdar.envs.household.pddl import EngineFacts, GoalSpec, domain_plan, parse_goal
+from sdar.envs.household.progress import ProgressTracker
 
 DATA_ENV_VAR = "SDAR_ALFWORLD_DATA"
 GAME_FILE = "game.tw-pddl"
@@ -353,6 +354,7 @@ class AlfworldEngine:
         self.max_steps = max_steps
         self.planner = planner
         self._goal: GoalSpec | None = None
+        self._progress: ProgressTracker | None = None
         self._plan_source = planner
         self.plan_s = 0.0
         self.fd_calls = 0
@@ -413,6 +415,7 @@ class AlfworldEngine:
         self.task_type = task_type_of(task_id)
         intro = self._state.feedback
         self.task_text = parse_task_text(intro)
+        self._progress = ProgressTracker(self.task_text)
         meta = self._metadata(valid=True)
         meta["task"] = self.task_text
         meta["task_id"] = task_id
@@ -433,7 +436,7 @@ class AlfworldEngine:
         # the sim's normal form (case, spaces): the engine itself matches exact strings only
         command = W.normalize(action)
         valid = command in self._state["admissible_commands"]
-        error = None if valid else self.diagnose(command)
+        error = self._no_progress(command) if valid else self.diagnose(command)
         self._state, _, _ = self._env.step(command)
         self.steps += 1
         # the gold plan stays valid while the agent follows it (the engine is deterministic)
@@ -473,6 +476,16 @@ class AlfworldEngine:
             return diagnose(EngineFacts(self._env.unwrapped), command)
         except Exception:  # noqa: BLE001 - a diagnosis must never break a step: use the generic marker
             return ERROR_KIND_INVALID, HINT_KEY_INVALID, {"action": command}
+
+    def _no_progress(self, command: str) -> tuple[str, str, dict[str, str]] | None:
+        """The no-progress marker of accepted `command` (the sim's `ProgressTracker` on the
+        engine's facts before the step), or None."""
+        if self._progress is None:
+            return None
+        try:
+            return self._progress.check(EngineFacts(self._env.unwrapped), command)
+        except Exception:  # noqa: BLE001 - a marker must never break a step: leave it unmarked
+            return None
 
     def plan(self) -> list[str]:
         """The remaining gold path from the current state (see `planner`)."""

@@ -72,6 +72,7 @@ class StepCompare:
     valid: bool
     error_kind: bool
     sim_valid: bool = True
+    sim_error_kind: str | None = None
 
 
 @dataclass
@@ -109,6 +110,9 @@ class FidelityReport:
     by_path: dict[str, dict[str, float]]
     diff_kinds: dict[str, int]
     verbs: dict[str, int]  # compared steps per verb of a valid action ("<invalid>": the rest)
+    # compared steps per error kind the sim marked, refused actions and accepted no-progress ones alike
+    # (`progress.NO_PROGRESS_KINDS`), so the report shows which kinds the error-kind agreement covers
+    error_kinds: dict[str, int]
     examples: list[dict[str, Any]]
     errors: list[str]
     wall_s: float
@@ -133,6 +137,10 @@ class FidelityReport:
         ]
         lines.append(
             "  actions compared: " + ", ".join(f"{k} {v}" for k, v in sorted(self.verbs.items()))
+        )
+        lines.append(
+            "  error kinds compared: "
+            + (", ".join(f"{k} {v}" for k, v in sorted(self.error_kinds.items())) or "none")
         )
         if self.diff_kinds:
             lines.append(
@@ -221,6 +229,7 @@ def compare_problem(
             valid=bool(s.metadata["valid_action"]) == bool(e.metadata["valid_action"]),
             error_kind=s.metadata["error_kind"] == e.metadata["error_kind"],
             sim_valid=bool(s.metadata["valid_action"]),
+            sim_error_kind=s.metadata["error_kind"],
         )
         result.steps.append(c)
         if not c.admissible:
@@ -440,6 +449,7 @@ def aggregate(results: list[ProblemResult], wall_s: float) -> FidelityReport:
                 if s.action != "<reset>"
             )
         ),
+        error_kinds=dict(Counter(s.sim_error_kind for s in steps if s.sim_error_kind)),
         examples=examples,
         errors=[r.error for r in results if r.error],
         wall_s=wall_s,

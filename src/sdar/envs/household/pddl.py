@@ -322,8 +322,9 @@ def scene_from_sim(problem: Any) -> Scene:
 # reading the engine back: facts, goal, and a recipe planner
 # ---------------------------------------------------------------------------------------
 class EngineFacts:
-    """The engine's current PDDL state, indexed like the sim's `SimGame` (so `sim.diagnose`
-    reads it), plus what `domain_plan` needs: locations, object states, PDDL type names.
+    """The engine's current PDDL state, indexed like the sim's `SimGame` (so `sim.diagnose` and
+    `progress.ProgressTracker` read it), plus what `domain_plan` needs: locations, object states,
+    PDDL type names.
 
     env: TextWorld's PddlEnv after the ALFWorld demangler renamed its entities.
     """
@@ -364,6 +365,8 @@ class EngineFacts:
         self.state = {
             p: [o in unary[p] for o in objs] for p in ("ishot", "iscool", "isclean", "istoggled")
         }
+        # the sim's names for the same flags (`progress.ProgressTracker` reads either view)
+        self.hot, self.cool, self.clean = self.state["ishot"], self.state["iscool"], self.state["isclean"]
         self.can_contain = {(a[0], a[1]) for a in by_pred.get("cancontain", [])}
         self.agent_loc = next((a[1] for a in by_pred.get("atlocation", [])), "")
         here = [i for i, loc in enumerate(self.rloc) if loc == self.agent_loc]

@@ -52,6 +52,7 @@ from sdar.envs.household.catalog import (
     priors_for,
     state_ok,
 )
+from sdar.envs.household.progress import ProgressTracker
 
 # short kind used in task ids ("sim/heat/000123") <-> ALFWorld task type
 TASK_KINDS: dict[str, str] = {
@@ -937,6 +938,7 @@ class SimHousehold(HouseholdBackend):
         self._rng = random.Random(seed)
         self.game: SimGame | None = None
         self.problem: SimProblem | None = None
+        self.progress: ProgressTracker | None = None
         self._done = False
 
     # ---- task sets --------------------------------------------------------------------------
@@ -968,6 +970,7 @@ class SimHousehold(HouseholdBackend):
         """Start an episode on a given problem (e.g. one read back from JSON)."""
         self.problem = problem
         self.game = SimGame(problem)
+        self.progress = ProgressTracker(problem.task_text)
         self._done = False
         meta = self._metadata(valid=True)
         meta["task"] = problem.task_text
@@ -984,8 +987,11 @@ class SimHousehold(HouseholdBackend):
         if self._done:
             meta = self._metadata(valid=False, error=("episode_over", "household/episode_over", {}))
             return EnvStep(game.last_observation, 0.0, True, meta)
+        # an accepted action may still make no progress: the tracker reads the state before it
+        accepted = W.normalize(action) in game.admissible()
+        progress = self.progress.check(game, action) if accepted else None
         obs, valid = game.apply(action)
-        error = None if valid else diagnose(game, action)
+        error = progress if valid else diagnose(game, action)
         won = game.won
         self._done = won or game.steps >= game.problem.max_steps
         return EnvStep(

@@ -122,7 +122,7 @@ _MISTAKES = {
 }
 
 # hint texts per `hint_template_key`; {receptacle}, {object}, {held}, {appliance}, {action} come
-# from the failed step's `error_args`
+# from the marked step's `error_args`
 HINT_TEMPLATES = {
     "household/invalid_action": "'{action}' is not a command. Use an admissible action such as "
     "'go to <receptacle>', 'take <object> from <receptacle>' or 'move <object> to <receptacle>'.",
@@ -144,6 +144,27 @@ HINT_TEMPLATES = {
     "household/not_toggleable": "Only a desklamp can be used: go to it and 'use desklamp N'.",
     "household/not_admissible": "That is not possible now; choose one of the admissible actions.",
     "household/episode_over": "The episode is over.",
+    # no-progress sites of accepted actions (progress.py); {target}, {goal_receptacle}, {toggle},
+    # {state}, {needed}, {appliance} and {task} come from the task text, the rest from the action
+    "household/non_task_object": "The task is to {task}: {object} is not the {target} it asks for, so "
+    "taking it makes no progress. Put it down and look for the {target}.",
+    "household/revisit_nothing_new": "You have already seen everything in {receptacle}: there is no "
+    "{wanted} there, and the task does not need you there now. Go to a receptacle you have not "
+    "looked into yet.",
+    "household/wrong_receptacle": "The task is to {task}: moving {object} to {receptacle} makes no "
+    "progress. Take it again and move it to any {goal_receptacle}.",
+    "household/keep_holding": "The task is to {task}: you must hold the {target} by a lit {toggle}, "
+    "so moving {object} to {receptacle} makes no progress. Take it again, go to the {toggle} and use it.",
+    "household/process_first": "The task asks for a {state} {target}: {needed} {object} with a "
+    "{appliance} first, then move it to any {goal_receptacle}.",
+    "household/wrong_process": "The task is to {task}: it asks you to {needed} the {target} with a "
+    "{appliance}, not to {verb} it.",
+    "household/no_process_needed": "The task is to {task}: it does not ask you to {verb} {object}, so "
+    "'{action}' makes no progress.",
+    "household/already_processed": "The {object} is already {state}; doing it again makes no progress. "
+    "Move it to any {goal_receptacle} now.",
+    "household/lamp_not_needed": "The task is to {task}: it needs no lamp, so '{action}' makes no "
+    "progress.",
 }
 
 
@@ -153,7 +174,7 @@ class _Blank(dict):
 
 
 def render_hint(key: str, args: dict[str, str] | None = None) -> str:
-    """The hint text for a failed step's `hint_template_key`, filled with its `error_args`."""
+    """The hint text for a marked step's `hint_template_key`, filled with its `error_args`."""
     if key not in HINT_TEMPLATES:
         raise KeyError(
             f"no household hint template {key!r}; known keys: {', '.join(sorted(HINT_TEMPLATES))}"

@@ -14,6 +14,7 @@ from typing import Any
 from sdar.envs.base import EnvStep, TextEnv
 from sdar.envs.searchqa.corpus import BACKENDS, Passage
 from sdar.envs.searchqa.expert import expert_action as _expert_action
+from sdar.envs.searchqa.progress import NO_PROGRESS_HINTS, answer_marker, search_marker
 from sdar.envs.searchqa.questions import (
     QUESTION_TYPES,
     SPLITS,
@@ -150,6 +151,7 @@ class SearchQAEnv(TextEnv):
         self._turn += 1
         parsed = parse_action(action)
         reward, error, extra = 0.0, None, {}
+        marker = None  # an accepted action that made no progress (progress.py)
         if isinstance(parsed, str):
             observation, valid, error = (
                 f"Invalid action: {parsed}. {_FORMAT_HELP}",
@@ -162,6 +164,7 @@ class SearchQAEnv(TextEnv):
             if query.lower() in (q.lower() for q in self._queries):
                 error = "repeated_search"
             docs = self.index.search(query, self.config.top_k)
+            marker = search_marker(self._question, self._retrieved, docs, query)
             self._queries.append(query)
             self._retrieved.append(docs)
             observation = (
@@ -178,6 +181,7 @@ class SearchQAEnv(TextEnv):
                 f"Answer submitted: {answer}. It is {'correct' if reward else 'incorrect'}."
             )
             if not reward:
+                marker = answer_marker(answer)
                 error = "answer_without_search" if not self._queries else "wrong_answer"
             extra = {"answer": answer, "em": reward, "f1": f1_score(answer, self._question.answers)}
         if not self._done and self._turn >= self.config.max_turns:
@@ -185,7 +189,11 @@ class SearchQAEnv(TextEnv):
             observation += f"\nTurn limit of {self.config.max_turns} reached without an answer; the episode is over."
             error = error or "turn_limit"
             extra["truncated"] = True
-        meta = self._meta(valid=valid, error=error, won=reward > 0)
+        # a malformed answer is the more specific mistake; a search's other markers come first
+        args = None
+        if marker is not None and (error is None or marker[0] == "malformed_answer"):
+            error, args = marker[0], marker[2]
+        meta = self._meta(valid=valid, error=error, won=reward > 0, args=args)
         meta.update(extra)
         return EnvStep(observation=observation, reward=reward, done=self._done, metadata=meta)
 
@@ -227,7 +235,9 @@ class SearchQAEnv(TextEnv):
             raise RuntimeError("no episode yet; call reset() first")
         return self._question
 
-    def _meta(self, valid: bool, error: str | None = None, won: bool = False) -> dict[str, Any]:
+    def _meta(
+        self, valid: bool, error: str | None = None, won: bool = False, args: dict[str, str] | None = None
+    ) -> dict[str, Any]:
         return {
             "won": bool(won),
             "admissible_actions": [],
@@ -235,6 +245,7 @@ class SearchQAEnv(TextEnv):
             "valid_action": bool(valid),
             "error_kind": error,
             "hint_template_key": _HINT_OF[error] if error else None,
+            "error_args": args,
             "action_templates": list(ACTION_TEMPLATES),
             "turn": self._turn,
             "turns_left": self.config.max_turns - self._turn,
@@ -249,6 +260,7 @@ _HINT_OF = {
     "answer_without_search": "searchqa/search_first",
     "wrong_answer": "searchqa/verify_answer",
     "turn_limit": "searchqa/budget",
+    **NO_PROGRESS_HINTS,
 }
 
 __all__ = [

@@ -58,4 +58,10 @@ HINT_TEMPLATES = {
     "or relation in the next query.",
     "searchqa/budget": "You ran out of turns. Answer as soon as the documents contain the fact; the last turn must "
     "be an <answer>.",
+    # no-progress sites of accepted actions (progress.py); {query} and {answer} are the agent's own
+    "searchqa/no_answer_passage": "The results of <search>{query}</search> state no fact the question still needs. "
+    "If earlier results already hold the answer, answer now; otherwise name the entity and the relation the "
+    "question asks about in a new query.",
+    "searchqa/short_answer": "'{answer}' is not a short answer ({problem}). Answer with the entity, name, year or "
+    "number only, e.g. <answer>Port Kessan</answer>.",
 }

@@ -1,7 +1,8 @@
 """ShopEnv: a WebShop-style shopping task (search, browse, pick options, buy) as a TextEnv.
 
 Actions follow WebShop's grammar, search[query] and click[button]; the reward is WebShop's score on
-"buy now" (see reward.py) and success means a score of 1. Invalid actions keep the page and are marked.
+"buy now" (see reward.py) and success means a score of 1. Invalid actions keep the page and are marked;
+accepted ones that cannot lead to a full-score purchase are marked too (progress.py).
 """
 
 from __future__ import annotations
@@ -16,11 +17,20 @@ from sdar.envs.base import EnvStep, TextEnv
 from sdar.envs.shop import expert as _expert
 from sdar.envs.shop.goals import SPLITS, ShopWorld, build_world
 from sdar.envs.shop.pages import SEARCH_TEMPLATE, Session, render
+from sdar.envs.shop.progress import ShopProgress
 from sdar.envs.shop.reward import Goal, get_reward
 from sdar.envs.shop.skills import shop_skill_library, skills_key_for
 from sdar.envs.skills import SkillLibrary
 
 _ACTION = re.compile(r"^\s*(search|click)\s*\[(.*)\]\s*$", re.IGNORECASE | re.DOTALL)
+
+
+def _parse(action: str) -> tuple[str, str] | None:
+    """(verb, argument) of a well-formed action, both lower case with single spaces."""
+    m = _ACTION.match(action) if isinstance(action, str) else None
+    if m is None:
+        return None
+    return m.group(1).lower(), " ".join(m.group(2).lower().split())
 
 
 @dataclass
@@ -76,6 +86,7 @@ class ShopEnv(TextEnv):
         )
         self._rng = random.Random()
         self._goal: Goal | None = None
+        self._progress: ShopProgress | None = None
         self._session = Session()
         self._clicks: list[str] = []
         self._done = False
@@ -88,6 +99,7 @@ class ShopEnv(TextEnv):
             rng = random.Random(seed) if seed is not None else self._rng
             task_id = rng.choice(self.world.splits["train"])
         self._goal = self.world.goal(task_id)
+        self._progress = ShopProgress(self._goal, self.world.by_asin)
         self._task_id = task_id
         self._session = Session()
         self._done = self._won = False
@@ -103,15 +115,19 @@ class ShopEnv(TextEnv):
                 "the shop episode is over (bought or out of steps); call reset() to start a new one"
             )
         self._steps += 1
-        reward, extra = 0.0, {}
+        reward, extra, marker = 0.0, {}, None
+        page = self._session.page
         error = self._apply(action)
         if error is None and self._session.page == "done":
             reward, extra = self._buy()
+        if error is None:
+            # accepted, but it may still make no progress (valid_action stays True)
+            marker = self._no_progress(page, action, reward)
         if not self._done and self._steps >= self.config.horizon:
             self._done = True
             extra["truncated"] = True
         obs = self._render(reward)
-        meta = self._meta(valid=error is None, error=error)
+        meta = self._meta(valid=error is None, error=error or marker)
         meta.update(extra)
         return EnvStep(observation=obs, reward=reward, done=self._done, metadata=meta)
 
@@ -156,7 +172,9 @@ class ShopEnv(TextEnv):
         extra = [SEARCH_TEMPLATE] if self._session.page == "search" else []
         return extra + [f"click[{c}]" for c in self._clicks]
 
-    def _meta(self, valid: bool, error: tuple[str, str] | None = None) -> dict[str, Any]:
+    def _meta(self, valid: bool, error: tuple | None = None) -> dict[str, Any]:
+        """error: (error_kind, hint_template_key) of a refused action, or (kind, key, error_args)
+        of an accepted one that made no progress (`progress.ShopProgress`)."""
         return {
             "won": self._won,
             "admissible_actions": self._admissible(),
@@ -164,16 +182,32 @@ class ShopEnv(TextEnv):
             "valid_action": valid,
             "error_kind": error[0] if error else None,
             "hint_template_key": error[1] if error else None,
+            "error_args": error[2] if error and len(error) > 2 else None,
             "page": self._session.page,
         }
+
+    def _no_progress(self, page: str, action: str, reward: float) -> tuple | None:
+        """The no-progress marker of an accepted `action` taken on `page`, or None."""
+        verb, arg = _parse(action)
+        s, check = self._session, self._progress
+        if verb == "search":
+            return check.search(arg, s.results)
+        if s.page == "done":
+            return check.buy(s.asin, reward)
+        if page == "results" and s.page == "item":
+            return check.open_item(s.asin)
+        if page == "item" and s.page == "item":  # an option value was clicked
+            name = next(n for n, values in self.world.by_asin[s.asin].options.items() if arg in values)
+            return check.click_option(name, arg)
+        return None
 
     def _apply(self, action: str) -> tuple[str, str] | None:
         """Change the session for `action`; (error_kind, hint_template_key) when it cannot be done."""
         s = self._session
-        m = _ACTION.match(action) if isinstance(action, str) else None
-        if m is None:
+        parsed = _parse(action)
+        if parsed is None:
             return ("malformed_action", "shop/action_format")
-        verb, arg = m.group(1).lower(), " ".join(m.group(2).lower().split())
+        verb, arg = parsed
         if verb == "search":
             if s.page != "search":
                 return ("search_unavailable", "shop/back_to_search")

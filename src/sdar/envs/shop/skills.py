@@ -86,6 +86,18 @@ HINTS = {
     "shop/not_clickable": "That is not a button on this page; choose one of the admissible actions (a product id, an "
     "option value, next >, < prev, back to search, buy now).",
     "shop/select_options": "Click every option value the instruction names before clicking buy now.",
+    # no-progress sites of accepted actions (progress.py); fields hold only the agent's query, the item
+    # it saw and words of the instruction
+    "shop/search_no_match": "No result of search[{query}] fits the instruction ({wanted}). Search with "
+    "the product noun and the attributes the instruction names, e.g. search[{suggested}].",
+    "shop/non_matching_item": "Item {item} ({title}) does not fit the instruction ({wanted}); go back and "
+    "open a result whose title and price fit it.",
+    "shop/wrong_option": "The instruction asks for {option}: {wanted_value}, not {value}; "
+    "click[{wanted_value}] instead.",
+    "shop/buy_non_matching": "Do not buy item {item} ({title}): it does not fit the instruction "
+    "({wanted}). Go back and find a product that does.",
+    "shop/buy_wrong_options": "Do not buy yet: first click the option values the instruction names "
+    "({options}), then buy now.",
 }
 
 # product nouns, longest first, so "coffee table" wins over a shorter noun inside it
