@@ -18,8 +18,8 @@ from .conftest import small_config
 
 def _cfg(tmp_path, arm="grpo_replay", **kw):
     # one update per step, so every micro-batch is scored on the step's starting weights
-    return small_config(tmp_path, arm=arm, tracking=False, mini_batch_size=100000, micro_batch_size=4,
-                        **{"rollout.max_turns": 4, **kw})
+    return small_config(tmp_path, arm=arm, mini_batch_size=100000, micro_batch_size=4,
+                        **{"tracking": False, "rollout.max_turns": 4, **kw})
 
 
 def _capture(monkeypatch, trainer):
@@ -136,3 +136,39 @@ def test_pairs_handed_in_by_file_join_the_first_step(tiny_ckpt, tmp_path):
     # lag 1: step 0 has no replay of its own yet, so its pairs are exactly the file's
     assert m["replay/pairs_in_loss"] == len(pairs)
     assert m["loss/replay_dpo"] == pytest.approx(math.log(2.0), abs=1e-5)
+
+
+def test_the_api_key_never_reaches_logs_mlflow_or_the_compiled_pipeline(tiny_ckpt, tmp_path, monkeypatch, capsys):
+    """Issue 13.2: a configured pool's key comes from the environment variable its endpoint names; it is
+    sent to the teacher and appears nowhere else: not in the console, the MLflow params/tags/artifacts,
+    the run directory, or the compiled pipeline (which only names the Secret)."""
+    from dataclasses import replace
+
+    from mlflow.tracking import MlflowClient
+
+    from pipelines.sdar_comparison import compile_pipeline
+    from sdar.replay import serve_local_pool
+    from sdar.tracking import default_tracking_uri
+
+    secret = "sk-test-9f8e7d6c5b4a-never-log-me"
+    monkeypatch.setenv("SDAR_TEST_TEACHER_KEY", secret)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    with serve_local_pool("household") as local:
+        teachers = [replace(e, api_key_env="SDAR_TEST_TEACHER_KEY").to_dict() for e in local.endpoints]
+        cfg = _cfg(tmp_path / "run", arm="grpo_replay", steps=2, tracking=True, checkpoint_every=2,
+                   **{"replay.teachers": teachers, "replay.lag": 0})
+        summary = Trainer(cfg).run()
+    assert summary["history"][-1]["replay/calls"] > 0  # the pool was really asked
+    out = capsys.readouterr()
+    assert secret not in out.out + out.err
+    client = MlflowClient(tracking_uri=default_tracking_uri(str(tmp_path / "run")))
+    run = client.get_run(summary["run_id"])
+    logged = " ".join(f"{k}={v}" for k, v in run.data.params.items() if k.startswith("replay."))
+    assert logged.count("SDAR_TEST_TEACHER_KEY") == len(teachers)  # the variable's name only
+    blob = repr(run.data.params) + repr(run.data.tags)
+    assert secret not in blob
+    for f in (tmp_path / "run").rglob("*"):
+        if f.is_file():
+            assert secret.encode() not in f.read_bytes(), f
+    yaml_text = compile_pipeline(tmp_path / "p.yaml", "cluster").read_text()
+    assert secret not in yaml_text and "sdar-teachers" in yaml_text
