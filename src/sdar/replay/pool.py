@@ -221,6 +221,7 @@ class TeacherPool:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         self.budget_usd, self.max_tokens, self.temperature = budget_usd, int(max_tokens), float(temperature)
         self.backoff_s = float(backoff_s)
+        self._jitter = random.Random()  # its own stream: a retry must not move the global RNG training draws from
         self.cache = ResponseCache(cache_dir)
         # keys are resolved here so a missing variable fails before any work, and live only inside the clients
         self._clients = [OpenAI(base_url=e.base_url, api_key=e.api_key(), timeout=e.timeout_s, max_retries=0)
@@ -354,7 +355,7 @@ class TeacherPool:
         return text
 
     def _delay(self, attempt: int, exc: BaseException) -> float:
-        delay = self.backoff_s * (2 ** attempt) * (0.5 + random.random())
+        delay = self.backoff_s * (2 ** attempt) * (0.5 + self._jitter.random())
         retry_after = None
         response = getattr(exc, "response", None)
         if response is not None:
