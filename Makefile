@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # GPU machines: make install TORCH_SPEC='torch==2.13.0' EXTRAS=dev,gpu (a CUDA index in pip.conf)
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= dev,alfworld
+EXTRAS ?= dev,alfworld,trl
 STAMP := $(VENV)/.sdar-installed
 # the official ALFWorld evaluation games live outside the repo
 SHARED_ALFWORLD ?= $(abspath ../shared/data/alfworld)
