@@ -52,6 +52,10 @@ class RolloutConfig:
     skills_in_prompt: bool = False  # the student itself sees the skills (skill_grpo)
     env_workers: int = 8  # threads stepping remote sessions concurrently
     constrained: bool = False  # decode only admissible actions (families that list them)
+    # constrained decoding (transformers backend): a token the trie forces is appended without a decode
+    # step and a run of them goes through the model in one forward; false = one token per forward (the
+    # same samples and log-probs, for benchmarks and checks)
+    jump_forward: bool = True
 
 
 
@@ -193,6 +197,11 @@ class TrainConfig:
     # moved yet, so it is the same number) instead of a separate scoring pass; false scores every row first.
     # With the reference's mini-batch (256) and a step of <= 256 turn-samples, no old_logp pass is left
     reuse_old_logp: bool = True
+    # take old_logp from the sampling pass itself when the sampler is the trainer's own model (the
+    # transformers backend's constrained sampler reports the log-prob of the distribution it drew from,
+    # which is the trainer's score: same weights, allowed set and temperature; top_p must be 1); vLLM and
+    # rows without sampler log-probs are scored as before. false = always score
+    old_logp_from_sampler: bool = True
     # after every optimizer step, check the trainable weights are finite and the policy still scores one of
     # the step's samples to finite log-probs; otherwise restore the weights and optimizer state of before the
     # step and count the update as skipped. Costs a copy of the trainable weights and their optimizer state

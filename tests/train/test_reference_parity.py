@@ -112,9 +112,16 @@ def test_trainer_teacher_sees_the_student_context_when_the_student_dropped_histo
     cfg = small_config(tmp_path, arm="sdar", steps=1, tracking=False, teacher_max_prompt_tokens=4096,
                        **{"rollout.history": 2, "rollout.max_turns": 4, "rollout.privileged_placement": placement})
     trainer = Trainer(cfg)
-    lengths = [len(t.prompt_ids) for tr in trainer.collect(0) for t in tr.turns]
-    trainer.rollout_cfg.max_prompt_tokens = sorted(lengths)[len(lengths) // 2]
     trajs = trainer.collect(0)
+    # each turn with history as if its budget had been one token short: the student drops a pair (refitted
+    # here rather than re-rolled, so the episodes stay the ones sampled)
+    from sdar.agent.prompts import fit_prompt_ids
+
+    for tr in trajs:
+        for t in tr.turns:
+            if t.view.history:
+                t.prompt_ids, t.history_dropped = fit_prompt_ids(trainer.tokenizer, trainer.builder, t.view,
+                                                                 len(t.prompt_ids) - 1)
     dropped = [(tr, t) for tr in trajs for t in tr.turns if t.history_dropped > 0]
     assert dropped, "the budget must make the student drop history"
     teacher = trainer.teacher.prompts(trajs)
@@ -332,3 +339,35 @@ def test_old_logp_from_the_first_forward_changes_nothing(tiny_ckpt, tmp_path, mi
         assert m1["pg/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
     for k in w0:
         torch.testing.assert_close(w1[k], w0[k], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mini", [6, 100000])
+def test_old_logp_from_the_sampler_changes_nothing(tiny_ckpt, tmp_path, mini):
+    """Issue 14.2: with the trainer's own model as the (constrained) sampler, old_logp is the sampling
+    pass's log-probs: no scoring pass, the same update and statistics, and a first PPO ratio of 1."""
+    results = {}
+    for on in (True, False):
+        trainer = Trainer(small_config(tmp_path / str(on), arm="sdar", steps=1, tracking=False, mini_batch_size=mini,
+                                       reuse_old_logp=False, old_logp_from_sampler=on))
+        calls = []
+        import sdar.train.trainer as tr
+
+        real = tr.response_logprobs
+        tr.response_logprobs = lambda *a, **k: calls.append(len(a[1])) or real(*a, **k)
+        try:
+            m = trainer.train_step(0).metrics
+        finally:
+            tr.response_logprobs = real
+        rows = int(m["turn_samples"])
+        results[on] = (m, calls, rows, {n: p.detach().clone() for n, p in trainer.model.named_parameters()
+                                        if p.requires_grad})
+    (m1, c1, rows, w1), (m0, c0, _, w0) = results[True], results[False]
+    # the old_logp pass over every row is gone (the reference's remains; the guard probes one row)
+    assert c0.count(rows) == c1.count(rows) + 1 and 0 not in c1
+    for key in ("loss/pg", "loss/kl", "loss/sdar", "pg/ratio_mean", "pg/approx_kl", "sdar/gap_mean",
+                "teacher/gap_free_tokens"):
+        assert m1[key] == pytest.approx(m0[key], abs=1e-5), key
+    if mini == 100000:
+        assert m1["pg/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    for k in w0:
+        torch.testing.assert_close(w1[k], w0[k], atol=1e-5, rtol=1e-4)
