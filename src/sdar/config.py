@@ -216,6 +216,9 @@ class TrainConfig:
     grad_clip: float = 1.0
     score_batch_size: int = 16  # sequences per no-grad scoring forward
     teacher_max_prompt_tokens: int = 2048  # the teacher's prompt budget (skills + turn)
+    # privileged_placement prefix: the teacher encodes each task's skills prefix once per step and continues every
+    # turn-sample of the task from its KV cache (the same log-probs as the plain forward); false = plain forward
+    teacher_prefix_cache: bool = True
     teacher_for_all_arms: bool = True  # score the teacher for arms that do not need it (gap metrics)
     # train: the trainer's own forward; vllm: the vLLM rollout engine's prompt log-probs (needs
     # model.generation_backend vllm; constrained turns outside vllm.teacher_topk fall back to the forward)

@@ -371,3 +371,32 @@ def test_old_logp_from_the_sampler_changes_nothing(tiny_ckpt, tmp_path, mini):
         assert m1["pg/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
     for k in w0:
         torch.testing.assert_close(w1[k], w0[k], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("placement", ["prefix", "user"])
+def test_the_teachers_prefix_cache_gives_the_plain_forwards_logprobs(tiny_ckpt, tmp_path, placement):
+    """Issue 14.3: the start every teacher prompt of a task shares (system prompt and skills, in either
+    placement) encoded once and its KV reused for every turn-sample gives the log-probs of the plain
+    forward (fp32, 1e-5), constrained rows and a temperature other than 1 included."""
+    trainer = Trainer(small_config(tmp_path, arm="sdar", steps=1, tracking=False,
+                                   **{"rollout.privileged_placement": placement}))
+    trajs = trainer.collect(0)
+    assert len({tr.skills for tr in trajs}) > 1 and sum(len(tr.turns) for tr in trajs) > len(trajs)
+    for temperature in (1.0, 0.7):
+        trainer.teacher.prefix_cache = True
+        import sdar.teacher.privileged as pv
+
+        calls = []
+        real = pv.shared_prefix_logprobs
+        pv.shared_prefix_logprobs = lambda *a, **k: calls.append(len(a[2])) or real(*a, **k)
+        try:
+            cached = trainer.teacher.score(trainer.model, trajs, trainer.pad_id, temperature=temperature)
+        finally:
+            pv.shared_prefix_logprobs = real
+        # one shared prefix per task, reused by all its turn-samples
+        assert len(calls) == len({tr.task_id for tr in trajs}) and sum(calls) == sum(len(tr.turns) for tr in trajs)
+        trainer.teacher.prefix_cache = False
+        plain = trainer.teacher.score(trainer.model, trajs, trainer.pad_id, temperature=temperature)
+        assert torch.equal(cached.mask, plain.mask)
+        torch.testing.assert_close(cached.logp, plain.logp, rtol=0, atol=1e-5)
+        assert float((plain.logp * plain.mask).abs().sum()) > 0

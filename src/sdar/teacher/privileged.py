@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sdar.agent.prompts import PromptBuilder, teacher_prompt_ids
-from sdar.teacher.scoring import ScoredBatch, response_logprobs
+from sdar.teacher.scoring import ScoredBatch, response_logprobs, shared_prefix_logprobs
 
 
 @dataclass
@@ -41,6 +41,8 @@ class TeacherScorer:
     fallback_turns: int = 0
     placement: str = "prefix"
     student_has_skills: bool = False
+    # placement "prefix": encode each task's skills prefix once and reuse its KV for the task's turn-samples
+    prefix_cache: bool = True
 
     def prompts(self, trajectories) -> list[list[int]]:
         out = []
@@ -80,8 +82,41 @@ class TeacherScorer:
         if self.engine is not None:  # every turn falls back to the trainer's forward: count them
             self.engine_turns += len(prompts)
             self.fallback_turns += len(prompts)
+        if self.prefix_cache:
+            return self._score_by_prefix(model, trajectories, prompts, responses, allowed, pad_id, temperature)
         return response_logprobs(model, prompts, responses, pad_id=pad_id, batch_size=self.batch_size,
                                  allowed=allowed, temperature=temperature)
+
+    def _score_by_prefix(self, model, trajectories, prompts, responses, allowed, pad_id: int,
+                         temperature: float) -> ScoredBatch:
+        """The turn-samples of one task share the start of their teacher prompts (system prompt and skills:
+        placement prefix puts the skills before the chat, user at the start of the user message): that
+        common prefix is encoded once per task and its KV reused for each of them (`shared_prefix_logprobs`)."""
+        import os
+
+        import torch
+
+        groups: dict[str, list[int]] = {}
+        k = 0
+        for traj in trajectories:
+            for _ in traj.turns:
+                groups.setdefault(traj.task_id + "\0" + traj.skills, []).append(k)
+                k += 1
+        n, T = len(prompts), max((len(r) for r in responses), default=0)
+        device = next(model.parameters()).device
+        logp, mask = torch.zeros(n, T, device=device), torch.zeros(n, T, device=device)
+        for rows in groups.values():
+            group = [prompts[i] for i in rows]
+            # the last prompt token stays in every row's own part: it predicts the first response token
+            shared = len(os.path.commonprefix(group)) if len(group) > 1 else 0
+            shared = min(shared, min(len(p) for p in group) - 1)
+            part = shared_prefix_logprobs(model, group[0][:shared], [p[shared:] for p in group],
+                                          [responses[i] for i in rows], pad_id=pad_id, batch_size=self.batch_size,
+                                          allowed=[allowed[i] for i in rows], temperature=temperature)
+            idx = torch.tensor(rows, device=device)
+            logp[idx, : part.logp.shape[1]] = part.logp
+            mask[idx, : part.mask.shape[1]] = part.mask
+        return ScoredBatch(logp=logp, entropy=None, mask=mask)
 
     @property
     def fallback_frac(self) -> float:

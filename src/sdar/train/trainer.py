@@ -111,7 +111,8 @@ class Trainer:
                                      engine=select_teacher_engine(cfg.teacher_engine, self.backend),
                                      engine_topk=cfg.vllm.teacher_topk,
                                      placement=self.rollout_cfg.privileged_placement,
-                                     student_has_skills=self.rollout_cfg.skills_in_prompt)
+                                     student_has_skills=self.rollout_cfg.skills_in_prompt,
+                                     prefix_cache=cfg.teacher_prefix_cache)
         self.env_factory = env_factory or make_env_factory(cfg)
         probe = self.env_factory()
         from sdar.eval.tasks import eval_task_set
