@@ -384,7 +384,7 @@ def test_the_teachers_prefix_cache_gives_the_plain_forwards_logprobs(tiny_ckpt, 
     assert len({tr.skills for tr in trajs}) > 1 and sum(len(tr.turns) for tr in trajs) > len(trajs)
     for temperature in (1.0, 0.7):
         trainer.teacher.prefix_cache = True
-        import sdar.teacher.privileged as pv
+        import sdar.teacher.scoring as pv
 
         calls = []
         real = pv.shared_prefix_logprobs
@@ -400,3 +400,15 @@ def test_the_teachers_prefix_cache_gives_the_plain_forwards_logprobs(tiny_ckpt, 
         assert torch.equal(cached.mask, plain.mask)
         torch.testing.assert_close(cached.logp, plain.logp, rtol=0, atol=1e-5)
         assert float((plain.logp * plain.mask).abs().sum()) > 0
+    # the reference pass groups the student's prompts the same way
+    from sdar.teacher import response_logprobs
+    from sdar.teacher.scoring import grouped_prefix_logprobs
+
+    flat = [(tr.task_id, t) for tr in trajs for t in tr.turns]
+    args = ([t.prompt_ids for _, t in flat], [t.response_ids for _, t in flat])
+    with trainer.policy.reference() as ref:
+        grouped = grouped_prefix_logprobs(ref, *args, [g for g, _ in flat], pad_id=trainer.pad_id, batch_size=16,
+                                          allowed=[t.allowed for _, t in flat], temperature=0.7)
+        plain = response_logprobs(ref, *args, pad_id=trainer.pad_id, batch_size=16,
+                                  allowed=[t.allowed for _, t in flat], temperature=0.7)
+    torch.testing.assert_close(grouped.logp, plain.logp, rtol=0, atol=1e-5)

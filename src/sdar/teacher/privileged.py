@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sdar.agent.prompts import PromptBuilder, teacher_prompt_ids
-from sdar.teacher.scoring import ScoredBatch, response_logprobs, shared_prefix_logprobs
+from sdar.teacher.scoring import ScoredBatch, grouped_prefix_logprobs, response_logprobs
 
 
 @dataclass
@@ -91,32 +91,10 @@ class TeacherScorer:
                          temperature: float) -> ScoredBatch:
         """The turn-samples of one task share the start of their teacher prompts (system prompt and skills:
         placement prefix puts the skills before the chat, user at the start of the user message): that
-        common prefix is encoded once per task and its KV reused for each of them (`shared_prefix_logprobs`)."""
-        import os
-
-        import torch
-
-        groups: dict[str, list[int]] = {}
-        k = 0
-        for traj in trajectories:
-            for _ in traj.turns:
-                groups.setdefault(traj.task_id + "\0" + traj.skills, []).append(k)
-                k += 1
-        n, T = len(prompts), max((len(r) for r in responses), default=0)
-        device = next(model.parameters()).device
-        logp, mask = torch.zeros(n, T, device=device), torch.zeros(n, T, device=device)
-        for rows in groups.values():
-            group = [prompts[i] for i in rows]
-            # the last prompt token stays in every row's own part: it predicts the first response token
-            shared = len(os.path.commonprefix(group)) if len(group) > 1 else 0
-            shared = min(shared, min(len(p) for p in group) - 1)
-            part = shared_prefix_logprobs(model, group[0][:shared], [p[shared:] for p in group],
-                                          [responses[i] for i in rows], pad_id=pad_id, batch_size=self.batch_size,
-                                          allowed=[allowed[i] for i in rows], temperature=temperature)
-            idx = torch.tensor(rows, device=device)
-            logp[idx, : part.logp.shape[1]] = part.logp
-            mask[idx, : part.mask.shape[1]] = part.mask
-        return ScoredBatch(logp=logp, entropy=None, mask=mask)
+        common prefix is encoded once per task and its KV reused for each of them."""
+        groups = [traj.task_id + "\0" + traj.skills for traj in trajectories for _ in traj.turns]
+        return grouped_prefix_logprobs(model, prompts, responses, groups, pad_id=pad_id, batch_size=self.batch_size,
+                                       allowed=allowed, temperature=temperature)
 
     @property
     def fallback_frac(self) -> float:

@@ -201,3 +201,32 @@ def shared_prefix_logprobs(model, prefix: list[int], prompts: list[list[int]], r
             mask[i, :r] = 1
         del out, logits, cache
     return ScoredBatch(logp=logp, entropy=None, mask=mask)
+
+
+def grouped_prefix_logprobs(model, prompts: list[list[int]], responses: list[list[int]], groups: list, *,
+                            pad_id: int, batch_size: int | None = None,
+                            allowed: list[list[list[int]] | None] | None = None, temperature: float = 1.0) -> ScoredBatch:
+    """`response_logprobs` of every row, no gradient, with the rows of one group (`groups[i]`: any hashable,
+    e.g. the task) continuing from one KV cache of the prompt start they all share (the system prompt, the
+    task, the skills): that start is encoded once per group instead of once per row."""
+    import os
+
+    n, T = len(prompts), max((len(r) for r in responses), default=0)
+    device = next(model.parameters()).device
+    logp, mask = torch.zeros(n, T, device=device), torch.zeros(n, T, device=device)
+    by_group: dict = {}
+    for i, g in enumerate(groups):
+        by_group.setdefault(g, []).append(i)
+    for rows in by_group.values():
+        group = [prompts[i] for i in rows]
+        # the last prompt token stays in every row's own part: it predicts the first response token
+        shared = len(os.path.commonprefix(group)) if len(group) > 1 else 0
+        shared = min(shared, min(len(p) for p in group) - 1)
+        part = shared_prefix_logprobs(model, group[0][:shared], [p[shared:] for p in group], [responses[i] for i in rows],
+                                      pad_id=pad_id, batch_size=batch_size,
+                                      allowed=None if allowed is None else [allowed[i] for i in rows],
+                                      temperature=temperature)
+        idx = torch.tensor(rows, device=device)
+        logp[idx, : part.logp.shape[1]] = part.logp
+        mask[idx, : part.mask.shape[1]] = part.mask
+    return ScoredBatch(logp=logp, entropy=None, mask=mask)

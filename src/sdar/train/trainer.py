@@ -269,8 +269,16 @@ class Trainer:
         if arm.kl_coef != 0.0:
             # LoRA: the same module with the adapter disabled; full fine-tuning: the frozen copy
             with self.policy.reference() as ref_model:
-                ref = response_logprobs(ref_model, prompts, responses, pad_id=self.pad_id,
-                                        batch_size=cfg.score_batch_size, allowed=allowed, temperature=temp)
+                if cfg.teacher_prefix_cache:  # a task's turn-samples share their prompt start: encoded once
+                    from sdar.teacher.scoring import grouped_prefix_logprobs
+
+                    ref = grouped_prefix_logprobs(ref_model, prompts, responses, [tr.task_id for tr in trajs
+                                                                                  for _ in tr.turns],
+                                                  pad_id=self.pad_id, batch_size=cfg.score_batch_size,
+                                                  allowed=allowed, temperature=temp)
+                else:
+                    ref = response_logprobs(ref_model, prompts, responses, pad_id=self.pad_id,
+                                            batch_size=cfg.score_batch_size, allowed=allowed, temperature=temp)
         # the teacher is theta_old with the skills in context; scored for every arm so the
         # teacher-student gap can be compared across arms, used in the loss only by SDAR/OPSD
         teacher = None
