@@ -1,53 +1,214 @@
-"""Seconds per RL step for each arm on the same tasks, and the SDAR/GRPO ratio.
+"""Seconds per RL step for each arm on the same tasks, the phases against their raw limits, and the
+speed-ups measured side by side (`--compare-off` runs every arm again with each speed-up switched off).
 
-Every arm plays the same tasks from the same warm start (same seed), so the difference is the
-teacher's extra forward pass and the loss. GRPO skips the teacher here (teacher_for_all_arms
-false), as a production GRPO run would. Run:
-  .venv/bin/python benchmarks/bench_train_step.py [--config configs/household-tiny.yaml] [--steps 2]
+Every arm plays the same tasks from the same warm start (same seed), so the difference between arms is
+the teacher's extra forward and the loss. GRPO skips the teacher here (teacher_for_all_arms false), as a
+production GRPO run would. For the last timed step's own batch the benchmark also times the raw limits:
+  rollout: a plain prefill + one KV-cached decode step per non-forced token, turn by turn (no env, no trie);
+  score:   a plain no-grad forward over the sequences each needed pass reads (reference: the student's,
+           teacher: the privileged ones), length-bucketed like the trainer;
+  update:  plain forward + backward + AdamW over the update's sequences in the same micro-batches.
+"passes" counts no-grad scoring passes per step in units of the step's whole batch (old_logp, reference,
+teacher); the update's own forwards are not counted. Run:
+  .venv/bin/python benchmarks/bench_train_step.py [--config configs/household-tiny.yaml] [--steps 2] [--compare-off]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import tempfile
+import time
+from pathlib import Path
+
+# the speed-ups, each a config flag (default on); --compare-off sets every one of them to its "off" value
+SPEEDUPS_OFF = {"rollout.jump_forward": False, "old_logp_from_sampler": False, "reuse_old_logp": False,
+                "teacher_prefix_cache": False}
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _buckets(seqs: list[list[int]], size: int) -> list[list[list[int]]]:
+    order = sorted(seqs, key=len)
+    return [order[i : i + size] for i in range(0, len(order), size)]
+
+
+def _padded(rows: list[list[int]], pad: int, device, left: bool = False):
+    import torch
+
+    L = max(len(r) for r in rows)
+    ids = torch.full((len(rows), L), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), L), dtype=torch.long)
+    for i, r in enumerate(rows):
+        sl = slice(L - len(r), L) if left else slice(0, len(r))
+        ids[i, sl] = torch.tensor(r)
+        mask[i, sl] = 1
+    return ids.to(device), mask.to(device)
+
+
+def limits(trainer, trajs) -> dict[str, float]:
+    """Raw limits of the three phases for this batch (seconds)."""
+    import torch
+
+    from sdar.teacher import free_token_mask
+
+    model, cfg, pad = trainer.model, trainer.cfg, trainer.pad_id
+    device = next(model.parameters()).device
+    turns = [t for tr in trajs for t in tr.turns]
+    student = [t.prompt_ids + t.response_ids for t in turns]
+    teacher = [p + t.response_ids for p, t in zip(trainer.teacher.prompts(trajs), turns)]
+    was = model.training
+    model.eval()
+    out: dict[str, float] = {}
+    with torch.no_grad():
+        def forward(seqs):
+            for rows in _buckets(seqs, cfg.score_batch_size):
+                ids, mask = _padded(rows, pad, device)
+                model(input_ids=ids, attention_mask=mask)
+
+        out["student_forward_s"] = _timed(lambda: forward(student))
+        out["teacher_forward_s"] = _timed(lambda: forward(teacher))
+
+        def decode():  # lock-step turns: turn k's live rows decode together, one step per free token
+            depth = max(len(tr.turns) for tr in trajs)
+            for k in range(depth):
+                live = [tr.turns[k] for tr in trajs if len(tr.turns) > k]
+                for start in range(0, len(live), 64):  # the backend's chunk
+                    rows = live[start : start + 64]
+                    ids, mask = _padded([t.prompt_ids for t in rows], pad, device, left=True)
+                    o = model(input_ids=ids, attention_mask=mask, use_cache=True)
+                    past, nxt = o.past_key_values, o.logits[:, -1:].argmax(-1)
+                    free = [int(free_token_mask([t.allowed], torch.ones(1, len(t.response_ids))).sum())
+                            for t in rows]
+                    for _ in range(max(free) - 1 if free else 0):
+                        mask = torch.cat([mask, torch.ones_like(nxt)], dim=1)
+                        o = model(input_ids=nxt, attention_mask=mask, past_key_values=past, use_cache=True)
+                        past, nxt = o.past_key_values, o.logits[:, -1:].argmax(-1)
+
+        out["decode_s"] = _timed(decode)
+    model.train(was)
+    params = [p for p in model.parameters() if p.requires_grad]
+    snapshot = [p.detach().clone() for p in params]
+    opt = torch.optim.AdamW(params, lr=0.0)  # lr 0: the timing of a real step, the weights unchanged
+
+    def update():
+        for start in range(0, len(student), cfg.mini_batch_size):
+            opt.zero_grad(set_to_none=True)
+            mini = student[start : start + cfg.mini_batch_size]
+            for m in range(0, len(mini), cfg.micro_batch_size):
+                ids, mask = _padded(mini[m : m + cfg.micro_batch_size], pad, device)
+                logits = model(input_ids=ids, attention_mask=mask).logits
+                (torch.log_softmax(logits.float(), -1)[..., 0] * mask).sum().backward()
+            opt.step()
+
+    out["update_s"] = _timed(update)
+    with torch.no_grad():
+        for p, s in zip(params, snapshot):
+            p.copy_(s)
+    return out
+
+
+def run_arm(config: str, arm: str, steps: int, overrides: dict, console) -> dict[str, float]:
+    import sdar.train.trainer as tr
+    from sdar.config import load_config
+    from sdar.train import Trainer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = load_config(config, {**overrides, "arm": arm, "tracking": False, "output_dir": tmp,
+                                   "teacher_for_all_arms": False, "eval_every": 0})
+        trainer = Trainer(cfg, console=console)
+        rows_scored: list[int] = []
+        real_score, real_collect = tr.response_logprobs, trainer.collect
+        # no-grad calls only: the update's own forwards (grad=True) are not scoring passes
+        tr.response_logprobs = lambda *a, **k: (k.get("grad") or rows_scored.append(len(a[1]))) or real_score(*a, **k)
+        last: dict = {}
+        def collect(step):
+            last["trajs"] = real_collect(step)
+            return last["trajs"]
+
+        trainer.collect = collect
+
+        def teacher_score(real):
+            def score(model, trajs, *a, **k):
+                rows_scored.append(sum(len(t.turns) for t in trajs))
+                return real(model, trajs, *a, **k)
+            return score
+
+        trainer.teacher.score = teacher_score(trainer.teacher.score)
+        results = []
+        try:
+            for step in range(steps + 1):
+                last.clear()
+                rows_scored.clear()
+                m = trainer.train_step(step).metrics
+                # the guard's one-row probe is not a scoring pass
+                m["passes"] = sum(r for r in rows_scored if r > 1) / max(m["turn_samples"], 1)
+                results.append(m)
+        finally:
+            tr.response_logprobs = real_score
+        results = results[1:]  # the first step warms up
+        out = {k: statistics.median(r[k] for r in results)
+               for k in ("time/step_s", "time/rollout_s", "time/score_s", "time/update_s", "turn_samples", "passes",
+                         "tokens/forced_frac")}
+        lim = limits(trainer, last["trajs"])
+        arm_cfg = trainer.arm
+        lim["score_s"] = (lim["student_forward_s"] if arm_cfg.kl_coef else 0.0) + \
+            (lim["teacher_forward_s"] if arm_cfg.needs_teacher else 0.0)
+        out.update({f"limit/{k}": v for k, v in lim.items()})
+        return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="configs/household-tiny.yaml")
-    ap.add_argument("--arms", default="grpo,grpo_opsd,sdar")
+    ap.add_argument("--arms", default="grpo,sdar")
     ap.add_argument("--steps", type=int, default=2, help="timed steps per arm (after one warm-up step)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config overrides")
+    ap.add_argument("--compare-off", action="store_true", help="also run every arm with every speed-up off")
+    ap.add_argument("--json", default="runs/bench/train_step.json", help="where the figures are written")
     args = ap.parse_args()
     import yaml
     from rich.console import Console
     from rich.table import Table
 
-    from sdar.config import load_config
-    from sdar.train import Trainer
-
     overrides = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.set)}
     console = Console()
-    rows = {}
+    modes = {"on": {}} | ({"off": SPEEDUPS_OFF} if args.compare_off else {})
+    rows: dict[tuple[str, str], dict] = {}
     for arm in args.arms.split(","):
-        with tempfile.TemporaryDirectory() as tmp:
-            cfg = load_config(args.config, {**overrides, "arm": arm, "tracking": False, "output_dir": tmp,
-                                            "teacher_for_all_arms": False, "eval_every": 0})
-            trainer = Trainer(cfg, console=console)
-            results = [trainer.train_step(step).metrics for step in range(args.steps + 1)][1:]
-        rows[arm] = {k: statistics.median(r[k] for r in results)
-                     for k in ("time/step_s", "time/rollout_s", "time/score_s", "time/update_s", "turn_samples")}
-    table = Table(title=f"seconds per RL step (median of {args.steps}), {args.config}")
-    for col in ("arm", "step", "rollout", "score (old/ref/teacher)", "update", "turn samples", "x grpo"):
+        for mode, extra in modes.items():
+            rows[(arm, mode)] = run_arm(args.config, arm, args.steps, {**overrides, **extra}, console)
+    table = Table(title=f"seconds per RL step (median of {args.steps}), {args.config}; [x] = phase / its raw limit")
+    for col in ("arm", "speed-ups", "step", "rollout", "score", "update", "passes", "forced", "x grpo"):
         table.add_column(col, justify="right")
-    base = rows.get("grpo", next(iter(rows.values())))["time/step_s"]
-    for arm, r in rows.items():
-        table.add_row(arm, f"{r['time/step_s']:.1f}", f"{r['time/rollout_s']:.1f}", f"{r['time/score_s']:.1f}",
-                      f"{r['time/update_s']:.1f}", f"{r['turn_samples']:.0f}", f"{r['time/step_s'] / base:.2f}")
+    for (arm, mode), r in rows.items():
+        base = rows.get(("grpo", mode), r)["time/step_s"]
+
+        def ph(key, lim):
+            limit = r[f"limit/{lim}"]
+            return f"{r[key]:.1f} [{r[key] / limit:.2f}x]" if limit > 0 else f"{r[key]:.1f}"
+
+        table.add_row(arm, mode, f"{r['time/step_s']:.1f}", ph("time/rollout_s", "decode_s"),
+                      ph("time/score_s", "score_s"), ph("time/update_s", "update_s"), f"{r['passes']:.2f}",
+                      f"{r['tokens/forced_frac']:.0%}", f"{r['time/step_s'] / base:.2f}")
     console.print(table)
-    if "sdar" in rows and "grpo" in rows:
-        console.print(f"SDAR/GRPO seconds-per-step ratio: {rows['sdar']['time/step_s'] / rows['grpo']['time/step_s']:.2f}x")
+    for mode in modes:
+        if ("sdar", mode) in rows and ("grpo", mode) in rows:
+            console.print(f"SDAR/GRPO seconds per step, speed-ups {mode}: "
+                          f"{rows[('sdar', mode)]['time/step_s'] / rows[('grpo', mode)]['time/step_s']:.2f}x")
+    if args.compare_off:
+        for arm in args.arms.split(","):
+            on, off = rows[(arm, "on")]["time/step_s"], rows[(arm, "off")]["time/step_s"]
+            console.print(f"{arm}: step with speed-ups / without = {on:.1f} / {off:.1f} s = {on / off:.2f}")
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({f"{a}/{m}": r for (a, m), r in rows.items()}, indent=1))
+    console.print(f"figures: {out}")
 
 
 if __name__ == "__main__":

@@ -52,6 +52,10 @@ class RolloutConfig:
     skills_in_prompt: bool = False  # the student itself sees the skills (skill_grpo)
     env_workers: int = 8  # threads stepping remote sessions concurrently
     constrained: bool = False  # decode only admissible actions (families that list them)
+    # constrained decoding (transformers backend): a token the trie forces is appended without a decode
+    # step and a run of them goes through the model in one forward; false = one token per forward (the
+    # same samples and log-probs, for benchmarks and checks)
+    jump_forward: bool = True
 
 
 
@@ -193,6 +197,11 @@ class TrainConfig:
     # moved yet, so it is the same number) instead of a separate scoring pass; false scores every row first.
     # With the reference's mini-batch (256) and a step of <= 256 turn-samples, no old_logp pass is left
     reuse_old_logp: bool = True
+    # take old_logp from the sampling pass itself when the sampler is the trainer's own model (the
+    # transformers backend's constrained sampler reports the log-prob of the distribution it drew from,
+    # which is the trainer's score: same weights, allowed set and temperature; top_p must be 1); vLLM and
+    # rows without sampler log-probs are scored as before. false = always score
+    old_logp_from_sampler: bool = True
     # after every optimizer step, check the trainable weights are finite and the policy still scores one of
     # the step's samples to finite log-probs; otherwise restore the weights and optimizer state of before the
     # step and count the update as skipped. Costs a copy of the trainable weights and their optimizer state
@@ -207,6 +216,9 @@ class TrainConfig:
     grad_clip: float = 1.0
     score_batch_size: int = 16  # sequences per no-grad scoring forward
     teacher_max_prompt_tokens: int = 2048  # the teacher's prompt budget (skills + turn)
+    # privileged_placement prefix: the teacher encodes each task's skills prefix once per step and continues every
+    # turn-sample of the task from its KV cache (the same log-probs as the plain forward); false = plain forward
+    teacher_prefix_cache: bool = True
     teacher_for_all_arms: bool = True  # score the teacher for arms that do not need it (gap metrics)
     # train: the trainer's own forward; vllm: the vLLM rollout engine's prompt log-probs (needs
     # model.generation_backend vllm; constrained turns outside vllm.teacher_topk fall back to the forward)

@@ -112,9 +112,16 @@ def test_trainer_teacher_sees_the_student_context_when_the_student_dropped_histo
     cfg = small_config(tmp_path, arm="sdar", steps=1, tracking=False, teacher_max_prompt_tokens=4096,
                        **{"rollout.history": 2, "rollout.max_turns": 4, "rollout.privileged_placement": placement})
     trainer = Trainer(cfg)
-    lengths = [len(t.prompt_ids) for tr in trainer.collect(0) for t in tr.turns]
-    trainer.rollout_cfg.max_prompt_tokens = sorted(lengths)[len(lengths) // 2]
     trajs = trainer.collect(0)
+    # each turn with history as if its budget had been one token short: the student drops a pair (refitted
+    # here rather than re-rolled, so the episodes stay the ones sampled)
+    from sdar.agent.prompts import fit_prompt_ids
+
+    for tr in trajs:
+        for t in tr.turns:
+            if t.view.history:
+                t.prompt_ids, t.history_dropped = fit_prompt_ids(trainer.tokenizer, trainer.builder, t.view,
+                                                                 len(t.prompt_ids) - 1)
     dropped = [(tr, t) for tr in trajs for t in tr.turns if t.history_dropped > 0]
     assert dropped, "the budget must make the student drop history"
     teacher = trainer.teacher.prompts(trajs)
@@ -332,3 +339,76 @@ def test_old_logp_from_the_first_forward_changes_nothing(tiny_ckpt, tmp_path, mi
         assert m1["pg/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
     for k in w0:
         torch.testing.assert_close(w1[k], w0[k], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mini", [6, 100000])
+def test_old_logp_from_the_sampler_changes_nothing(tiny_ckpt, tmp_path, mini):
+    """Issue 14.2: with the trainer's own model as the (constrained) sampler, old_logp is the sampling
+    pass's log-probs: no scoring pass, the same update and statistics, and a first PPO ratio of 1."""
+    results = {}
+    for on in (True, False):
+        trainer = Trainer(small_config(tmp_path / str(on), arm="sdar", steps=1, tracking=False, mini_batch_size=mini,
+                                       reuse_old_logp=False, old_logp_from_sampler=on))
+        calls = []
+        import sdar.train.trainer as tr
+
+        real = tr.response_logprobs
+        tr.response_logprobs = lambda *a, **k: calls.append(len(a[1])) or real(*a, **k)
+        try:
+            m = trainer.train_step(0).metrics
+        finally:
+            tr.response_logprobs = real
+        rows = int(m["turn_samples"])
+        results[on] = (m, calls, rows, {n: p.detach().clone() for n, p in trainer.model.named_parameters()
+                                        if p.requires_grad})
+    (m1, c1, rows, w1), (m0, c0, _, w0) = results[True], results[False]
+    # the old_logp pass over every row is gone (the reference's remains; the guard probes one row)
+    assert c0.count(rows) == c1.count(rows) + 1 and 0 not in c1
+    for key in ("loss/pg", "loss/kl", "loss/sdar", "pg/ratio_mean", "pg/approx_kl", "sdar/gap_mean",
+                "teacher/gap_free_tokens"):
+        assert m1[key] == pytest.approx(m0[key], abs=1e-5), key
+    if mini == 100000:
+        assert m1["pg/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    for k in w0:
+        torch.testing.assert_close(w1[k], w0[k], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("placement", ["prefix", "user"])
+def test_the_teachers_prefix_cache_gives_the_plain_forwards_logprobs(tiny_ckpt, tmp_path, placement):
+    """Issue 14.3: the start every teacher prompt of a task shares (system prompt and skills, in either
+    placement) encoded once and its KV reused for every turn-sample gives the log-probs of the plain
+    forward (fp32, 1e-5), constrained rows and a temperature other than 1 included."""
+    trainer = Trainer(small_config(tmp_path, arm="sdar", steps=1, tracking=False,
+                                   **{"rollout.privileged_placement": placement}))
+    trajs = trainer.collect(0)
+    assert len({tr.skills for tr in trajs}) > 1 and sum(len(tr.turns) for tr in trajs) > len(trajs)
+    for temperature in (1.0, 0.7):
+        trainer.teacher.prefix_cache = True
+        import sdar.teacher.scoring as pv
+
+        calls = []
+        real = pv.shared_prefix_logprobs
+        pv.shared_prefix_logprobs = lambda *a, **k: calls.append(len(a[2])) or real(*a, **k)
+        try:
+            cached = trainer.teacher.score(trainer.model, trajs, trainer.pad_id, temperature=temperature)
+        finally:
+            pv.shared_prefix_logprobs = real
+        # one shared prefix per task, reused by all its turn-samples
+        assert len(calls) == len({tr.task_id for tr in trajs}) and sum(calls) == sum(len(tr.turns) for tr in trajs)
+        trainer.teacher.prefix_cache = False
+        plain = trainer.teacher.score(trainer.model, trajs, trainer.pad_id, temperature=temperature)
+        assert torch.equal(cached.mask, plain.mask)
+        torch.testing.assert_close(cached.logp, plain.logp, rtol=0, atol=1e-5)
+        assert float((plain.logp * plain.mask).abs().sum()) > 0
+    # the reference pass groups the student's prompts the same way
+    from sdar.teacher import response_logprobs
+    from sdar.teacher.scoring import grouped_prefix_logprobs
+
+    flat = [(tr.task_id, t) for tr in trajs for t in tr.turns]
+    args = ([t.prompt_ids for _, t in flat], [t.response_ids for _, t in flat])
+    with trainer.policy.reference() as ref:
+        grouped = grouped_prefix_logprobs(ref, *args, [g for g, _ in flat], pad_id=trainer.pad_id, batch_size=16,
+                                          allowed=[t.allowed for _, t in flat], temperature=0.7)
+        plain = response_logprobs(ref, *args, pad_id=trainer.pad_id, batch_size=16,
+                                  allowed=[t.allowed for _, t in flat], temperature=0.7)
+    torch.testing.assert_close(grouped.logp, plain.logp, rtol=0, atol=1e-5)

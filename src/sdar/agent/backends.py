@@ -12,6 +12,8 @@ from typing import Any, Protocol
 
 import torch
 
+from sdar.agent.decoding import DecodeStats, constrained_sample
+
 BACKENDS = ("transformers", "vllm")
 GPU_INSTALL_HINT = "pip install -e '.[gpu]' on a CUDA machine (install a CUDA torch build first)"
 
@@ -103,9 +105,12 @@ class TransformersBackend:
         scoring. Costs a vocabulary-wide float row per token while a chunk generates: off by default.
     """
 
-    def __init__(self, model, tokenizer, batch_size: int = 64, record_logprobs: bool = False) -> None:
+    def __init__(self, model, tokenizer, batch_size: int = 64, record_logprobs: bool = False,
+                 jump_forward: bool = True) -> None:
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
         self.record_logprobs = record_logprobs
+        self.jump_forward = jump_forward
+        self.decode_stats = DecodeStats()  # forwards, tokens and forced tokens of constrained sampling so far
         self.eos_ids = _eos_ids(tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
 
@@ -124,6 +129,13 @@ class TransformersBackend:
         return out
 
     def _generate_chunk(self, prompts, max_new_tokens, temperature, top_p, tries):
+        if temperature > 0 and any(t is not None for t in tries):
+            # constrained sampling: forced tokens cost no decision, and with jump_forward no decode step
+            rows = constrained_sample(self.model, prompts, tries, max_new_tokens=max_new_tokens,
+                                      temperature=temperature, top_p=top_p, eos_ids=self.eos_ids, pad_id=self.pad_id,
+                                      jump_forward=self.jump_forward, stats=self.decode_stats)
+            return [Generation(r.token_ids, self.tokenizer.decode(r.token_ids, skip_special_tokens=True), r.finished,
+                               r.logprobs) for r in rows]
         width = max(len(p) for p in prompts)
         device = next(self.model.parameters()).device
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
@@ -418,13 +430,14 @@ class VLLMBackend:
         return [r.prompt_logprobs for r in results]
 
 
-def make_backend(name: str, policy, *, vllm=None, batch_size: int = 64):
+def make_backend(name: str, policy, *, vllm=None, batch_size: int = 64, jump_forward: bool = True):
     """The generation backend `name` (model.generation_backend) for `policy`.
 
     vllm: a `sdar.config.VLLMConfig` (or anything with its fields) for the vLLM engine.
+    jump_forward: the transformers backend's constrained decoding skips decode steps for forced tokens.
     """
     if name == "transformers":
-        return TransformersBackend(policy.model, policy.tokenizer, batch_size=batch_size)
+        return TransformersBackend(policy.model, policy.tokenizer, batch_size=batch_size, jump_forward=jump_forward)
     if name == "vllm":
         opts = {} if vllm is None else {k: getattr(vllm, k) for k in (
             "gpu_memory_utilization", "enable_lora", "max_lora_rank", "dtype", "max_model_len", "enforce_eager",

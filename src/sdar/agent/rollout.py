@@ -34,6 +34,7 @@ class Turn:
     history_dropped: int = 0
     allowed: list[list[int]] | None = None  # constrained decoding: allowed tokens per response position
     format_valid: bool = True  # the response held a well-formed action block (what the reference penalises)
+    logprobs: list[float] | None = None  # the sampler's log-prob per response token (backends that give it)
 
 
 @dataclass
@@ -140,6 +141,7 @@ def rollout(
                     history_dropped=d,
                     allowed=trie.allowed_along(gen.token_ids) if trie is not None else None,
                     format_valid=p.valid_format and gen.finished,
+                    logprobs=gen.logprobs,
                 ))
                 trajs[i].reward += float(res.reward)
                 state[i].advance(p.action, res)

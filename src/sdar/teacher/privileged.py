@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sdar.agent.prompts import PromptBuilder, teacher_prompt_ids
-from sdar.teacher.scoring import ScoredBatch, response_logprobs
+from sdar.teacher.scoring import ScoredBatch, grouped_prefix_logprobs, response_logprobs
 
 
 @dataclass
@@ -41,6 +41,8 @@ class TeacherScorer:
     fallback_turns: int = 0
     placement: str = "prefix"
     student_has_skills: bool = False
+    # placement "prefix": encode each task's skills prefix once and reuse its KV for the task's turn-samples
+    prefix_cache: bool = True
 
     def prompts(self, trajectories) -> list[list[int]]:
         out = []
@@ -80,8 +82,19 @@ class TeacherScorer:
         if self.engine is not None:  # every turn falls back to the trainer's forward: count them
             self.engine_turns += len(prompts)
             self.fallback_turns += len(prompts)
+        if self.prefix_cache:
+            return self._score_by_prefix(model, trajectories, prompts, responses, allowed, pad_id, temperature)
         return response_logprobs(model, prompts, responses, pad_id=pad_id, batch_size=self.batch_size,
                                  allowed=allowed, temperature=temperature)
+
+    def _score_by_prefix(self, model, trajectories, prompts, responses, allowed, pad_id: int,
+                         temperature: float) -> ScoredBatch:
+        """The turn-samples of one task share the start of their teacher prompts (system prompt and skills:
+        placement prefix puts the skills before the chat, user at the start of the user message): that
+        common prefix is encoded once per task and its KV reused for each of them."""
+        groups = [traj.task_id + "\0" + traj.skills for traj in trajectories for _ in traj.turns]
+        return grouped_prefix_logprobs(model, prompts, responses, groups, pad_id=pad_id, batch_size=self.batch_size,
+                                       allowed=allowed, temperature=temperature)
 
     @property
     def fallback_frac(self) -> float:

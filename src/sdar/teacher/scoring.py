@@ -143,3 +143,90 @@ def free_token_mask(allowed: list[list[list[int]] | None], mask: torch.Tensor, f
             if len(toks) == 1:
                 out[i, k] = 0.0
     return out
+
+
+@torch.no_grad()
+def shared_prefix_logprobs(model, prefix: list[int], prompts: list[list[int]], responses: list[list[int]], *,
+                           pad_id: int, batch_size: int | None = None,
+                           allowed: list[list[list[int]] | None] | None = None, temperature: float = 1.0) -> ScoredBatch:
+    """`response_logprobs(model, [prefix + p for p in prompts], responses, ...)` with `prefix` encoded once:
+    its KV cache is computed in one forward and every row continues from a copy of it (the teacher's
+    privileged skills prefix, shared by every turn-sample of a task). No gradient; rows in length order.
+    """
+    import copy
+
+    from sdar.models.logprobs import logp_and_entropy
+
+    if not prefix:
+        return response_logprobs(model, prompts, responses, pad_id=pad_id, batch_size=batch_size, allowed=allowed,
+                                 temperature=temperature)
+    n, P = len(prompts), len(prefix)
+    device = next(model.parameters()).device
+    T = max((len(r) for r in responses), default=0)
+    logp, mask = torch.zeros(n, T, device=device), torch.zeros(n, T, device=device)
+    if n == 0:
+        return ScoredBatch(logp=logp, entropy=None, mask=mask)
+    base = model(input_ids=torch.tensor([prefix], device=device), use_cache=True).past_key_values
+    order = sorted(range(n), key=lambda i: len(prompts[i]) + len(responses[i]))
+    step = batch_size or n
+    for start in range(0, n, step):
+        rows = order[start : start + step]
+        seqs = [prompts[i] + responses[i] for i in rows]
+        b, L = len(rows), max(len(s) for s in seqs)
+        ids = torch.full((b, L), pad_id, dtype=torch.long)
+        att = torch.zeros((b, P + L), dtype=torch.long)
+        att[:, :P] = 1
+        for j, s in enumerate(seqs):
+            ids[j, : len(s)] = torch.tensor(s)
+            att[j, P : P + len(s)] = 1
+        first = max(0, min(len(prompts[i]) for i in rows) - 1)
+        cache = copy.deepcopy(base)
+        cache.batch_repeat_interleave(b)
+        pos = (P + torch.arange(L)).unsqueeze(0).expand(b, L)
+        out = model(input_ids=ids.to(device), attention_mask=att.to(device), position_ids=pos.to(device),
+                    past_key_values=cache, use_cache=True, logits_to_keep=L - first)
+        logits = out.logits.float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        if allowed is not None and any(allowed[i] is not None for i in rows):
+            vocab = logits.shape[-1]
+            keep = allowed_mask([prompts[i] for i in rows], [responses[i] for i in rows], [allowed[i] for i in rows],
+                                L, vocab, start=first)
+            logits = logits.masked_fill(~keep.to(device), -1e9)
+        target = torch.cat([ids[:, first + 1 :], torch.zeros_like(ids[:, :1])], dim=1).to(device)
+        lp, _ = logp_and_entropy(logits, target, False)  # column c scores token first + c + 1
+        for j, i in enumerate(rows):
+            r, p0 = len(responses[i]), len(prompts[i]) - 1 - first
+            logp[i, :r] = lp[j, p0 : p0 + r]
+            mask[i, :r] = 1
+        del out, logits, cache
+    return ScoredBatch(logp=logp, entropy=None, mask=mask)
+
+
+def grouped_prefix_logprobs(model, prompts: list[list[int]], responses: list[list[int]], groups: list, *,
+                            pad_id: int, batch_size: int | None = None,
+                            allowed: list[list[list[int]] | None] | None = None, temperature: float = 1.0) -> ScoredBatch:
+    """`response_logprobs` of every row, no gradient, with the rows of one group (`groups[i]`: any hashable,
+    e.g. the task) continuing from one KV cache of the prompt start they all share (the system prompt, the
+    task, the skills): that start is encoded once per group instead of once per row."""
+    import os
+
+    n, T = len(prompts), max((len(r) for r in responses), default=0)
+    device = next(model.parameters()).device
+    logp, mask = torch.zeros(n, T, device=device), torch.zeros(n, T, device=device)
+    by_group: dict = {}
+    for i, g in enumerate(groups):
+        by_group.setdefault(g, []).append(i)
+    for rows in by_group.values():
+        group = [prompts[i] for i in rows]
+        # the last prompt token stays in every row's own part: it predicts the first response token
+        shared = len(os.path.commonprefix(group)) if len(group) > 1 else 0
+        shared = min(shared, min(len(p) for p in group) - 1)
+        part = shared_prefix_logprobs(model, group[0][:shared], [p[shared:] for p in group], [responses[i] for i in rows],
+                                      pad_id=pad_id, batch_size=batch_size,
+                                      allowed=None if allowed is None else [allowed[i] for i in rows],
+                                      temperature=temperature)
+        idx = torch.tensor(rows, device=device)
+        logp[idx, : part.logp.shape[1]] = part.logp
+        mask[idx, : part.mask.shape[1]] = part.mask
+    return ScoredBatch(logp=logp, entropy=None, mask=mask)

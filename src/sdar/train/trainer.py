@@ -111,7 +111,8 @@ class Trainer:
                                      engine=select_teacher_engine(cfg.teacher_engine, self.backend),
                                      engine_topk=cfg.vllm.teacher_topk,
                                      placement=self.rollout_cfg.privileged_placement,
-                                     student_has_skills=self.rollout_cfg.skills_in_prompt)
+                                     student_has_skills=self.rollout_cfg.skills_in_prompt,
+                                     prefix_cache=cfg.teacher_prefix_cache)
         self.env_factory = env_factory or make_env_factory(cfg)
         probe = self.env_factory()
         from sdar.eval.tasks import eval_task_set
@@ -169,7 +170,8 @@ class Trainer:
 
     def _backend(self):
         # vLLM serves the current LoRA adapter, re-exported when the weights change (checked per call)
-        return make_backend(self.cfg.model.generation_backend, self.policy, vllm=self.cfg.vllm)
+        return make_backend(self.cfg.model.generation_backend, self.policy, vllm=self.cfg.vllm,
+                            jump_forward=self.cfg.rollout.jump_forward)
 
     # ---- one RL step --------------------------------------------------------------------
     def sample_tasks(self, step: int) -> tuple[list[str], list[int]]:
@@ -248,22 +250,35 @@ class Trainer:
                   for _ in range(cfg.ppo_epochs)]
         # old_logp of the first mini-batch's rows is the update's own first forward (the weights have not
         # moved yet): only the other rows need a scoring pass here
+        # and rows whose sampler reported its log-probs (the trainer's own model sampled them) need none at all
+        sampled = self._sampler_rows(trajs) if cfg.old_logp_from_sampler else {}
         reused = set(plan.local(orders[0][: cfg.mini_batch_size])) if cfg.reuse_old_logp else set()
-        scored = [i for i in range(n) if i not in reused]
-        part = response_logprobs(self.model, [prompts[i] for i in scored], [responses[i] for i in scored],
-                                 pad_id=self.pad_id, batch_size=cfg.score_batch_size,
-                                 allowed=[allowed[i] for i in scored], temperature=temp)
-        old_logp = torch.zeros(n, T, device=part.logp.device)
+        reused -= set(sampled)
+        scored = [i for i in range(n) if i not in reused and i not in sampled]
+        old_logp = torch.zeros(n, T, device=self.device)
         if scored:
-            old_logp[torch.tensor(scored), : part.logp.shape[1]] = part.logp
-        old = ScoredBatch(logp=old_logp, entropy=None, mask=mask.to(part.logp.device))
+            part = response_logprobs(self.model, [prompts[i] for i in scored], [responses[i] for i in scored],
+                                     pad_id=self.pad_id, batch_size=cfg.score_batch_size,
+                                     allowed=[allowed[i] for i in scored], temperature=temp)
+            old_logp[torch.tensor(scored), : part.logp.shape[1]] = part.logp.to(old_logp.device)
+        for i, lp in sampled.items():
+            old_logp[i, : len(lp)] = torch.tensor(lp, dtype=old_logp.dtype)
+        old = ScoredBatch(logp=old_logp, entropy=None, mask=mask.to(old_logp.device))
         self._reuse_rows = reused
         ref = None
         if arm.kl_coef != 0.0:
             # LoRA: the same module with the adapter disabled; full fine-tuning: the frozen copy
             with self.policy.reference() as ref_model:
-                ref = response_logprobs(ref_model, prompts, responses, pad_id=self.pad_id,
-                                        batch_size=cfg.score_batch_size, allowed=allowed, temperature=temp)
+                if cfg.teacher_prefix_cache:  # a task's turn-samples share their prompt start: encoded once
+                    from sdar.teacher.scoring import grouped_prefix_logprobs
+
+                    ref = grouped_prefix_logprobs(ref_model, prompts, responses, [tr.task_id for tr in trajs
+                                                                                  for _ in tr.turns],
+                                                  pad_id=self.pad_id, batch_size=cfg.score_batch_size,
+                                                  allowed=allowed, temperature=temp)
+                else:
+                    ref = response_logprobs(ref_model, prompts, responses, pad_id=self.pad_id,
+                                            batch_size=cfg.score_batch_size, allowed=allowed, temperature=temp)
         # the teacher is theta_old with the skills in context; scored for every arm so the
         # teacher-student gap can be compared across arms, used in the loss only by SDAR/OPSD
         teacher = None
@@ -382,6 +397,18 @@ class Trainer:
         counts = {"trajectories": len(trajs), "turns": len(turns), "tokens": float(old.mask.sum()),
                   "free_tokens": float(free_token_mask(allowed, old.mask).sum()), "teacher_turns": self.teacher.scored_turns}
         return StepResult(step, distributed.reduce_step_metrics(out, counts, self.dist))
+
+    def _sampler_rows(self, trajs: list[Trajectory]) -> dict[int, list[float]]:
+        """Turn-sample row -> the sampler's log-probs, where they are the trainer's old_logp: the transformers
+        backend on the trainer's own model (no weights moved since), top_p 1, every token reported."""
+        from sdar.agent.backends import TransformersBackend
+
+        if not isinstance(self.backend, TransformersBackend) or self.backend.model is not self.model \
+                or self.rollout_cfg.top_p != 1.0:
+            return {}
+        flat = [t for tr in trajs for t in tr.turns]
+        return {i: t.logprobs for i, t in enumerate(flat)
+                if t.logprobs is not None and len(t.logprobs) == len(t.response_ids)}
 
     def _snapshot(self) -> tuple[list[torch.Tensor], dict]:
         """The trainable weights and the optimizer state, to restore after an update that broke them."""

@@ -1,0 +1,129 @@
+"""Jump-forward constrained sampling (issue 14.1): forced tokens skip the decode step and a row's run
+of them goes through the model in one forward, with the same samples and log-probs as one token per
+forward; the log-probs are the trainer's scores of the same tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sdar.agent.backends import TransformersBackend
+from sdar.agent.constrained import action_trie
+from sdar.agent.decoding import DecodeStats, _processed_logprobs, constrained_sample
+from sdar.models import TinyModelConfig, build_tiny_model, train_tokenizer
+from sdar.teacher import response_logprobs
+
+ACTIONS = ["go to fridge 1", "go to fridge 2", "go to countertop 1", "open drawer 1", "take apple 1 from fridge 1",
+           "look", "inventory"]
+
+
+@pytest.fixture(scope="module")
+def small():
+    tok = train_tokenizer(["<action>" + a + "</action> please" for a in ACTIONS] * 20, vocab_size=300)
+    torch.manual_seed(0)
+    model = build_tiny_model(tok, TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                                   num_attention_heads=2, num_key_value_heads=1)).eval()
+    return tok, model
+
+
+def _prompts(tok, n):
+    texts = ["what now?", "you are in the kitchen. what now?", "go", "the fridge is closed; you see a drawer 1 here"]
+    return [tok(texts[i % len(texts)], add_special_tokens=False)["input_ids"] for i in range(n)]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_jump_forward_on_and_off_give_the_same_samples_and_logprobs(small, temperature):
+    tok, model = small
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    full = action_trie(tok, "household", ACTIONS, eos)
+    short = action_trie(tok, "household", ACTIONS[:3], eos)
+    prompts = _prompts(tok, 12)
+    tries = [full, short, None] * 4  # a mixed batch: two tries and a free row
+    runs = {}
+    for jump in (True, False):
+        torch.manual_seed(7)
+        st = DecodeStats()
+        rows = constrained_sample(model, prompts, tries, max_new_tokens=40, temperature=temperature, top_p=1.0,
+                                  eos_ids=[eos], pad_id=tok.pad_token_id, jump_forward=jump, stats=st)
+        runs[jump] = (rows, st)
+    (on, st_on), (off, st_off) = runs[True], runs[False]
+    assert [r.token_ids for r in on] == [r.token_ids for r in off]
+    for a, b in zip(on, off):
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=0, atol=1e-5)
+        assert a.forced == b.forced and a.finished == b.finished
+    # the constrained rows are admissible actions; forced tokens have log-prob 0 (log 1)
+    for r, t in zip(on, tries):
+        if t is not None:
+            assert r.finished and r.token_ids in t.sequences
+            assert sum(lp == 0.0 for lp in r.logprobs) >= r.forced
+    assert st_on.tokens == st_off.tokens and st_on.forced == st_off.forced > 0
+
+
+def test_jump_forward_skips_the_forced_tokens_decode_steps(small):
+    tok, model = small
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    trie = action_trie(tok, "household", ACTIONS, eos)
+    prompts = _prompts(tok, 8)
+    stats = {}
+    for jump in (True, False):
+        torch.manual_seed(5)
+        stats[jump] = DecodeStats()
+        rows = constrained_sample(model, prompts, [trie] * 8, max_new_tokens=40, temperature=1.0, top_p=1.0,
+                                  eos_ids=[eos], pad_id=tok.pad_token_id, jump_forward=jump, stats=stats[jump])
+    # one token per forward: as many forwards as the longest response, less the token after which it ended
+    assert stats[False].forwards == max(len(r.token_ids) for r in rows) - 1
+    # jump-forward: one forward per decision (a free token and the forced run after it)
+    free = [len(r.token_ids) - r.forced for r in rows]
+    assert stats[True].forwards <= max(free) and stats[True].forwards < stats[False].forwards / 2
+
+
+@pytest.mark.parametrize("jump", [True, False], ids=["jump", "step"])
+def test_sampler_logprobs_are_the_trainers_scores(small, jump):
+    """What the sampler reports is what `response_logprobs` computes for the same tokens (the trie's
+    renormalisation at the same temperature): the first PPO ratio is 1."""
+    tok, model = small
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    trie = action_trie(tok, "household", ACTIONS, eos)
+    prompts = _prompts(tok, 16)
+    backend = TransformersBackend(model, tok, batch_size=8, jump_forward=jump)
+    torch.manual_seed(3)
+    gens = backend.generate(prompts, max_new_tokens=40, temperature=0.8, tries=[trie] * 16)
+    responses = [g.token_ids for g in gens]
+    scored = response_logprobs(model, prompts, responses, pad_id=tok.pad_token_id, temperature=0.8,
+                               allowed=[trie.allowed_along(r) for r in responses])
+    for i, g in enumerate(gens):
+        n = len(g.token_ids)
+        torch.testing.assert_close(torch.tensor(g.logprobs), scored.logp[i, :n].float(), rtol=0, atol=2e-5)
+    assert backend.decode_stats.forced > 0
+
+
+def test_the_sampled_frequencies_follow_the_renormalised_distribution(small):
+    tok, model = small
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    trie = action_trie(tok, "household", ACTIONS, eos)
+    prompt = _prompts(tok, 1)[0]
+    n = 600
+    torch.manual_seed(11)
+    rows = constrained_sample(model, [prompt] * n, [trie] * n, max_new_tokens=40, temperature=1.0, top_p=1.0,
+                              eos_ids=[eos], pad_id=tok.pad_token_id)
+    seqs = {tuple(s) for s in trie.sequences}
+    scored = response_logprobs(model, [prompt] * len(seqs), [list(s) for s in seqs], pad_id=tok.pad_token_id,
+                               allowed=[trie.allowed_along(list(s)) for s in seqs])
+    probs = dict(zip(seqs, (scored.logp * scored.mask).sum(1).exp().tolist()))
+    assert sum(probs.values()) == pytest.approx(1.0, abs=1e-4)  # the trie's sequences carry all the mass
+    for s, p in probs.items():
+        freq = sum(tuple(r.token_ids) == s for r in rows) / n
+        assert abs(freq - p) < 4 * (p * (1 - p) / n) ** 0.5 + 0.01, (s, freq, p)
+
+
+def test_top_p_keeps_the_smallest_set_over_p():
+    logits = torch.tensor([0.0, 1.0, 2.0, 3.0])
+    lp = _processed_logprobs(logits, None, 1.0, 0.6)
+    p = torch.softmax(logits, -1)  # [0.032, 0.087, 0.237, 0.644]: 0.644 >= 0.6 alone
+    assert torch.isinf(lp[:3]).all() and lp[3] == pytest.approx(0.0)
+    lp = _processed_logprobs(logits, [0, 1, 2], 2.0, 1.0)  # allowed set, then temperature
+    want = torch.log_softmax(torch.tensor([0.0, 0.5, 1.0]), -1)
+    torch.testing.assert_close(lp[:3], want)
+    assert torch.isinf(lp[3]) and float(p.sum()) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        constrained_sample(None, [[1]], [None], max_new_tokens=1, temperature=0.0, top_p=1.0, eos_ids=[0], pad_id=0)
