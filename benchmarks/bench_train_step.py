@@ -124,8 +124,21 @@ def run_arm(config: str, arm: str, steps: int, overrides: dict, console) -> dict
         trainer = Trainer(cfg, console=console)
         rows_scored: list[int] = []
         real_score, real_collect = tr.response_logprobs, trainer.collect
-        # no-grad calls only: the update's own forwards (grad=True) are not scoring passes
-        tr.response_logprobs = lambda *a, **k: (k.get("grad") or rows_scored.append(len(a[1]))) or real_score(*a, **k)
+        def counted(*a, **k):  # no-grad calls only: the update's own forwards (grad=True) are not scoring passes
+            if not k.get("grad"):
+                rows_scored.append(len(a[1]))
+            return real_score(*a, **k)
+
+        tr.response_logprobs = counted
+        import sdar.teacher.scoring as sc
+
+        real_grouped = sc.grouped_prefix_logprobs  # the reference pass (the teacher's is counted at teacher.score)
+
+        def grouped(*a, **k):
+            rows_scored.append(len(a[1]))
+            return real_grouped(*a, **k)
+
+        sc.grouped_prefix_logprobs = grouped
         last: dict = {}
         def collect(step):
             last["trajs"] = real_collect(step)
@@ -151,6 +164,7 @@ def run_arm(config: str, arm: str, steps: int, overrides: dict, console) -> dict
                 results.append(m)
         finally:
             tr.response_logprobs = real_score
+            sc.grouped_prefix_logprobs = real_grouped
         results = results[1:]  # the first step warms up
         out = {k: statistics.median(r[k] for r in results)
                for k in ("time/step_s", "time/rollout_s", "time/score_s", "time/update_s", "turn_samples", "passes",
