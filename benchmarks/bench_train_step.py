@@ -24,7 +24,7 @@ from pathlib import Path
 
 # the speed-ups, each a config flag (default on); --compare-off sets every one of them to its "off" value
 SPEEDUPS_OFF = {"rollout.jump_forward": False, "old_logp_from_sampler": False, "reuse_old_logp": False,
-                "teacher_prefix_cache": False}
+                "prefix_cache": False}
 
 
 def _timed(fn) -> float:

@@ -48,7 +48,8 @@ def teacher_replay(
     from sdar.config import load_config, parse_overrides
     from sdar.eval.report import read_trajectories
     from sdar.eval.report import teacher_replay as replay
-    from sdar.train.replay import PairSet, load_pool_file, replay_trajectories, write_pair_set
+    from sdar.replay.config import load_pool_file
+    from sdar.train.replay import PairSet, replay_trajectories, write_pair_set
     from sdar.train.trainer import Trainer
 
     pool = load_pool_file(teacher_pool) if teacher_pool else {}  # a wrong path fails before any work

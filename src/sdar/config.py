@@ -216,9 +216,10 @@ class TrainConfig:
     grad_clip: float = 1.0
     score_batch_size: int = 16  # sequences per no-grad scoring forward
     teacher_max_prompt_tokens: int = 2048  # the teacher's prompt budget (skills + turn)
-    # privileged_placement prefix: the teacher encodes each task's skills prefix once per step and continues every
-    # turn-sample of the task from its KV cache (the same log-probs as the plain forward); false = plain forward
-    teacher_prefix_cache: bool = True
+    # the teacher and reference passes encode the prompt start a task's turn-samples share (system prompt, task,
+    # skills in either placement) once per step and continue each turn-sample from its KV cache (the same log-probs
+    # as the plain forward); false = a plain forward per turn-sample
+    prefix_cache: bool = True
     teacher_for_all_arms: bool = True  # score the teacher for arms that do not need it (gap metrics)
     # train: the trainer's own forward; vllm: the vLLM rollout engine's prompt log-probs (needs
     # model.generation_backend vllm; constrained turns outside vllm.teacher_topk fall back to the forward)

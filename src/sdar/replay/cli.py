@@ -68,7 +68,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         family = _family_of(src)
         overrides = {"env.family": family}
         if args.teacher_pool:
-            from sdar.train.replay import load_pool_file
+            from sdar.replay.config import load_pool_file
 
             overrides.update({f"replay.{k}": v for k, v in load_pool_file(args.teacher_pool).items()})
         cfg = load_config(args.config, overrides)

@@ -4,6 +4,7 @@ loaded; light imports only, so reading a config never pulls torch."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from sdar.replay.pool import TeacherEndpoint
@@ -78,3 +79,20 @@ class ReplayConfig:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["teachers"] = [t.to_dict() for t in self.teachers]
         return out
+
+
+def load_pool_file(path: str | Path) -> dict[str, Any]:
+    """A teacher-pool file: a YAML (or JSON) mapping of `replay` settings, e.g. `teachers:` (base_url, model,
+    api_key_env, prices, concurrency, timeout), `min_agree`, `budget_usd`; a top-level `replay:` key is
+    also accepted. Keys are never in it: each endpoint names the environment variable holding its key."""
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"teacher pool file {p} not found; write one like configs/teachers/example.yaml")
+    data = yaml.safe_load(p.read_text()) or {}
+    if isinstance(data, dict) and set(data) == {"replay"}:
+        data = data["replay"]
+    if not isinstance(data, dict):
+        raise ValueError(f"{p} must hold a mapping of replay settings (teachers, min_agree, budget_usd, ...)")
+    return data

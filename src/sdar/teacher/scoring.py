@@ -217,16 +217,27 @@ def grouped_prefix_logprobs(model, prompts: list[list[int]], responses: list[lis
     by_group: dict = {}
     for i, g in enumerate(groups):
         by_group.setdefault(g, []).append(i)
+    def put(rows: list[int], part: ScoredBatch) -> None:
+        idx = torch.tensor(rows, device=device)
+        logp[idx, : part.logp.shape[1]] = part.logp
+        mask[idx, : part.mask.shape[1]] = part.mask
+
+    def pick(xs, rows):
+        return None if xs is None else [xs[i] for i in rows]
+
+    alone: list[int] = []  # rows sharing nothing with another row: scored together, in one plain pass
     for rows in by_group.values():
         group = [prompts[i] for i in rows]
         # the last prompt token stays in every row's own part: it predicts the first response token
         shared = len(os.path.commonprefix(group)) if len(group) > 1 else 0
         shared = min(shared, min(len(p) for p in group) - 1)
-        part = shared_prefix_logprobs(model, group[0][:shared], [p[shared:] for p in group], [responses[i] for i in rows],
-                                      pad_id=pad_id, batch_size=batch_size,
-                                      allowed=None if allowed is None else [allowed[i] for i in rows],
-                                      temperature=temperature)
-        idx = torch.tensor(rows, device=device)
-        logp[idx, : part.logp.shape[1]] = part.logp
-        mask[idx, : part.mask.shape[1]] = part.mask
+        if shared <= 0:
+            alone += rows
+            continue
+        put(rows, shared_prefix_logprobs(model, group[0][:shared], [p[shared:] for p in group], pick(responses, rows),
+                                         pad_id=pad_id, batch_size=batch_size, allowed=pick(allowed, rows),
+                                         temperature=temperature))
+    if alone:
+        put(alone, response_logprobs(model, pick(prompts, alone), pick(responses, alone), pad_id=pad_id,
+                                     batch_size=batch_size, allowed=pick(allowed, alone), temperature=temperature))
     return ScoredBatch(logp=logp, entropy=None, mask=mask)

@@ -148,18 +148,19 @@ class ReplayChannel:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="teacher-replay")
         self._queue: list[Future] = []
         self.last_stats: dict[str, float] = {}
-        self.trajectories = 0
-        self.total_pairs = 0
+        self._replayed = 0  # trajectories replayed so far (the worker's count, in step order)
 
     def _build(self, trajs) -> tuple[PairSet, dict[str, float]]:
         from sdar.replay import build_pairs
 
         pairs, stats = build_pairs(trajs, self.pool, self.builder, self.family, min_agree=self.cfg.min_agree)
+        self._replayed += len(trajs)
+        # the pool's cumulative cost at this replay's end, over the trajectories replayed by then
+        stats["replay/cost_per_trajectory_usd"] = stats.get("replay/cost_usd", 0.0) / self._replayed
         return tokenise_pairs(pairs, trajs, self.tokenizer, self.family, self.constrained), stats
 
     def submit(self, trajs) -> None:
         """Queue this step's frozen trajectories for replay (one worker: replays run in step order)."""
-        self.trajectories += len(trajs)
         self._queue.append(self._worker.submit(self._build, trajs))
 
     def take(self) -> PairSet | None:
@@ -167,39 +168,19 @@ class ReplayChannel:
         or this step's own (lag 0). Waits for that replay if it is still running."""
         if len(self._queue) <= self.lag:
             return None
-        pairs, stats = self._queue.pop(0).result()
-        self.last_stats = stats
-        self.total_pairs += len(pairs)
+        pairs, self.last_stats = self._queue.pop(0).result()
         return pairs
 
     def metrics(self) -> dict[str, float]:
-        """Accounting for MLflow: the pool's cumulative calls/tokens/cost/latency and the last replay's pairs."""
-        out = dict(self.pool.stats())
-        out.update(self.last_stats)
-        cost = float(out.get("replay/cost_usd", 0.0))
-        out["replay/cost_per_trajectory_usd"] = cost / max(self.trajectories, 1)
+        """Accounting for MLflow: the pool's cumulative calls, tokens, cost and latency, and the turns, agreement
+        and pairs of the replay whose pairs this step took (its snapshot of the pool's figures wins)."""
+        out = {**self.pool.stats(), **self.last_stats}
+        out.setdefault("replay/cost_per_trajectory_usd", out.get("replay/cost_usd", 0.0) / max(self._replayed, 1))
         return out
 
     def close(self) -> None:
         self._worker.shutdown(wait=True, cancel_futures=True)
         self._stack.close()  # the pool, and the local pool's server when this channel started one
-
-
-def load_pool_file(path: str | Path) -> dict[str, Any]:
-    """A teacher-pool file: a YAML (or JSON) mapping of `replay` settings, e.g. `teachers:` (base_url, model,
-    api_key_env, prices, concurrency, timeout), `min_agree`, `budget_usd`; a top-level `replay:` key is
-    also accepted. Keys are never in it: each endpoint names the environment variable holding its key."""
-    import yaml
-
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"teacher pool file {p} not found; write one like configs/teachers/example.yaml")
-    data = yaml.safe_load(p.read_text()) or {}
-    if isinstance(data, dict) and set(data) == {"replay"}:
-        data = data["replay"]
-    if not isinstance(data, dict):
-        raise ValueError(f"{p} must hold a mapping of replay settings (teachers, min_agree, budget_usd, ...)")
-    return data
 
 
 def replay_trajectories(trainer, trajs) -> tuple[PairSet, dict[str, float]]:

@@ -112,7 +112,7 @@ class Trainer:
                                      engine_topk=cfg.vllm.teacher_topk,
                                      placement=self.rollout_cfg.privileged_placement,
                                      student_has_skills=self.rollout_cfg.skills_in_prompt,
-                                     prefix_cache=cfg.teacher_prefix_cache)
+                                     prefix_cache=cfg.prefix_cache)
         self.env_factory = env_factory or make_env_factory(cfg)
         probe = self.env_factory()
         from sdar.eval.tasks import eval_task_set
@@ -269,7 +269,7 @@ class Trainer:
         if arm.kl_coef != 0.0:
             # LoRA: the same module with the adapter disabled; full fine-tuning: the frozen copy
             with self.policy.reference() as ref_model:
-                if cfg.teacher_prefix_cache:  # a task's turn-samples share their prompt start: encoded once
+                if cfg.prefix_cache:  # a task's turn-samples share their prompt start: encoded once
                     from sdar.teacher.scoring import grouped_prefix_logprobs
 
                     ref = grouped_prefix_logprobs(ref_model, prompts, responses, [tr.task_id for tr in trajs
@@ -287,11 +287,12 @@ class Trainer:
         pairs = self._due_pairs(temp)
         t_score = time.perf_counter() - t1
         # channel 3: pair p rides in micro-batch p mod M of every epoch (M micro-batches per epoch)
-        n_micro = sum(len(micro_batches(plan, orders[0][s : s + cfg.mini_batch_size], cfg.micro_batch_size, arm.agg,
-                                        cfg.loss_normalisation)) for s in range(0, plan.n, cfg.mini_batch_size))
         slots: dict[int, list[int]] = {}
-        for p in range(len(pairs) if pairs is not None else 0):
-            slots.setdefault(p % max(n_micro, 1), []).append(p)
+        if pairs is not None:
+            n_micro = sum(len(micro_batches(plan, orders[0][s : s + cfg.mini_batch_size], cfg.micro_batch_size,
+                                            arm.agg, cfg.loss_normalisation)) for s in range(0, plan.n, cfg.mini_batch_size))
+            for p in range(len(pairs)):
+                slots.setdefault(p % max(n_micro, 1), []).append(p)
 
         t2 = time.perf_counter()
         sums: dict[str, float] = {}
