@@ -7,7 +7,8 @@ production GRPO run would. For the last timed step's own batch the benchmark als
   rollout: a plain prefill + one KV-cached decode step per non-forced token, turn by turn (no env, no trie);
   score:   a plain no-grad forward over the sequences each needed pass reads (reference: the student's,
            teacher: the privileged ones), length-bucketed like the trainer;
-  update:  plain forward + backward + AdamW over the update's sequences in the same micro-batches.
+  update:  plain forward + backward + AdamW over the update's sequences in the same micro-batches (rows of
+           similar length per forward when length_buckets is on, as the trainer does).
 "passes" counts no-grad scoring passes per step in units of the step's whole batch (old_logp, reference,
 teacher); the update's own forwards are not counted. Run:
   .venv/bin/python benchmarks/bench_train_step.py [--config configs/household-tiny.yaml] [--steps 2] [--compare-off]
@@ -24,7 +25,7 @@ from pathlib import Path
 
 # the speed-ups, each a config flag (default on); --compare-off sets every one of them to its "off" value
 SPEEDUPS_OFF = {"rollout.jump_forward": False, "old_logp_from_sampler": False, "reuse_old_logp": False,
-                "prefix_cache": False}
+                "prefix_cache": False, "length_buckets": False}
 
 
 def _timed(fn) -> float:
@@ -56,6 +57,7 @@ def limits(trainer, trajs) -> dict[str, float]:
     import torch
 
     from sdar.teacher import free_token_mask
+    from sdar.teacher.scoring import length_groups
 
     model, cfg, pad = trainer.model, trainer.cfg, trainer.pad_id
     device = next(model.parameters()).device
@@ -101,9 +103,16 @@ def limits(trainer, trajs) -> dict[str, float]:
             opt.zero_grad(set_to_none=True)
             mini = student[start : start + cfg.mini_batch_size]
             for m in range(0, len(mini), cfg.micro_batch_size):
-                ids, mask = _padded(mini[m : m + cfg.micro_batch_size], pad, device)
-                logits = model(input_ids=ids, attention_mask=mask).logits
-                (torch.log_softmax(logits.float(), -1)[..., 0] * mask).sum().backward()
+                micro = mini[m : m + cfg.micro_batch_size]
+                # rows of similar length per forward (the least padding), one backward per micro-batch
+                groups = length_groups([len(r) for r in micro], len(micro)) if cfg.length_buckets else [
+                    list(range(len(micro)))]
+                loss = 0.0
+                for g in groups:
+                    ids, mask = _padded([micro[i] for i in g], pad, device)
+                    logits = model(input_ids=ids, attention_mask=mask).logits
+                    loss = loss + (torch.log_softmax(logits.float(), -1)[..., 0] * mask).sum()
+                loss.backward()
             opt.step()
 
     out["update_s"] = _timed(update)

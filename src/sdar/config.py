@@ -220,6 +220,10 @@ class TrainConfig:
     # skills in either placement) once per step and continue each turn-sample from its KV cache (the same log-probs
     # as the plain forward); false = a plain forward per turn-sample
     prefix_cache: bool = True
+    # forward rows of similar length together (scoring chunks and, inside each update micro-batch, groups of
+    # similar length: the micro-batch and its loss are unchanged, only padding goes); false = one padded
+    # forward per micro-batch and unsorted scoring chunks
+    length_buckets: bool = True
     teacher_for_all_arms: bool = True  # score the teacher for arms that do not need it (gap metrics)
     # train: the trainer's own forward; vllm: the vLLM rollout engine's prompt log-probs (needs
     # model.generation_backend vllm; constrained turns outside vllm.teacher_topk fall back to the forward)

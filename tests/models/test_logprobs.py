@@ -162,6 +162,59 @@ def test_length_bucketed_scoring_gives_the_same_rows_in_the_same_order(model, to
     assert padded_sorted < padded_plain
 
 
+def test_length_groups_close_on_row_count_and_padding():
+    from sdar.teacher.scoring import length_groups
+
+    lengths = [100, 10, 11, 12, 98, 13, 500]
+    groups = length_groups(lengths, max_rows=3, slack=0.2)
+    assert sorted(i for g in groups for i in g) == list(range(7))
+    assert groups == [[1, 2, 3], [5], [4, 0], [6]]  # 3 rows max; 98 next to 13 would pad 2 x 98 > 1.2 x 111
+    for g in groups:  # every group within its padding budget
+        assert len(g) * max(lengths[i] for i in g) <= 1.2 * sum(lengths[i] for i in g) or len(g) == 1
+    assert length_groups([], 4) == []
+    assert length_groups([5, 5, 5], 8) == [[0, 1, 2]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_length_bucketed_training_forward_gives_the_same_loss_and_gradients(model, tokenizer, dtype):
+    """The update's forward in groups of similar length: the same per-token log-probs, entropies, a loss over
+    them and its gradient as one padded forward of the whole micro-batch."""
+    import random
+
+    from sdar.teacher import response_logprobs
+
+    rng = random.Random(1)
+    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
+    prompts = [sum((ids[rng.randrange(3)] for _ in range(rng.choice([1, 1, 2, 8]))), []) for _ in range(9)]
+    responses = [ids[rng.randrange(3)][: rng.randint(1, 8)] for _ in range(9)]
+    import copy
+
+    from sdar.teacher.scoring import length_groups
+
+    assert len(length_groups([len(p) + len(r) for p, r in zip(prompts, responses)], 9)) > 1  # it does regroup
+    m = copy.deepcopy(model).to(dtype)  # the fixture may be shared: a bf16 round trip would change its weights
+    out, grads = {}, {}
+    for buckets in (False, True):
+        m.zero_grad(set_to_none=True)
+        r = response_logprobs(m, prompts, responses, pad_id=0, with_entropy=True, grad=True,
+                              length_buckets=buckets, prompt_lm=True)
+        w = torch.linspace(-1, 1, r.logp.numel()).view_as(r.logp)
+        loss = (r.logp * w * r.mask).sum() / r.mask.sum() + 0.1 * (r.entropy * r.mask).mean() \
+            - 0.01 * r.prompt_logp_sum / r.prompt_tokens
+        loss.backward()
+        out[buckets] = (r, float(loss.detach()))
+        grads[buckets] = [p.grad.detach().float().clone() for p in m.parameters() if p.grad is not None]
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    plain, bucketed = out[False][0], out[True][0]
+    assert torch.equal(plain.mask, bucketed.mask) and plain.prompt_tokens == bucketed.prompt_tokens
+    torch.testing.assert_close(bucketed.logp, plain.logp, atol=tol, rtol=0)
+    torch.testing.assert_close(bucketed.entropy, plain.entropy, atol=tol, rtol=0)
+    assert out[True][1] == pytest.approx(out[False][1], abs=tol)
+    assert len(grads[True]) == len(grads[False]) > 0
+    for a, b in zip(grads[True], grads[False]):
+        torch.testing.assert_close(a, b, atol=tol * 10, rtol=tol * 10)
+
+
 def test_first_position_computes_only_the_needed_logits_with_the_same_numbers(model, tokenizer):
     ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
     x, m = pad(ids, "right", 0)

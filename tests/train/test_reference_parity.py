@@ -412,3 +412,73 @@ def test_the_teachers_prefix_cache_gives_the_plain_forwards_logprobs(tiny_ckpt, 
         plain = response_logprobs(ref, *args, pad_id=trainer.pad_id, batch_size=16,
                                   allowed=[t.allowed for _, t in flat], temperature=0.7)
     torch.testing.assert_close(grouped.logp, plain.logp, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_update_forward_from_shared_prefixes_gives_the_plain_forwards_numbers_and_gradients(tiny_ckpt, tmp_path,
+                                                                                                  dtype):
+    """Issue 14.4: the update's forward with a task's shared prompt start encoded once (with gradient) and the
+    rest in groups of similar length: the same log-probs, entropies and LoRA gradients as one padded forward of
+    the micro-batch, constrained rows and temperature 0.7 included."""
+    import copy
+
+    from sdar.teacher import response_logprobs
+    from sdar.teacher.scoring import grouped_prefix_logprobs
+
+    trainer = Trainer(small_config(tmp_path, arm="sdar", steps=1, tracking=False))
+    trajs = trainer.collect(0)
+    flat = [(tr.task_id, t) for tr in trajs for t in tr.turns][:24]
+    assert len({g for g, _ in flat}) > 1 and len(flat) > len({g for g, _ in flat})
+    model = copy.deepcopy(trainer.model).to(dtype).train()
+    with torch.no_grad():  # a LoRA that has moved (B != 0), so every adapter weight receives a gradient
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(0))
+    args = ([t.prompt_ids for _, t in flat], [t.response_ids for _, t in flat])
+    kw = dict(pad_id=trainer.pad_id, allowed=[t.allowed for _, t in flat], temperature=0.7, grad=True,
+              with_entropy=True)
+    out, grads = [], []
+    for run in (lambda: grouped_prefix_logprobs(model, *args, [g for g, _ in flat], **kw),
+                lambda: response_logprobs(model, *args, length_buckets=False, **kw)):
+        model.zero_grad(set_to_none=True)
+        r = run()
+        w = torch.linspace(-1, 1, r.logp.numel(), device=r.logp.device).view_as(r.logp)
+        ((r.logp * w * r.mask).sum() / r.mask.sum() + 0.1 * (r.entropy * r.mask).sum() / r.mask.sum()).backward()
+        out.append(r)
+        grads.append({n: p.grad.float().clone() for n, p in model.named_parameters() if p.grad is not None})
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    (shared, plain), (g1, g0) = out, grads
+    assert torch.equal(shared.mask, plain.mask)
+    torch.testing.assert_close(shared.logp, plain.logp, rtol=0, atol=tol)
+    torch.testing.assert_close(shared.entropy, plain.entropy, rtol=0, atol=tol)
+    assert g1.keys() == g0.keys() and any("lora" in n for n in g0)
+    assert all(float(g0[n].abs().sum()) > 0 for n in g0)
+    for n in g0:
+        torch.testing.assert_close(g1[n], g0[n], rtol=tol * 10, atol=tol * 10 * max(float(g0[n].abs().max()), 1e-6))
+
+
+@pytest.mark.parametrize("flags", [{"prefix_cache": False}, {"length_buckets": False}, {}])
+def test_the_update_with_length_groups_and_prefix_reuse_changes_nothing(tiny_ckpt, tmp_path, flags):
+    """Issue 14.4: a step with the update's forwards regrouped (length groups, a task's prompt start once) makes
+    the same update, with the same statistics, as with both switched off."""
+    results = {}
+    for name, extra in (("on", flags), ("off", {"prefix_cache": False, "length_buckets": False})):
+        trainer = Trainer(small_config(tmp_path / name, arm="sdar", steps=1, tracking=False, mini_batch_size=6,
+                                       micro_batch_size=3, **extra))
+        import sdar.teacher.scoring as sc
+
+        calls = []
+        real = sc.shared_prefix_logprobs
+        sc.shared_prefix_logprobs = lambda *a, **k: calls.append(k.get("grad", False)) or real(*a, **k)
+        try:
+            m = trainer.train_step(0).metrics
+        finally:
+            sc.shared_prefix_logprobs = real
+        results[name] = (m, calls, {n: p.detach().clone() for n, p in trainer.model.named_parameters()
+                                    if p.requires_grad})
+    (m1, c1, w1), (m0, c0, w0) = results["on"], results["off"]
+    assert (True in c1) == flags.get("prefix_cache", True) and True not in c0  # the update used the prefix path
+    for key in ("loss/pg", "loss/kl", "loss/sdar", "pg/ratio_mean", "pg/approx_kl", "sdar/gap_mean", "loss/total"):
+        assert m1[key] == pytest.approx(m0[key], abs=1e-5), key
+    for k in w0:
+        torch.testing.assert_close(w1[k], w0[k], atol=1e-6, rtol=1e-5)

@@ -51,12 +51,22 @@ def response_logprobs(
         (a language-modelling term for supervised warm starts; free of extra compute).
     temperature: score under softmax(logits / temperature): the rollout temperature, so that
         the scores are those of the distribution the responses were sampled from.
-    length_buckets: with batch_size and no grad, forward rows sorted by length (less padding), returned
-        in the caller's order.
+    length_buckets: forward rows sorted by length (less padding) and return them in the caller's order: without
+        grad in chunks of batch_size, with grad in groups of similar length (`length_groups`, at most batch_size
+        rows each), so a micro-batch's one long prompt no longer pads all its rows. Same numbers either way.
     """
     if len(prompts) != len(responses):
         raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
     n = len(prompts)
+    if length_buckets and grad and n > 1:
+        # with gradients: rows of similar lengths in one forward each (the update's micro-batch keeps its rows
+        # and its loss; only the padding goes). Every group's activations stay alive until backward either way
+        groups = length_groups([len(p) + len(r) for p, r in zip(prompts, responses)], batch_size or n)
+        if len(groups) > 1:
+            return _regrouped(groups, n, lambda rows: response_logprobs(
+                model, [prompts[i] for i in rows], [responses[i] for i in rows], pad_id=pad_id,
+                with_entropy=with_entropy, grad=True, allowed=None if allowed is None else [allowed[i] for i in rows],
+                prompt_lm=prompt_lm, temperature=temperature, length_buckets=False))
     if length_buckets and not grad and batch_size and n > batch_size:
         # batches of similar lengths pad far less (a student prompt beside a privileged one, a 3-token
         # action beside a long answer); rows go back to their order after, so nothing else changes
@@ -125,6 +135,45 @@ def response_logprobs(
                        prompt_logp_sum=prompt_sum if prompt_lm else None, prompt_tokens=prompt_n)
 
 
+def length_groups(lengths: list[int], max_rows: int, slack: float = 0.2) -> list[list[int]]:
+    """Row indices in groups of similar length, shortest first: a group closes when it holds `max_rows` rows or
+    when the next row would make its padded size exceed (1 + slack) x its real tokens (one long prompt then
+    pads only its own group, not a whole micro-batch)."""
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    total = 0
+    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
+        L = lengths[i]
+        if cur and (len(cur) >= max_rows or (len(cur) + 1) * L > (1.0 + slack) * (total + L)):
+            groups.append(cur)
+            cur, total = [], 0
+        cur.append(i)
+        total += L
+    if cur:
+        groups.append(cur)
+    return groups
+
+
+def _regrouped(groups: list[list[int]], n: int, score) -> ScoredBatch:
+    """`score(rows)` for every group, put back in row order (differentiable: index_select and cat)."""
+    parts = [score(rows) for rows in groups]
+    T = max(p.logp.shape[1] for p in parts)
+
+    def cat(xs):
+        return torch.cat([torch.nn.functional.pad(x, (0, T - x.shape[1])) for x in xs])
+
+    order = [i for rows in groups for i in rows]
+    inv = torch.empty(n, dtype=torch.long)
+    inv[torch.tensor(order)] = torch.arange(n)
+    inv = inv.to(parts[0].logp.device)
+    ent = None if parts[0].entropy is None else cat([p.entropy for p in parts])[inv]
+    prompt_sum = None
+    if parts[0].prompt_logp_sum is not None:
+        prompt_sum = sum(p.prompt_logp_sum for p in parts)
+    return ScoredBatch(logp=cat([p.logp for p in parts])[inv], entropy=ent, mask=cat([p.mask for p in parts])[inv],
+                       prompt_logp_sum=prompt_sum, prompt_tokens=sum(p.prompt_tokens for p in parts))
+
+
 def free_token_mask(allowed: list[list[list[int]] | None], mask: torch.Tensor, forced_free: bool = False) -> torch.Tensor:
     """[B, T] float: `mask` without the response positions where constrained decoding allowed exactly one
     token (a forced token carries no choice: its log-prob is 0 under student, teacher and reference alike,
@@ -145,86 +194,99 @@ def free_token_mask(allowed: list[list[list[int]] | None], mask: torch.Tensor, f
     return out
 
 
-@torch.no_grad()
 def shared_prefix_logprobs(model, prefix: list[int], prompts: list[list[int]], responses: list[list[int]], *,
                            pad_id: int, batch_size: int | None = None,
-                           allowed: list[list[list[int]] | None] | None = None, temperature: float = 1.0) -> ScoredBatch:
+                           allowed: list[list[list[int]] | None] | None = None, temperature: float = 1.0,
+                           grad: bool = False, with_entropy: bool = False) -> ScoredBatch:
     """`response_logprobs(model, [prefix + p for p in prompts], responses, ...)` with `prefix` encoded once:
-    its KV cache is computed in one forward and every row continues from a copy of it (the teacher's
-    privileged skills prefix, shared by every turn-sample of a task). No gradient; rows in length order.
-    """
-    import copy
+    its KV cache is computed in one forward and every row continues from it (the teacher's privileged skills
+    prefix, or the system prompt and task a task's turn-samples share). Rows go in groups of similar length.
+    grad: with gradients (the update): the prefix's one forward receives the gradient of every row, the
+    same numbers as a forward per row."""
+    from transformers import DynamicCache
 
     from sdar.models.logprobs import logp_and_entropy
 
     if not prefix:
         return response_logprobs(model, prompts, responses, pad_id=pad_id, batch_size=batch_size, allowed=allowed,
-                                 temperature=temperature)
+                                 temperature=temperature, grad=grad, with_entropy=with_entropy)
     n, P = len(prompts), len(prefix)
     device = next(model.parameters()).device
     T = max((len(r) for r in responses), default=0)
-    logp, mask = torch.zeros(n, T, device=device), torch.zeros(n, T, device=device)
     if n == 0:
-        return ScoredBatch(logp=logp, entropy=None, mask=mask)
-    base = model(input_ids=torch.tensor([prefix], device=device), use_cache=True).past_key_values
-    order = sorted(range(n), key=lambda i: len(prompts[i]) + len(responses[i]))
-    step = batch_size or n
-    for start in range(0, n, step):
-        rows = order[start : start + step]
-        seqs = [prompts[i] + responses[i] for i in rows]
-        b, L = len(rows), max(len(s) for s in seqs)
-        ids = torch.full((b, L), pad_id, dtype=torch.long)
-        att = torch.zeros((b, P + L), dtype=torch.long)
-        att[:, :P] = 1
-        for j, s in enumerate(seqs):
-            ids[j, : len(s)] = torch.tensor(s)
-            att[j, P : P + len(s)] = 1
-        first = max(0, min(len(prompts[i]) for i in rows) - 1)
-        cache = copy.deepcopy(base)
-        cache.batch_repeat_interleave(b)
-        pos = (P + torch.arange(L)).unsqueeze(0).expand(b, L)
-        out = model(input_ids=ids.to(device), attention_mask=att.to(device), position_ids=pos.to(device),
-                    past_key_values=cache, use_cache=True, logits_to_keep=L - first)
-        logits = out.logits.float()
-        if temperature != 1.0:
-            logits = logits / temperature
-        if allowed is not None and any(allowed[i] is not None for i in rows):
-            vocab = logits.shape[-1]
-            keep = allowed_mask([prompts[i] for i in rows], [responses[i] for i in rows], [allowed[i] for i in rows],
-                                L, vocab, start=first)
-            logits = logits.masked_fill(~keep.to(device), -1e9)
-        target = torch.cat([ids[:, first + 1 :], torch.zeros_like(ids[:, :1])], dim=1).to(device)
-        lp, _ = logp_and_entropy(logits, target, False)  # column c scores token first + c + 1
-        for j, i in enumerate(rows):
-            r, p0 = len(responses[i]), len(prompts[i]) - 1 - first
-            logp[i, :r] = lp[j, p0 : p0 + r]
-            mask[i, :r] = 1
-        del out, logits, cache
-    return ScoredBatch(logp=logp, entropy=None, mask=mask)
+        z = torch.zeros(0, T, device=device)
+        return ScoredBatch(logp=z, entropy=z if with_entropy else None, mask=z)
+    ctx = torch.enable_grad() if grad else torch.no_grad()
+    with ctx:
+        base = model(input_ids=torch.tensor([prefix], device=device), use_cache=True).past_key_values
+        kv = [(layer.keys, layer.values) for layer in base.layers]
+        lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
+        groups = length_groups(lengths, batch_size or n) if grad else \
+            [sorted(range(n), key=lengths.__getitem__)[k : k + (batch_size or n)] for k in range(0, n, batch_size or n)]
+        parts = []
+        for rows in groups:
+            seqs = [prompts[i] + responses[i] for i in rows]
+            b, L = len(rows), max(len(s) for s in seqs)
+            ids = torch.full((b, L), pad_id, dtype=torch.long)
+            att = torch.zeros((b, P + L), dtype=torch.long)
+            att[:, :P] = 1
+            for j, s in enumerate(seqs):
+                ids[j, : len(s)] = torch.tensor(s)
+                att[j, P : P + len(s)] = 1
+            first = max(0, min(len(prompts[i]) for i in rows) - 1)
+            # every row reads the one prefix: expand (a view) and let the cache's concatenation copy it
+            cache = DynamicCache([(k.expand(b, -1, -1, -1), v.expand(b, -1, -1, -1)) for k, v in kv])
+            pos = (P + torch.arange(L)).unsqueeze(0).expand(b, L)
+            out = model(input_ids=ids.to(device), attention_mask=att.to(device), position_ids=pos.to(device),
+                        past_key_values=cache, use_cache=True, logits_to_keep=L - first)
+            logits = out.logits.float()
+            if temperature != 1.0:
+                logits = logits / temperature
+            if allowed is not None and any(allowed[i] is not None for i in rows):
+                vocab = logits.shape[-1]
+                keep = allowed_mask([prompts[i] for i in rows], [responses[i] for i in rows],
+                                    [allowed[i] for i in rows], L, vocab, start=first)
+                logits = logits.masked_fill(~keep.to(device), -1e9)
+            target = torch.cat([ids[:, first + 1 :], torch.zeros_like(ids[:, :1])], dim=1).to(device)
+            lp, ent = logp_and_entropy(logits, target, with_entropy)  # column c scores token first + c + 1
+            idx = torch.zeros(b, T, dtype=torch.long)
+            m = torch.zeros(b, T)
+            for j, i in enumerate(rows):
+                r, p0 = len(responses[i]), len(prompts[i]) - 1 - first
+                idx[j, :r] = torch.arange(p0, p0 + r)
+                m[j, :r] = 1
+            idx, m = idx.to(device), m.to(device)
+            parts.append((lp.gather(1, idx) * m, ent.gather(1, idx) * m if with_entropy else None, m))
+            del out, logits, cache
+    order = [i for rows in groups for i in rows]
+    inv = torch.empty(n, dtype=torch.long)
+    inv[torch.tensor(order)] = torch.arange(n)
+    inv = inv.to(device)
+    return ScoredBatch(logp=torch.cat([p[0] for p in parts])[inv],
+                       entropy=torch.cat([p[1] for p in parts])[inv] if with_entropy else None,
+                       mask=torch.cat([p[2] for p in parts])[inv])
 
 
 def grouped_prefix_logprobs(model, prompts: list[list[int]], responses: list[list[int]], groups: list, *,
                             pad_id: int, batch_size: int | None = None,
-                            allowed: list[list[list[int]] | None] | None = None, temperature: float = 1.0) -> ScoredBatch:
-    """`response_logprobs` of every row, no gradient, with the rows of one group (`groups[i]`: any hashable,
-    e.g. the task) continuing from one KV cache of the prompt start they all share (the system prompt, the
-    task, the skills): that start is encoded once per group instead of once per row."""
+                            allowed: list[list[list[int]] | None] | None = None, temperature: float = 1.0,
+                            grad: bool = False, with_entropy: bool = False) -> ScoredBatch:
+    """`response_logprobs` of every row, with the rows of one group (`groups[i]`: any hashable, e.g. the task)
+    continuing from one KV cache of the prompt start they all share (the system prompt, the task, the skills):
+    that start is encoded once per group instead of once per row. grad: with gradients (the update's
+    micro-batch), the same numbers and gradients as a forward per row."""
     import os
 
     n, T = len(prompts), max((len(r) for r in responses), default=0)
     device = next(model.parameters()).device
-    logp, mask = torch.zeros(n, T, device=device), torch.zeros(n, T, device=device)
     by_group: dict = {}
     for i, g in enumerate(groups):
         by_group.setdefault(g, []).append(i)
-    def put(rows: list[int], part: ScoredBatch) -> None:
-        idx = torch.tensor(rows, device=device)
-        logp[idx, : part.logp.shape[1]] = part.logp
-        mask[idx, : part.mask.shape[1]] = part.mask
 
     def pick(xs, rows):
         return None if xs is None else [xs[i] for i in rows]
 
+    parts: list[tuple[list[int], ScoredBatch]] = []
     alone: list[int] = []  # rows sharing nothing with another row: scored together, in one plain pass
     for rows in by_group.values():
         group = [prompts[i] for i in rows]
@@ -234,10 +296,25 @@ def grouped_prefix_logprobs(model, prompts: list[list[int]], responses: list[lis
         if shared <= 0:
             alone += rows
             continue
-        put(rows, shared_prefix_logprobs(model, group[0][:shared], [p[shared:] for p in group], pick(responses, rows),
-                                         pad_id=pad_id, batch_size=batch_size, allowed=pick(allowed, rows),
-                                         temperature=temperature))
+        parts.append((rows, shared_prefix_logprobs(
+            model, group[0][:shared], [p[shared:] for p in group], pick(responses, rows), pad_id=pad_id,
+            batch_size=batch_size, allowed=pick(allowed, rows), temperature=temperature, grad=grad,
+            with_entropy=with_entropy)))
     if alone:
-        put(alone, response_logprobs(model, pick(prompts, alone), pick(responses, alone), pad_id=pad_id,
-                                     batch_size=batch_size, allowed=pick(allowed, alone), temperature=temperature))
-    return ScoredBatch(logp=logp, entropy=None, mask=mask)
+        parts.append((alone, response_logprobs(model, pick(prompts, alone), pick(responses, alone), pad_id=pad_id,
+                                               batch_size=batch_size, allowed=pick(allowed, alone),
+                                               temperature=temperature, grad=grad, with_entropy=with_entropy)))
+    if not parts:
+        z = torch.zeros(0, T, device=device)
+        return ScoredBatch(logp=z, entropy=z if with_entropy else None, mask=z)
+
+    def cat(xs):  # every part padded to T, then put back in row order (differentiable)
+        return torch.cat([torch.nn.functional.pad(x, (0, T - x.shape[1])) for x in xs])
+
+    order = [i for rows, _ in parts for i in rows]
+    inv = torch.empty(n, dtype=torch.long)
+    inv[torch.tensor(order)] = torch.arange(n)
+    inv = inv.to(device)
+    return ScoredBatch(logp=cat([p.logp for _, p in parts])[inv],
+                       entropy=cat([p.entropy for _, p in parts])[inv] if with_entropy else None,
+                       mask=cat([p.mask for _, p in parts])[inv])

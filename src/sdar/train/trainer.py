@@ -244,6 +244,7 @@ class Trainer:
                 cfg.env.family, flat[i].hint_template_key, flat[i].error_args)) for i in sites}
         # mini-batches are drawn over every rank's rows (alone: this process's), so N ranks make the
         # same updates on the same samples as one process; each rank scores only its own rows
+        self._row_tasks = [tr.task_id for tr in trajs for _ in tr.turns]  # rows of a task share their prompt start
         plan = distributed.plan([int(x) for x in free.sum(dim=1).tolist()], self.dist)
         gen = torch.Generator().manual_seed(_step_seed(cfg.seed, step))
         orders = [torch.randperm(plan.n, generator=gen).tolist() if cfg.shuffle_mini_batches else list(range(plan.n))
@@ -259,7 +260,8 @@ class Trainer:
         if scored:
             part = response_logprobs(self.model, [prompts[i] for i in scored], [responses[i] for i in scored],
                                      pad_id=self.pad_id, batch_size=cfg.score_batch_size,
-                                     allowed=[allowed[i] for i in scored], temperature=temp)
+                                     allowed=[allowed[i] for i in scored], temperature=temp,
+                                     length_buckets=cfg.length_buckets)
             old_logp[torch.tensor(scored), : part.logp.shape[1]] = part.logp.to(old_logp.device)
         for i, lp in sampled.items():
             old_logp[i, : len(lp)] = torch.tensor(lp, dtype=old_logp.dtype)
@@ -272,13 +274,13 @@ class Trainer:
                 if cfg.prefix_cache:  # a task's turn-samples share their prompt start: encoded once
                     from sdar.teacher.scoring import grouped_prefix_logprobs
 
-                    ref = grouped_prefix_logprobs(ref_model, prompts, responses, [tr.task_id for tr in trajs
-                                                                                  for _ in tr.turns],
+                    ref = grouped_prefix_logprobs(ref_model, prompts, responses, self._row_tasks,
                                                   pad_id=self.pad_id, batch_size=cfg.score_batch_size,
                                                   allowed=allowed, temperature=temp)
                 else:
                     ref = response_logprobs(ref_model, prompts, responses, pad_id=self.pad_id,
-                                            batch_size=cfg.score_batch_size, allowed=allowed, temperature=temp)
+                                            batch_size=cfg.score_batch_size, allowed=allowed, temperature=temp,
+                                            length_buckets=cfg.length_buckets)
         # the teacher is theta_old with the skills in context; scored for every arm so the
         # teacher-student gap can be compared across arms, used in the loss only by SDAR/OPSD
         teacher = None
@@ -327,7 +329,8 @@ class Trainer:
                     rest = sorted(self._reuse_rows)
                     got = response_logprobs(self.model, [prompts[i] for i in rest], [responses[i] for i in rest],
                                             pad_id=self.pad_id, batch_size=cfg.score_batch_size,
-                                            allowed=[allowed[i] for i in rest], temperature=temp)
+                                            allowed=[allowed[i] for i in rest], temperature=temp,
+                                            length_buckets=cfg.length_buckets)
                     old.logp[torch.tensor(rest), : got.logp.shape[1]] = got.logp
                     self._reuse_rows = set()
                 self.attempted_updates += 1
@@ -443,9 +446,18 @@ class Trainer:
                     pairs=None, pair_idx=()):
         """The arm's composed loss on local rows `mb` (one forward with grad), over their free tokens, plus
         the DPO term on replay pairs `pair_idx` of `pairs` when this micro-batch carries some."""
-        cur = response_logprobs(self.model, [prompts[i] for i in mb], [responses[i] for i in mb],
-                                pad_id=self.pad_id, with_entropy=True, grad=True,
-                                allowed=[allowed[i] for i in mb], temperature=temp)
+        if self.cfg.prefix_cache and len(mb) > 1:  # the prompt start this micro-batch's rows of a task share: once
+            from sdar.teacher.scoring import grouped_prefix_logprobs
+
+            cur = grouped_prefix_logprobs(self.model, [prompts[i] for i in mb], [responses[i] for i in mb],
+                                          [self._row_tasks[i] for i in mb], pad_id=self.pad_id,
+                                          allowed=[allowed[i] for i in mb], temperature=temp, grad=True,
+                                          with_entropy=True)
+        else:
+            cur = response_logprobs(self.model, [prompts[i] for i in mb], [responses[i] for i in mb],
+                                    pad_id=self.pad_id, with_entropy=True, grad=True,
+                                    allowed=[allowed[i] for i in mb], temperature=temp,
+                                    length_buckets=self.cfg.length_buckets)
         T = cur.logp.shape[1]
         idx = torch.tensor(mb, dtype=torch.long)
         fill = [j for j, i in enumerate(mb) if i in self._reuse_rows]
