@@ -56,8 +56,8 @@ def limits(trainer, trajs) -> dict[str, float]:
     """Raw limits of the three phases for this batch (seconds)."""
     import torch
 
-    from sdar.teacher import free_token_mask
-    from sdar.teacher.scoring import length_groups
+    from sdar.models.scoring import free_token_mask
+    from sdar.models.scoring import length_groups
 
     model, cfg, pad = trainer.model, trainer.cfg, trainer.pad_id
     device = next(model.parameters()).device
@@ -130,6 +130,9 @@ def run_arm(config: str, arm: str, steps: int, overrides: dict, console) -> dict
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_config(config, {**overrides, "arm": arm, "tracking": False, "output_dir": tmp,
                                    "teacher_for_all_arms": False, "eval_every": 0})
+        from sdar.train.warmstart import ensure_warm_start
+
+        ensure_warm_start(cfg, console)
         trainer = Trainer(cfg, console=console)
         rows_scored: list[int] = []
         real_score, real_collect = tr.response_logprobs, trainer.collect
@@ -139,7 +142,7 @@ def run_arm(config: str, arm: str, steps: int, overrides: dict, console) -> dict
             return real_score(*a, **k)
 
         tr.response_logprobs = counted
-        import sdar.teacher.scoring as sc
+        import sdar.models.scoring as sc
 
         real_grouped = sc.grouped_prefix_logprobs  # the reference pass (the teacher's is counted at teacher.score)
 

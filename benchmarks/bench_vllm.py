@@ -79,7 +79,7 @@ def main() -> None:
     from sdar.agent.backends import TransformersBackend, VLLMBackend
     from sdar.agent.constrained import action_trie
     from sdar.models import ModelSpec, load_policy
-    from sdar.teacher import response_logprobs
+    from sdar.models.scoring import response_logprobs
     from sdar.teacher.vllm_scoring import vllm_response_logprobs
 
     console = Console()

@@ -35,14 +35,15 @@ def main() -> None:
     from sdar.agent.constrained import action_trie
     from sdar.agent.prompts import fit_prompt_ids
     from sdar.config import load_config
-    from sdar.train import Trainer
-    from sdar.train.warmstart import expert_turns
+    from sdar.train.runtime import build_runtime
+    from sdar.train.warmstart import ensure_warm_start, expert_turns
 
     overrides = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.set)}
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_config(args.config, {**overrides, "tracking": False, "output_dir": tmp})
-        trainer = Trainer(cfg)
+        ensure_warm_start(cfg)  # builds (and times) the warm start, or loads the cached one
+        trainer = build_runtime(cfg, train=False)
         build_s = time.perf_counter() - t0
         tok = trainer.tokenizer
         eos = tok.convert_tokens_to_ids("<|im_end|>")

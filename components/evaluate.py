@@ -52,7 +52,8 @@ def evaluate(
 
     from sdar.config import load_config, parse_overrides
     from sdar.eval import evaluate as run_eval
-    from sdar.train.trainer import Trainer, seed_everything
+    from sdar.train.runtime import build_runtime, seed_everything
+    from sdar.train.warmstart import ensure_warm_start
 
     info = json.loads(Path(endpoints.path).read_text()) if endpoints is not None else {}
     name = label or (f"{arm}-seed{int(seed)}" if checkpoint is not None else "baseline")
@@ -72,14 +73,15 @@ def evaluate(
     cfg = load_config(config_path, ov)
     if episodes_per_task < 1:
         raise ValueError(f"episodes_per_task must be >= 1, got {episodes_per_task}")
-    # builds the policy, the rollout settings of `arm` and the env factory
-    trainer = Trainer(cfg, train=False)
-    tasks = list(trainer.eval_tasks)
+    ensure_warm_start(cfg)  # the tiny model's warm start: built once here, every later step loads it
+    # the policy, the rollout settings of `arm` and the env factory
+    rt = build_runtime(cfg, train=False)
+    tasks = list(rt.eval_tasks)
     if len(tasks) < cfg.eval_tasks:
         print(f"note: the {cfg.env.eval_split!r} split has {len(tasks)} tasks, fewer than eval_tasks={cfg.eval_tasks}")
     temp = 0.0 if greedy else float(temperature)
     seed_everything(10_007 + int(seed))  # the same sampling noise for every arm of a seed
-    res = run_eval(trainer.backend, trainer.tokenizer, trainer.env_factory, tasks, trainer.rollout_cfg,
+    res = run_eval(rt.backend, rt.tokenizer, rt.env_factory, tasks, rt.rollout_cfg,
                    temperature=temp, episodes_per_task=int(episodes_per_task))
 
     data = {"label": name, "arm": arm, "seed": int(seed), "run_id": run_id, "baseline": checkpoint is None,

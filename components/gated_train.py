@@ -106,6 +106,9 @@ def gated_train(
 
         summary = launch_training(cfg, config_path, ov)
     else:
+        from sdar.train.warmstart import ensure_warm_start
+
+        ensure_warm_start(cfg)  # the tiny model's warm start (cached: the baseline evaluation built it)
         summary = train(cfg)
     seconds = time.perf_counter() - t0
     if tracking and pairs is not None and summary.get("run_id"):

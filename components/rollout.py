@@ -36,12 +36,14 @@ def rollout(
     import json
     import random
     from collections import namedtuple
+    from dataclasses import replace
     from pathlib import Path
 
     from sdar.agent.rollout import rollout as play
     from sdar.config import load_config, parse_overrides
     from sdar.eval.report import write_trajectories
-    from sdar.train.trainer import Trainer, seed_everything
+    from sdar.train.runtime import build_runtime, seed_everything
+    from sdar.train.warmstart import ensure_warm_start
 
     if episodes < 1:
         raise ValueError(f"episodes must be >= 1, got {episodes}")
@@ -58,8 +60,9 @@ def rollout(
     if info.get("url"):
         ov["env.url"] = info["url"]
     cfg = load_config(config_path, ov)
-    trainer = Trainer(cfg)
-    probe = trainer.env_factory()
+    ensure_warm_start(cfg)
+    rt = build_runtime(cfg, train=False)
+    probe = rt.env_factory()
     try:
         pool = list(probe.task_ids(split))
     finally:
@@ -69,10 +72,10 @@ def rollout(
     random.Random(seed if not replay_round else f"{seed}:round{replay_round}").shuffle(pool)  # later rounds: other tasks
     ids = [pool[i % len(pool)] for i in range(episodes)]
     seed_everything(int(seed))
-    rcfg = trainer.rollout_cfg.__class__(**{**vars(trainer.rollout_cfg), "temperature": float(temperature)})
-    envs = [trainer.env_factory() for _ in ids]
+    rcfg = replace(rt.rollout_cfg, temperature=float(temperature))
+    envs = [rt.env_factory() for _ in ids]
     try:
-        trajs = play(trainer.backend, trainer.tokenizer, envs, ids, list(range(len(ids))), rcfg)
+        trajs = play(rt.backend, rt.tokenizer, envs, ids, list(range(len(ids))), rcfg)
     finally:
         for e in envs:
             e.close()

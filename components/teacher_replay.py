@@ -44,13 +44,13 @@ def teacher_replay(
     from collections import namedtuple
     from pathlib import Path
 
-    from sdar.algos import get_arm
     from sdar.config import load_config, parse_overrides
     from sdar.eval.report import read_trajectories
     from sdar.eval.report import teacher_replay as replay
     from sdar.replay.config import load_pool_file
     from sdar.train.replay import PairSet, replay_trajectories, write_pair_set
-    from sdar.train.trainer import Trainer
+    from sdar.train.runtime import build_runtime
+    from sdar.train.warmstart import ensure_warm_start
 
     pool = load_pool_file(teacher_pool) if teacher_pool else {}  # a wrong path fails before any work
     trajs = read_trajectories(trajectories.path)
@@ -66,9 +66,9 @@ def teacher_replay(
         ov["model.name_or_path"] = checkpoint.path
     ov.update({f"replay.{k}": v for k, v in pool.items()})
     cfg = load_config(config_path, ov)
-    trainer = Trainer(cfg, train=False)
-    out = replay(trainer.model, trainer.tokenizer, trainer.teacher, trajs, pad_id=trainer.pad_id,
-                 beta=get_arm(arm, **cfg.arm_overrides).sdar_beta, batch_size=cfg.score_batch_size,
+    ensure_warm_start(cfg)
+    rt = build_runtime(cfg, train=False)
+    out = replay(rt.model, rt.tokenizer, rt.teacher, trajs, pad_id=rt.pad_id, beta=rt.arm.sdar_beta, batch_size=cfg.score_batch_size,
                  temperature=cfg.rollout.temperature, mask_forced_tokens=cfg.rollout.mask_forced_tokens)
     Path(scores.path).parent.mkdir(parents=True, exist_ok=True)
     Path(scores.path).write_text(json.dumps(out, indent=1))
@@ -76,8 +76,8 @@ def teacher_replay(
         metrics.log_metric(k, float(out[k]))
     metrics.log_metric("turns", float(out["turns"]))
     found, stats = PairSet(), {}
-    if trainer.arm.replay_coef != 0.0:
-        found, stats = replay_trajectories(trainer, trajs)
+    if rt.arm.replay_coef != 0.0:
+        found, stats = replay_trajectories(rt, trajs, out_dir=cfg.resolved_output_dir())
         for k, v in stats.items():
             metrics.log_metric(k.replace("/", "_"), float(v))
         print(f"teacher pool: {int(stats.get('replay/calls', 0))} calls, {len(found)} DPO pairs from {len(trajs)} "

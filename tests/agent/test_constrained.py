@@ -6,7 +6,7 @@ import torch
 from sdar.agent.backends import TransformersBackend
 from sdar.agent.constrained import ActionTrie, action_trie
 from sdar.models import TinyModelConfig, build_tiny_model, train_tokenizer
-from sdar.teacher import response_logprobs
+from sdar.models.scoring import response_logprobs
 
 ACTIONS = ["go to fridge 1", "go to fridge 2", "open drawer 1", "look"]
 

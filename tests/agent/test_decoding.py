@@ -11,7 +11,7 @@ from sdar.agent.backends import TransformersBackend
 from sdar.agent.constrained import action_trie
 from sdar.agent.decoding import DecodeStats, _processed_logprobs, constrained_sample
 from sdar.models import TinyModelConfig, build_tiny_model, train_tokenizer
-from sdar.teacher import response_logprobs
+from sdar.models.scoring import response_logprobs
 
 ACTIONS = ["go to fridge 1", "go to fridge 2", "go to countertop 1", "open drawer 1", "take apple 1 from fridge 1",
            "look", "inventory"]

@@ -30,7 +30,7 @@ from sdar.agent.backends import (
 from sdar.agent.constrained import ActionTrie, TrieLogitsProcessor, TrieTokenFilter, action_trie
 from sdar.config import load_config
 from sdar.models import ModelSpec, load_policy, train_tokenizer
-from sdar.teacher import response_logprobs
+from sdar.models.scoring import response_logprobs
 from sdar.teacher.vllm_scoring import (
     scored_from_prompt_logprobs,
     select_teacher_engine,

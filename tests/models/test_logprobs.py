@@ -142,7 +142,7 @@ def test_bad_inputs_are_explained(model):
 def test_length_bucketed_scoring_gives_the_same_rows_in_the_same_order(model, tokenizer):
     import random
 
-    from sdar.teacher import response_logprobs
+    from sdar.models.scoring import response_logprobs
 
     rng = random.Random(0)
     ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
@@ -163,7 +163,7 @@ def test_length_bucketed_scoring_gives_the_same_rows_in_the_same_order(model, to
 
 
 def test_length_groups_close_on_row_count_and_padding():
-    from sdar.teacher.scoring import length_groups
+    from sdar.models.scoring import length_groups
 
     lengths = [100, 10, 11, 12, 98, 13, 500]
     groups = length_groups(lengths, max_rows=3, slack=0.2)
@@ -181,7 +181,7 @@ def test_length_bucketed_training_forward_gives_the_same_loss_and_gradients(mode
     them and its gradient as one padded forward of the whole micro-batch."""
     import random
 
-    from sdar.teacher import response_logprobs
+    from sdar.models.scoring import response_logprobs
 
     rng = random.Random(1)
     ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
@@ -189,7 +189,7 @@ def test_length_bucketed_training_forward_gives_the_same_loss_and_gradients(mode
     responses = [ids[rng.randrange(3)][: rng.randint(1, 8)] for _ in range(9)]
     import copy
 
-    from sdar.teacher.scoring import length_groups
+    from sdar.models.scoring import length_groups
 
     assert len(length_groups([len(p) + len(r) for p, r in zip(prompts, responses)], 9)) > 1  # it does regroup
     m = copy.deepcopy(model).to(dtype)  # the fixture may be shared: a bf16 round trip would change its weights

@@ -23,3 +23,13 @@ def tiny_ckpt(tmp_path_factory):
     from sdar.train.warmstart import tiny_checkpoint
 
     return tiny_checkpoint(small_config(tmp_path_factory.mktemp("ws")))
+
+
+def make_trainer(cfg, **kwargs):
+    """A Trainer for `cfg` with its warm start built first: the explicit step `sdar train`, `sdar eval` and the
+    pipeline's components take before the trainer loads the policy."""
+    from sdar.train import Trainer
+    from sdar.train.warmstart import ensure_warm_start
+
+    ensure_warm_start(cfg)
+    return Trainer(cfg, **kwargs)

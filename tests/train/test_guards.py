@@ -7,10 +7,9 @@ import pytest
 import torch
 
 from sdar.storage import COMPLETE_FILE, LATEST_MARKER, checkpoint_path, latest_checkpoint, list_checkpoints, open_store
-from sdar.train import Trainer
 from sdar.train.trainer import WEIGHTS_FILE, TrainingFailed
 
-from .conftest import small_config
+from .conftest import make_trainer, small_config
 
 
 def _weights(trainer):
@@ -21,7 +20,7 @@ def test_an_update_that_breaks_the_policy_is_restored_and_the_run_fails_loudly(t
     from mlflow.tracking import MlflowClient
 
     # lr 1e30: Adam moves every weight by ~1e30, finite numbers whose forward overflows
-    trainer = Trainer(small_config(tmp_path, arm="sdar", steps=2, lr=1e30))
+    trainer = make_trainer(small_config(tmp_path, arm="sdar", steps=2, lr=1e30))
     before = _weights(trainer)
     with pytest.raises(TrainingFailed, match=r"updates were skipped.*max_skipped_update_frac"):
         trainer.run()
@@ -38,7 +37,7 @@ def test_an_update_that_breaks_the_policy_is_restored_and_the_run_fails_loudly(t
 
 def test_without_the_guard_the_same_update_breaks_the_next_rollout(tiny_ckpt, tmp_path):
     # what the guard prevents (and what happened before it): the next step's sampling fails
-    trainer = Trainer(small_config(tmp_path, arm="sdar", steps=2, lr=1e30, guard_updates=False, tracking=False))
+    trainer = make_trainer(small_config(tmp_path, arm="sdar", steps=2, lr=1e30, guard_updates=False, tracking=False))
     trainer.train_step(0)
     with pytest.raises(RuntimeError):
         trainer.train_step(1)
@@ -60,7 +59,7 @@ def test_a_run_whose_loss_is_never_finite_exits_non_zero(tiny_ckpt, tmp_path, ml
 
 
 def test_resume_passes_over_a_checkpoint_with_non_finite_weights(tiny_ckpt, tmp_path):
-    Trainer(small_config(tmp_path, arm="grpo", steps=2, tracking=False, keep_checkpoints=3)).run()
+    make_trainer(small_config(tmp_path, arm="grpo", steps=2, tracking=False, keep_checkpoints=3)).run()
     store = open_store(str(tmp_path / "checkpoints"))
     assert [s for s, _ in list_checkpoints(store)] == [1, 2]
     # poison step 2's weights in place (as an unguarded run with a diverged update would have saved them)
@@ -69,13 +68,13 @@ def test_resume_passes_over_a_checkpoint_with_non_finite_weights(tiny_ckpt, tmp_
     weights = torch.load(local / WEIGHTS_FILE, weights_only=True)
     torch.save({k: v * float("nan") for k, v in weights.items()}, local / WEIGHTS_FILE)
     store.put_file(local / WEIGHTS_FILE, f"{checkpoint_path(2)}/{WEIGHTS_FILE}")
-    resumed = Trainer(small_config(tmp_path, arm="grpo", steps=3, tracking=False))
+    resumed = make_trainer(small_config(tmp_path, arm="grpo", steps=3, tracking=False))
     assert resumed.maybe_resume() and resumed.step == 1
     assert all(torch.isfinite(p).all() for p in resumed.params)
 
 
 def test_a_newer_complete_checkpoint_wins_over_a_stale_marker(tiny_ckpt, tmp_path):
-    Trainer(small_config(tmp_path, arm="grpo", steps=2, tracking=False, keep_checkpoints=3)).run()
+    make_trainer(small_config(tmp_path, arm="grpo", steps=2, tracking=False, keep_checkpoints=3)).run()
     store = open_store(str(tmp_path / "checkpoints"))
     # killed between step 2's _COMPLETE.json and latest.json: the marker still names step 1
     store.write_json(LATEST_MARKER, {"step": 1, "path": checkpoint_path(1)})
@@ -98,9 +97,9 @@ def test_a_step_replayed_after_a_kill_is_not_logged_twice(tiny_ckpt, tmp_path, m
 
     monkeypatch.setattr(tr.Trainer, "save_checkpoint", killed_at_3)
     with pytest.raises(KeyboardInterrupt):
-        Trainer(small_config(tmp_path, arm="grpo", steps=3, checkpoint_every=2)).run()
+        make_trainer(small_config(tmp_path, arm="grpo", steps=3, checkpoint_every=2)).run()
     monkeypatch.setattr(tr.Trainer, "save_checkpoint", real)
-    summary = Trainer(small_config(tmp_path, arm="grpo", steps=3, checkpoint_every=2)).run()
+    summary = make_trainer(small_config(tmp_path, arm="grpo", steps=3, checkpoint_every=2)).run()
     client = MlflowClient(mlflow_uri)
     for key in ("loss/pg", "reward", "success", "tokens/forced_frac"):
         assert sorted(m.step for m in client.get_metric_history(summary["run_id"], key)) == [0, 1, 2], key
@@ -109,7 +108,7 @@ def test_a_step_replayed_after_a_kill_is_not_logged_twice(tiny_ckpt, tmp_path, m
 def test_two_runs_cannot_share_an_output_directory(tiny_ckpt, tmp_path):
     from sdar.train.trainer import output_dir_lock
 
-    trainer = Trainer(small_config(tmp_path, arm="grpo", steps=1, tracking=False))
+    trainer = make_trainer(small_config(tmp_path, arm="grpo", steps=1, tracking=False))
     with output_dir_lock(trainer.out):  # another run holds it
         with pytest.raises(RuntimeError, match=r"in use by another training run \(pid \d+\).*another output directory"):
             trainer.run()
@@ -125,7 +124,7 @@ def test_a_run_killed_before_its_first_checkpoint_is_closed_on_the_next_start(ti
     out = str((tmp_path).resolve())
     dead = Tracker("household-tiny", run_name="grpo-seed0", tags={"sdar.output_dir": out}).start()
     other = Tracker("household-tiny", run_name="elsewhere", tags={"sdar.output_dir": out + "-other"}).start()
-    summary = Trainer(small_config(tmp_path, arm="grpo", steps=1)).run()
+    summary = make_trainer(small_config(tmp_path, arm="grpo", steps=1)).run()
     client = MlflowClient(mlflow_uri)
     assert client.get_run(dead.run_id).info.status == "KILLED"
     assert client.get_run(other.run_id).info.status == "RUNNING"  # another directory's run is left alone

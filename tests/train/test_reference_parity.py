@@ -9,15 +9,14 @@ import json
 import pytest
 import torch
 
-from sdar.agent.prompts import PromptBuilder, TurnView, chat_ids, prefix_ids, teacher_prompt_ids
+from sdar.agent.prompts import TurnView, chat_ids, prefix_ids
 from sdar.agent.rollout import Trajectory, Turn, episode_reward, penalized, turn_rewards
 from sdar.config import FAMILY_DEFAULTS, load_config
-from sdar.teacher import free_token_mask
-from sdar.train import Trainer
+from sdar.models.scoring import free_token_mask
 from sdar.train.distributed import Plan
 from sdar.train.trainer import micro_batches
 
-from .conftest import small_config
+from .conftest import make_trainer, small_config
 
 
 # ---- 1. forced tokens --------------------------------------------------------------------------------
@@ -47,7 +46,7 @@ def _captured_masks(trainer, monkeypatch):
 def test_forced_tokens_are_left_out_of_every_loss_term_and_statistic(tiny_ckpt, tmp_path, monkeypatch, mask_forced):
     cfg = small_config(tmp_path, arm="sdar", steps=1, tracking=False, mini_batch_size=100000,
                        micro_batch_size=100000, **{"rollout.mask_forced_tokens": mask_forced})
-    trainer = Trainer(cfg)
+    trainer = make_trainer(cfg)
     seen = _captured_masks(trainer, monkeypatch)
     m = trainer.train_step(0).metrics
     (mask, logp, teacher_logp), = seen
@@ -68,42 +67,7 @@ def test_forced_tokens_are_left_out_of_every_loss_term_and_statistic(tiny_ckpt, 
         assert abs(m["teacher/gap_all_tokens"]) < abs(m["teacher/gap_free_tokens"])
 
 
-# ---- 2. the teacher's context -------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def qwen_tokenizer():
-    """The real Qwen2.5 vocabulary and chat template (what the reference's models use)."""
-    from sdar.models.qwen import load_qwen_tokenizer
-
-    return load_qwen_tokenizer()
-
-
-def _view(n_history: int) -> TurnView:
-    return TurnView(task="put a clean mug in coffeemachine", step=n_history, max_steps=50,
-                    observation="You arrive at countertop 1. On the countertop 1, you see a mug 1.",
-                    history=[(f"observation number {k} " * 6, f"go to cabinet {k}") for k in range(n_history)])
-
-
-def test_teacher_ids_are_the_prefix_then_the_students_very_ids(qwen_tokenizer):
-    b = PromptBuilder("household", history=2)
-    student = chat_ids(qwen_tokenizer, b.messages(_view(3), history=1))  # the student kept one pair
-    teacher = teacher_prompt_ids(qwen_tokenizer, b, _view(3), student, 1, "Search countertops first.", "prefix")
-    head = prefix_ids(qwen_tokenizer, "Search countertops first.")
-    assert teacher == head + student
-    assert qwen_tokenizer.decode(teacher).startswith("[Privileged Skill Information]\nSearch countertops first.\n\n<|im_start|>system")
-    # the reference decodes the student prompt and re-encodes prefix + text: the same ids
-    text = "[Privileged Skill Information]\nSearch countertops first.\n\n" + qwen_tokenizer.decode(student)
-    assert qwen_tokenizer.encode(text, add_special_tokens=False) == teacher
-
-
-def test_teacher_in_user_placement_keeps_the_students_history(qwen_tokenizer):
-    b = PromptBuilder("household", history=2)
-    view = _view(3)
-    student = chat_ids(qwen_tokenizer, b.messages(view, history=0))  # the student dropped both pairs
-    teacher = qwen_tokenizer.decode(teacher_prompt_ids(qwen_tokenizer, b, view, student, 2, "SKILLS", "user"))
-    assert "observation number" not in teacher and "SKILLS" in teacher
-    assert teacher.index("SKILLS") > teacher.index("<|im_start|>user")
-    with pytest.raises(ValueError, match="privileged placement"):
-        teacher_prompt_ids(qwen_tokenizer, b, view, student, 2, "SKILLS", "system")
+# ---- 2. the teacher's context (the prompt-level tests are in tests/teacher/test_privileged.py) ----------------
 
 
 @pytest.mark.parametrize("placement", ["prefix", "user"])
@@ -111,7 +75,7 @@ def test_trainer_teacher_sees_the_student_context_when_the_student_dropped_histo
     # a student budget that forces history to be dropped, a teacher budget that would have kept it
     cfg = small_config(tmp_path, arm="sdar", steps=1, tracking=False, teacher_max_prompt_tokens=4096,
                        **{"rollout.history": 2, "rollout.max_turns": 4, "rollout.privileged_placement": placement})
-    trainer = Trainer(cfg)
+    trainer = make_trainer(cfg)
     trajs = trainer.collect(0)
     # each turn with history as if its budget had been one token short: the student drops a pair (refitted
     # here rather than re-rolled, so the episodes stay the ones sampled)
@@ -134,14 +98,6 @@ def test_trainer_teacher_sees_the_student_context_when_the_student_dropped_histo
             plain = chat_ids(tok, trainer.builder.messages(t.view, history=trainer.builder.history - t.history_dropped))
             assert plain == t.prompt_ids
             assert tok.decode(ids).count("Observation:") == tok.decode(t.prompt_ids).count("Observation:")
-
-
-def test_teacher_prompt_over_budget_is_an_error_naming_the_setting(tiny_ckpt, tmp_path):
-    trainer = Trainer(small_config(tmp_path, arm="sdar", steps=1, tracking=False))
-    trajs = trainer.collect(0)
-    trainer.teacher.max_prompt_tokens = max(len(t.prompt_ids) for tr in trajs for t in tr.turns)
-    with pytest.raises(ValueError, match="teacher_max_prompt_tokens"):
-        trainer.teacher.prompts(trajs)
 
 
 # ---- 5. rewards, penalties, family defaults -----------------------------------------------------------
@@ -227,7 +183,7 @@ def test_the_update_takes_mini_batches_in_rollout_order(tiny_ckpt, tmp_path, mon
     import sdar.train.trainer as tr
 
     cfg = small_config(tmp_path, arm="grpo", steps=1, tracking=False, mini_batch_size=6, micro_batch_size=4)
-    trainer = Trainer(cfg)
+    trainer = make_trainer(cfg)
     assert trainer.optimizer.param_groups[0]["weight_decay"] == 0.01  # AdamW as verl's actor
     rows_seen = []
     real = tr.Trainer._micro_loss
@@ -255,7 +211,7 @@ def test_the_gradient_is_the_normalised_sum_of_micro_batch_losses(tiny_ckpt, tmp
 
     cfg = small_config(tmp_path, arm="sdar", steps=1, tracking=False, mini_batch_size=100000, micro_batch_size=3,
                        loss_normalisation=normalisation)
-    trainer = Trainer(cfg)
+    trainer = make_trainer(cfg)
     trainer.optimizer.step = lambda: None  # keep the weights: the gradient is what is compared
     trainer.cfg.grad_clip = 1e9
     parts = []
@@ -281,9 +237,9 @@ def test_the_gradient_is_the_normalised_sum_of_micro_batch_losses(tiny_ckpt, tmp
 
 
 def test_teacher_gap_is_taken_at_the_rollout_temperature(tiny_ckpt, tmp_path):
-    from sdar.teacher import response_logprobs
+    from sdar.models.scoring import response_logprobs
 
-    trainer = Trainer(small_config(tmp_path, arm="sdar", steps=1, tracking=False, **{"rollout.temperature": 0.5}))
+    trainer = make_trainer(small_config(tmp_path, arm="sdar", steps=1, tracking=False, **{"rollout.temperature": 0.5}))
     trajs = trainer.collect(0)
     prompts = [t.prompt_ids for tr in trajs for t in tr.turns]
     responses = [t.response_ids for tr in trajs for t in tr.turns]
@@ -302,7 +258,7 @@ def test_teacher_gap_is_taken_at_the_rollout_temperature(tiny_ckpt, tmp_path):
 def test_privileged_skills_json_holds_the_texts_the_teacher_saw(tiny_ckpt, tmp_path, mlflow_uri):
     from mlflow.tracking import MlflowClient
 
-    trainer = Trainer(small_config(tmp_path, arm="sdar", steps=1))
+    trainer = make_trainer(small_config(tmp_path, arm="sdar", steps=1))
     summary = trainer.run()
     path = MlflowClient(mlflow_uri).download_artifacts(summary["run_id"], "privileged_skills.json", str(tmp_path))
     logged = json.loads(open(path).read())
@@ -327,7 +283,7 @@ def test_old_logp_from_the_first_forward_changes_nothing(tiny_ckpt, tmp_path, mi
     statistics, one scoring pass less (all of it when the mini-batch holds the whole step)."""
     results = {}
     for reuse in (True, False):
-        trainer = Trainer(small_config(tmp_path / str(reuse), arm="sdar", steps=1, tracking=False,
+        trainer = make_trainer(small_config(tmp_path / str(reuse), arm="sdar", steps=1, tracking=False,
                                        mini_batch_size=mini, reuse_old_logp=reuse))
         m = trainer.train_step(0).metrics
         results[reuse] = (m, {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad})
@@ -347,7 +303,7 @@ def test_old_logp_from_the_sampler_changes_nothing(tiny_ckpt, tmp_path, mini):
     pass's log-probs: no scoring pass, the same update and statistics, and a first PPO ratio of 1."""
     results = {}
     for on in (True, False):
-        trainer = Trainer(small_config(tmp_path / str(on), arm="sdar", steps=1, tracking=False, mini_batch_size=mini,
+        trainer = make_trainer(small_config(tmp_path / str(on), arm="sdar", steps=1, tracking=False, mini_batch_size=mini,
                                        reuse_old_logp=False, old_logp_from_sampler=on))
         calls = []
         import sdar.train.trainer as tr
@@ -373,47 +329,6 @@ def test_old_logp_from_the_sampler_changes_nothing(tiny_ckpt, tmp_path, mini):
         torch.testing.assert_close(w1[k], w0[k], atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("placement", ["prefix", "user"])
-def test_the_teachers_prefix_cache_gives_the_plain_forwards_logprobs(tiny_ckpt, tmp_path, placement):
-    """Issue 14.3: the start every teacher prompt of a task shares (system prompt and skills, in either
-    placement) encoded once and its KV reused for every turn-sample gives the log-probs of the plain
-    forward (fp32, 1e-5), constrained rows and a temperature other than 1 included."""
-    trainer = Trainer(small_config(tmp_path, arm="sdar", steps=1, tracking=False,
-                                   **{"rollout.privileged_placement": placement}))
-    trajs = trainer.collect(0)
-    assert len({tr.skills for tr in trajs}) > 1 and sum(len(tr.turns) for tr in trajs) > len(trajs)
-    for temperature in (1.0, 0.7):
-        trainer.teacher.prefix_cache = True
-        import sdar.teacher.scoring as pv
-
-        calls = []
-        real = pv.shared_prefix_logprobs
-        pv.shared_prefix_logprobs = lambda *a, **k: calls.append(len(a[2])) or real(*a, **k)
-        try:
-            cached = trainer.teacher.score(trainer.model, trajs, trainer.pad_id, temperature=temperature)
-        finally:
-            pv.shared_prefix_logprobs = real
-        # one shared prefix per task, reused by all its turn-samples
-        assert len(calls) == len({tr.task_id for tr in trajs}) and sum(calls) == sum(len(tr.turns) for tr in trajs)
-        trainer.teacher.prefix_cache = False
-        plain = trainer.teacher.score(trainer.model, trajs, trainer.pad_id, temperature=temperature)
-        assert torch.equal(cached.mask, plain.mask)
-        torch.testing.assert_close(cached.logp, plain.logp, rtol=0, atol=1e-5)
-        assert float((plain.logp * plain.mask).abs().sum()) > 0
-    # the reference pass groups the student's prompts the same way
-    from sdar.teacher import response_logprobs
-    from sdar.teacher.scoring import grouped_prefix_logprobs
-
-    flat = [(tr.task_id, t) for tr in trajs for t in tr.turns]
-    args = ([t.prompt_ids for _, t in flat], [t.response_ids for _, t in flat])
-    with trainer.policy.reference() as ref:
-        grouped = grouped_prefix_logprobs(ref, *args, [g for g, _ in flat], pad_id=trainer.pad_id, batch_size=16,
-                                          allowed=[t.allowed for _, t in flat], temperature=0.7)
-        plain = response_logprobs(ref, *args, pad_id=trainer.pad_id, batch_size=16,
-                                  allowed=[t.allowed for _, t in flat], temperature=0.7)
-    torch.testing.assert_close(grouped.logp, plain.logp, rtol=0, atol=1e-5)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_update_forward_from_shared_prefixes_gives_the_plain_forwards_numbers_and_gradients(tiny_ckpt, tmp_path,
                                                                                                   dtype):
@@ -422,10 +337,10 @@ def test_the_update_forward_from_shared_prefixes_gives_the_plain_forwards_number
     the micro-batch, constrained rows and temperature 0.7 included."""
     import copy
 
-    from sdar.teacher import response_logprobs
-    from sdar.teacher.scoring import grouped_prefix_logprobs
+    from sdar.models.scoring import response_logprobs
+    from sdar.models.scoring import grouped_prefix_logprobs
 
-    trainer = Trainer(small_config(tmp_path, arm="sdar", steps=1, tracking=False))
+    trainer = make_trainer(small_config(tmp_path, arm="sdar", steps=1, tracking=False))
     trajs = trainer.collect(0)
     flat = [(tr.task_id, t) for tr in trajs for t in tr.turns][:24]
     assert len({g for g, _ in flat}) > 1 and len(flat) > len({g for g, _ in flat})
@@ -463,9 +378,9 @@ def test_the_update_with_length_groups_and_prefix_reuse_changes_nothing(tiny_ckp
     the same update, with the same statistics, as with both switched off."""
     results = {}
     for name, extra in (("on", flags), ("off", {"prefix_cache": False, "length_buckets": False})):
-        trainer = Trainer(small_config(tmp_path / name, arm="sdar", steps=1, tracking=False, mini_batch_size=6,
+        trainer = make_trainer(small_config(tmp_path / name, arm="sdar", steps=1, tracking=False, mini_batch_size=6,
                                        micro_batch_size=3, **extra))
-        import sdar.teacher.scoring as sc
+        import sdar.models.scoring as sc
 
         calls = []
         real = sc.shared_prefix_logprobs

@@ -10,10 +10,9 @@ import pytest
 import torch
 
 from sdar.algos import dpo_loss, get_arm
-from sdar.train import Trainer
 from sdar.train.replay import PairSet, read_pair_set, summed_logp, tokenise_pairs, write_pair_set
 
-from .conftest import small_config
+from .conftest import make_trainer, small_config
 
 
 def _cfg(tmp_path, arm="grpo_replay", **kw):
@@ -39,7 +38,7 @@ def _capture(monkeypatch, trainer):
 
 
 def test_the_dpo_term_is_replay_coef_times_dpo_on_the_pools_pairs(tiny_ckpt, tmp_path, monkeypatch):
-    trainer = Trainer(_cfg(tmp_path, **{"replay.lag": 0}))
+    trainer = make_trainer(_cfg(tmp_path, **{"replay.lag": 0}))
     try:
         seen = _capture(monkeypatch, trainer)
         pairs_seen = []
@@ -73,7 +72,7 @@ def test_the_dpo_term_is_replay_coef_times_dpo_on_the_pools_pairs(tiny_ckpt, tmp
 
 
 def test_pairs_of_step_k_enter_the_loss_at_step_k_plus_1(tiny_ckpt, tmp_path):
-    trainer = Trainer(_cfg(tmp_path, steps=2))
+    trainer = make_trainer(_cfg(tmp_path, steps=2))
     try:
         m0 = trainer.train_step(0).metrics
         m1 = trainer.train_step(1).metrics
@@ -90,7 +89,7 @@ def test_pairs_are_written_as_the_policy_writes_actions(tiny_ckpt, tmp_path):
     from sdar.agent.constrained import action_trie
     from sdar.replay import ReplayPair
 
-    trainer = Trainer(_cfg(tmp_path, arm="grpo"))
+    trainer = make_trainer(_cfg(tmp_path, arm="grpo"))
     trajs = trainer.collect(0)
     tr, ti = next((i, j) for i, t in enumerate(trajs) for j, turn in enumerate(t.turns)
                   if len(turn.view.admissible_actions) > 1)
@@ -120,7 +119,7 @@ def test_pairs_are_written_as_the_policy_writes_actions(tiny_ckpt, tmp_path):
 
 
 def test_pairs_handed_in_by_file_join_the_first_step(tiny_ckpt, tmp_path):
-    first = Trainer(_cfg(tmp_path / "a", **{"replay.lag": 0}))
+    first = make_trainer(_cfg(tmp_path / "a", **{"replay.lag": 0}))
     try:
         first.replay.submit(first.collect(0))
         pairs = first.replay.take()
@@ -128,7 +127,7 @@ def test_pairs_handed_in_by_file_join_the_first_step(tiny_ckpt, tmp_path):
         first.replay.close()
     assert len(pairs) > 0
     path = write_pair_set(pairs, tmp_path / "given.jsonl")
-    trainer = Trainer(_cfg(tmp_path / "b", **{"replay.pairs_path": str(path)}))
+    trainer = make_trainer(_cfg(tmp_path / "b", **{"replay.pairs_path": str(path)}))
     try:
         m = trainer.train_step(0).metrics
     finally:
@@ -157,7 +156,7 @@ def test_the_api_key_never_reaches_logs_mlflow_or_the_compiled_pipeline(tiny_ckp
         teachers = [replace(e, api_key_env="SDAR_TEST_TEACHER_KEY").to_dict() for e in local.endpoints]
         cfg = _cfg(tmp_path / "run", arm="grpo_replay", steps=2, tracking=True, checkpoint_every=2,
                    **{"replay.teachers": teachers, "replay.lag": 0})
-        summary = Trainer(cfg).run()
+        summary = make_trainer(cfg).run()
     assert summary["history"][-1]["replay/calls"] > 0  # the pool was really asked
     out = capsys.readouterr()
     assert secret not in out.out + out.err

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from sdar.storage import latest_checkpoint, open_store
-from sdar.train import Trainer, train
+from sdar.train import train
 
-from .conftest import small_config
+from .conftest import make_trainer, small_config
 
 ARMS = ("grpo", "grpo_opsd", "sdar")
 
@@ -14,7 +14,7 @@ ARMS = ("grpo", "grpo_opsd", "sdar")
 @pytest.mark.parametrize("arm", ARMS)
 def test_each_arm_trains_logs_and_checkpoints(arm, tiny_ckpt, tmp_path, mlflow_uri):
     cfg = small_config(tmp_path / arm, arm=arm)
-    trainer = Trainer(cfg)
+    trainer = make_trainer(cfg)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     summary = trainer.run()
     hist = summary["history"]
@@ -51,7 +51,7 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tiny_ckpt, tmp_path,
     full = train(small_config(tmp_path / "full", steps=3, arm="sdar"))["history"]
     # "killed" after step 1: the run stops with its checkpoint written, then the same command reruns
     train(small_config(tmp_path / "killed", steps=1, arm="sdar"))
-    resumed = Trainer(small_config(tmp_path / "killed", steps=3, arm="sdar"))
+    resumed = make_trainer(small_config(tmp_path / "killed", steps=3, arm="sdar"))
     assert resumed.maybe_resume() and resumed.step == 1
     resumed.step = 0
     hist = resumed.run()["history"]
@@ -74,7 +74,7 @@ def test_nonfinite_loss_is_skipped_and_training_continues(tiny_ckpt, tmp_path, m
 
     monkeypatch.setattr(tr, "compose_loss", poisoned)
     # one update in all, skipped: allow that share (the run-level failure is tested in test_guards.py)
-    trainer = Trainer(small_config(tmp_path, arm="sdar", steps=1, mini_batch_size=1000, max_skipped_update_frac=1.0))
+    trainer = make_trainer(small_config(tmp_path, arm="sdar", steps=1, mini_batch_size=1000, max_skipped_update_frac=1.0))
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     trainer.run()
     assert trainer.skipped_updates == 1
@@ -91,7 +91,7 @@ def test_checkpoints_to_s3_and_resumes_from_there(tiny_ckpt, tmp_path, mlflow_ur
     store = open_store(uri)
     assert latest_checkpoint(store)[0] == 1
     assert any(k.endswith("trainable.pt") for k in store.list("checkpoints"))
-    t = Trainer(small_config(tmp_path / "b", steps=2, checkpoint_uri=uri))
+    t = make_trainer(small_config(tmp_path / "b", steps=2, checkpoint_uri=uri))
     assert t.maybe_resume() and t.step == 1
 
 
@@ -125,20 +125,20 @@ def test_rollouts_are_scored_at_their_sampling_temperature(tiny_ckpt, tmp_path, 
     assert h["pg/approx_kl"] == pytest.approx(0.0, abs=1e-6) and h["pg/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
     bad = small_config(tmp_path / "greedy", arm="grpo", steps=1, **{"rollout.temperature": 0.0})
     with pytest.raises(ValueError, match="rollout.temperature"):
-        Trainer(bad).train_step(1)
+        make_trainer(bad).train_step(1)
 
 
 def test_teacher_engine_is_bypassed_and_counted_at_other_temperatures(tiny_ckpt, tmp_path):
     # vLLM's prompt log-probs are of the raw logits: at another rollout temperature the teacher is scored
     # by the trainer's forward, and every such turn counts as a fallback (the engine is a stand-in that
     # must not be called: vLLM cannot be installed here)
-    from sdar.teacher import response_logprobs
+    from sdar.models.scoring import response_logprobs
 
     class MustNotScore:
         def prompt_logprobs(self, *a, **k):
             raise AssertionError("the vLLM engine scored at a temperature it cannot")
 
-    trainer = Trainer(small_config(tmp_path, arm="sdar", steps=1, tracking=False))
+    trainer = make_trainer(small_config(tmp_path, arm="sdar", steps=1, tracking=False))
     trajs = trainer.collect(1)
     trainer.teacher.engine = MustNotScore()
     got = trainer.teacher.score(trainer.model, trajs, trainer.pad_id, temperature=0.5)

@@ -74,7 +74,7 @@ class TrieTokenFilter:
     `(output_ids, logits [V]) -> logits` with every token the trie does not allow next at -inf.
 
     The same masking as `TrieLogitsProcessor` (a row of it), so vLLM samples from the renormalised
-    distribution that `allowed_mask` makes the trainer score. Used directly as a V0
+    distribution that `sdar.models.scoring.allowed_mask` makes the trainer score. Used directly as a V0
     `SamplingParams.logits_processors` entry, and wrapped per request by
     `sdar.agent.vllm_trie.TrieAdapterLogitsProcessor` on the V1 engine.
     """
@@ -91,20 +91,3 @@ class TrieTokenFilter:
         logits.fill_(float("-inf"))
         logits.index_copy_(-1, idx, keep)
         return logits
-
-
-def allowed_mask(prompts: list[list[int]], responses: list[list[int]], allowed: list[list[list[int]] | None],
-                 width: int, vocab: int, start: int = 0) -> torch.Tensor:
-    """Bool [B, width - start, V]: True everywhere except at the positions that predict response tokens
-    of constrained turns, where only that step's allowed tokens are True (right-padded rows); positions
-    before `start` are left out (their logits are not computed, see token_logprobs' first_position)."""
-    mask = torch.ones(len(prompts), width - start, vocab, dtype=torch.bool)
-    for i, (p, r, a) in enumerate(zip(prompts, responses, allowed)):
-        if a is None:
-            continue
-        for k, toks in enumerate(a[: len(r)]):
-            if toks:
-                pos = len(p) - 1 + k - start  # the logits at this position predict response token k
-                mask[i, pos] = False
-                mask[i, pos, toks] = True
-    return mask

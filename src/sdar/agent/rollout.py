@@ -63,6 +63,64 @@ class Trajectory:
         }
 
 
+@dataclass
+class TurnBatch:
+    """A set of trajectories' turn-samples, flattened once in trajectory order: row i is `turns[i]`, the row
+    every [B, T] tensor of a step (old_logp, ref_logp, teacher_logp, mask, advantages) is indexed by."""
+
+    trajectories: list[Trajectory]
+    turns: list[Turn]
+    traj_of_row: list[int]  # row -> index of its trajectory
+
+    @classmethod
+    def of(cls, trajectories: list[Trajectory]) -> TurnBatch:
+        rows = [(k, t) for k, tr in enumerate(trajectories) for t in tr.turns]
+        return cls(list(trajectories), [t for _, t in rows], [k for k, _ in rows])
+
+    def __len__(self) -> int:
+        return len(self.turns)
+
+    @property
+    def prompts(self) -> list[list[int]]:
+        return [t.prompt_ids for t in self.turns]
+
+    @property
+    def responses(self) -> list[list[int]]:
+        return [t.response_ids for t in self.turns]
+
+    @property
+    def allowed(self) -> list[list[list[int]] | None]:
+        return [t.allowed for t in self.turns]
+
+    @property
+    def groups(self) -> list[int]:
+        """Per row, the task group (the G rollouts of a task share it): what GRPO normalises over."""
+        return [self.trajectories[k].group for k in self.traj_of_row]
+
+    @property
+    def task_ids(self) -> list[str]:
+        """Per row, its task: rows of a task share their prompt start (system prompt, task, skills)."""
+        return [self.trajectories[k].task_id for k in self.traj_of_row]
+
+    def trajectory_rows(self) -> list[range]:
+        """Per trajectory, the range of its rows."""
+        out, start = [], 0
+        for tr in self.trajectories:
+            out.append(range(start, start + len(tr.turns)))
+            start += len(tr.turns)
+        return out
+
+    def response_mask(self):
+        """Float [B, T] (T = longest response): 1 on every response token."""
+        import torch
+
+        T = max((len(t.response_ids) for t in self.turns), default=0)
+        mask = torch.zeros(len(self.turns), T)
+        for i, t in enumerate(self.turns):
+            mask[i, : len(t.response_ids)] = 1.0
+        return mask
+
+
 class EpisodeState:
     """One live episode as the agent sees it: current observation, history, memory. Shared by
     the rollout loop and the warm-start data builder so both build identical prompts."""

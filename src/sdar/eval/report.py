@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sdar.agent.prompts import TurnView
-from sdar.agent.rollout import Trajectory, Turn
+from sdar.agent.rollout import Trajectory, Turn, TurnBatch
 
 TRAJECTORY_FORMAT = 1
 
@@ -115,16 +115,15 @@ def teacher_replay(model, tokenizer, scorer, trajs: list[Trajectory], *, pad_id:
     import torch
 
     from sdar.algos.sdar import sdar_gate
-    from sdar.teacher import free_token_mask, response_logprobs
+    from sdar.models.scoring import free_token_mask, response_logprobs
 
-    prompts = [t.prompt_ids for tr in trajs for t in tr.turns]
-    responses = [t.response_ids for tr in trajs for t in tr.turns]
-    allowed = [t.allowed for tr in trajs for t in tr.turns]
-    if not prompts:
+    batch = TurnBatch.of(trajs)
+    allowed = batch.allowed
+    if not len(batch):
         raise ValueError("no turns to replay: every trajectory is empty")
-    student = response_logprobs(model, prompts, responses, pad_id=pad_id, batch_size=batch_size, allowed=allowed,
-                                temperature=temperature)
-    teacher = scorer.score(model, trajs, pad_id, temperature=temperature)
+    student = response_logprobs(model, batch.prompts, batch.responses, pad_id=pad_id, batch_size=batch_size,
+                                allowed=allowed, temperature=temperature)
+    teacher = scorer.score(model, batch, pad_id, temperature=temperature)
     gate, gap = sdar_gate(student.logp, teacher.logp, beta)
     mask = free_token_mask(allowed, student.mask, forced_free=not mask_forced_tokens)
     forced_frac = 1.0 - float(free_token_mask(allowed, student.mask).sum()) / max(float(student.mask.sum()), 1.0)
@@ -135,15 +134,14 @@ def teacher_replay(model, tokenizer, scorer, trajs: list[Trajectory], *, pad_id:
         return {"gap_mean": float((gap[rows] * m).sum()) / n, "gate_mean": float((gate[rows] * m).sum()) / n,
                 "pos_gap_frac": float(((gap[rows] > 0).float() * m).sum()) / n, "tokens": float(m.sum())}
 
-    per_traj, start = [], 0
-    for tr in trajs:
-        rows = slice(start, start + len(tr.turns))
-        start += len(tr.turns)
+    per_traj = []
+    for tr, span in zip(trajs, batch.trajectory_rows()):
+        rows = slice(span.start, span.stop)
         per_traj.append({"task_id": tr.task_id, "task_type": tr.task_type, "won": tr.won, "turns": len(tr.turns),
                          **(stats(rows) if tr.turns else {})})
     with torch.no_grad():
-        overall = stats(slice(0, len(prompts)))
-    return {"beta": beta, "turns": len(prompts), "forced_frac": forced_frac, **overall,
+        overall = stats(slice(0, len(batch)))
+    return {"beta": beta, "turns": len(batch), "forced_frac": forced_frac, **overall,
             "trajectories": per_traj}
 
 

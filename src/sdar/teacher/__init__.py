@@ -1,7 +1,7 @@
 """The privileged-context teacher: the sampling policy itself with the task's skills in its
-prompt, scoring the student's sampled tokens without gradient (one extra forward pass)."""
+prompt, scoring the student's sampled tokens without gradient (one extra forward pass), and the
+hinted teacher of Composer channel 2."""
 
-from sdar.teacher.scoring import ScoredBatch, free_token_mask, response_logprobs
 from sdar.teacher.privileged import TeacherScorer
 
-__all__ = ["ScoredBatch", "TeacherScorer", "free_token_mask", "response_logprobs"]
+__all__ = ["TeacherScorer"]

@@ -56,7 +56,7 @@ def response_logits(model, prompts: list[list[int]], responses: list[list[int]],
     """Next-token logits at the positions that predict each response token, float32 [B, T, V], and the
     response mask [B, T]. With `allowed` (constrained decoding) the disallowed tokens are set to -1e9, so
     softmax gives the renormalised distribution the student sampled from (as `response_logprobs` does)."""
-    from sdar.agent.constrained import allowed_mask
+    from sdar.models.scoring import allowed_mask
     from sdar.models.logprobs import position_ids_from_mask
 
     B = len(prompts)

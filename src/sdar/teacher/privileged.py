@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sdar.agent.prompts import PromptBuilder, teacher_prompt_ids
-from sdar.teacher.scoring import ScoredBatch, grouped_prefix_logprobs, response_logprobs
+from sdar.agent.rollout import Trajectory, TurnBatch
+from sdar.models.scoring import ScoredBatch, grouped_prefix_logprobs, response_logprobs
 
 
 @dataclass
@@ -44,32 +45,35 @@ class TeacherScorer:
     # placement "prefix": encode each task's skills prefix once and reuse its KV for the task's turn-samples
     prefix_cache: bool = True
 
-    def prompts(self, trajectories) -> list[list[int]]:
-        out = []
-        for traj in trajectories:
+    def prompts(self, batch: TurnBatch | list[Trajectory]) -> list[list[int]]:
+        """The teacher's prompt ids of every row of `batch` (a TurnBatch, or the trajectories it is made of)."""
+        batch = batch if isinstance(batch, TurnBatch) else TurnBatch.of(batch)
+        for traj in batch.trajectories:
             self.skills_seen.setdefault(traj.task_type, {}).setdefault(traj.task_id, traj.skills)
-            for turn in traj.turns:
-                if self.student_has_skills:
-                    ids = list(turn.prompt_ids)
-                else:
-                    ids = teacher_prompt_ids(self.tokenizer, self.builder, turn.view, turn.prompt_ids,
-                                             turn.history_dropped, traj.skills, self.placement)
-                if len(ids) > self.max_prompt_tokens:
-                    raise ValueError(
-                        f"the teacher's prompt for task {traj.task_id!r} needs {len(ids)} tokens (the student's "
-                        f"{len(turn.prompt_ids)} plus the privileged skills), over teacher_max_prompt_tokens="
-                        f"{self.max_prompt_tokens}; raise teacher_max_prompt_tokens to at least "
-                        "rollout.max_prompt_tokens + the skills' length, or shorten the skills (env.kwargs.skills)")
-                self.scored_turns += 1
-                out.append(ids)
+        out = []
+        for turn, k in zip(batch.turns, batch.traj_of_row):
+            traj = batch.trajectories[k]
+            if self.student_has_skills:
+                ids = list(turn.prompt_ids)
+            else:
+                ids = teacher_prompt_ids(self.tokenizer, self.builder, turn.view, turn.prompt_ids,
+                                         turn.history_dropped, traj.skills, self.placement)
+            if len(ids) > self.max_prompt_tokens:
+                raise ValueError(
+                    f"the teacher's prompt for task {traj.task_id!r} needs {len(ids)} tokens (the student's "
+                    f"{len(turn.prompt_ids)} plus the privileged skills), over teacher_max_prompt_tokens="
+                    f"{self.max_prompt_tokens}; raise teacher_max_prompt_tokens to at least "
+                    "rollout.max_prompt_tokens + the skills' length, or shorten the skills (env.kwargs.skills)")
+            self.scored_turns += 1
+            out.append(ids)
         return out
 
-    def score(self, model, trajectories, pad_id: int, temperature: float = 1.0) -> ScoredBatch:
-        """Teacher log-probs [N_turns, T] of every turn's response, in trajectory order, under
-        softmax(logits / temperature) (the rollout temperature, as the student's are scored)."""
-        prompts = self.prompts(trajectories)
-        responses = [t.response_ids for traj in trajectories for t in traj.turns]
-        allowed = [t.allowed for traj in trajectories for t in traj.turns]
+    def score(self, model, batch: TurnBatch | list[Trajectory], pad_id: int, temperature: float = 1.0) -> ScoredBatch:
+        """Teacher log-probs [B, T] of every row's response (B = the batch's turn-samples, in trajectory order),
+        under softmax(logits / temperature) (the rollout temperature, as the student's are scored)."""
+        batch = batch if isinstance(batch, TurnBatch) else TurnBatch.of(batch)
+        prompts = self.prompts(batch)
+        responses, allowed = batch.responses, batch.allowed
         if self.engine is not None and temperature == 1.0:
             # vLLM's prompt log-probs are those of the raw logits; other temperatures are scored here
             from sdar.teacher.vllm_scoring import vllm_response_logprobs
@@ -83,16 +87,16 @@ class TeacherScorer:
             self.engine_turns += len(prompts)
             self.fallback_turns += len(prompts)
         if self.prefix_cache:
-            return self._score_by_prefix(model, trajectories, prompts, responses, allowed, pad_id, temperature)
+            return self._score_by_prefix(model, batch, prompts, responses, allowed, pad_id, temperature)
         return response_logprobs(model, prompts, responses, pad_id=pad_id, batch_size=self.batch_size,
                                  allowed=allowed, temperature=temperature)
 
-    def _score_by_prefix(self, model, trajectories, prompts, responses, allowed, pad_id: int,
+    def _score_by_prefix(self, model, batch: TurnBatch, prompts, responses, allowed, pad_id: int,
                          temperature: float) -> ScoredBatch:
         """The turn-samples of one task share the start of their teacher prompts (system prompt and skills:
         placement prefix puts the skills before the chat, user at the start of the user message): that
         common prefix is encoded once per task and its KV reused for each of them."""
-        groups = [traj.task_id + "\0" + traj.skills for traj in trajectories for _ in traj.turns]
+        groups = [batch.trajectories[k].task_id + "\0" + batch.trajectories[k].skills for k in batch.traj_of_row]
         return grouped_prefix_logprobs(model, prompts, responses, groups, pad_id=pad_id, batch_size=self.batch_size,
                                        allowed=allowed, temperature=temperature)
 

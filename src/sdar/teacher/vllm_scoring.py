@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from sdar.teacher.scoring import ScoredBatch, response_logprobs
+from sdar.models.scoring import ScoredBatch, response_logprobs
 
 
 def _logprob(entry, tok: int) -> float | None:

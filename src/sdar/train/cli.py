@@ -32,10 +32,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from sdar.config import load_config
     from sdar.train import distributed, train
 
+    from sdar.train.trainer import TrainingFailed
+    from sdar.train.warmstart import ensure_warm_start
+
     cfg = load_config(args.config, _overrides(args))
     console = Console(stderr=True)
-    from sdar.train.trainer import TrainingFailed
-
+    ensure_warm_start(cfg, console)  # the tiny model's warm start: its own step, before the trainer loads it
     try:
         summary = train(cfg, console=console)
     except TrainingFailed as exc:
@@ -111,27 +113,29 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
     from sdar.config import load_config
     from sdar.eval.tasks import task_type_of
-    from sdar.train import Trainer
+    from sdar.train.runtime import build_runtime
+    from sdar.train.warmstart import ensure_warm_start
 
     cfg = load_config(args.config, _eval_overrides(args))
     console = Console(stderr=True)
+    ensure_warm_start(cfg, console)
     # evaluation only: the train split is never read (a data tree may hold just the eval split)
-    trainer = Trainer(cfg, console=console, train=False)
-    types = Counter(task_type_of(cfg.env.family, t) or "?" for t in trainer.eval_tasks)
+    rt = build_runtime(cfg, console=console, train=False)
+    types = Counter(task_type_of(cfg.env.family, t) or "?" for t in rt.eval_tasks)
     where = "the given task list" if cfg.eval_task_ids else f"split {cfg.env.eval_split!r} ({cfg.eval_task_order})"
     backend = cfg.env.kwargs.get("backend") if cfg.env.family == "household" else None
-    console.print(f"evaluating {len(trainer.eval_tasks)} tasks of {where}"
+    console.print(f"evaluating {len(rt.eval_tasks)} tasks of {where}"
                   + (f" on the household {backend!r} backend" if backend else "") + ": "
                   + ", ".join(f"{t} {n}" for t, n in types.items()))
-    if args.checkpoint:
-        from sdar.storage import open_store
-
-        trainer.store = open_store(args.checkpoint)
-        if not trainer.maybe_resume():
-            raise SystemExit(f"no complete checkpoint under {args.checkpoint}")
-    student = trainer.evaluate()
-    teacher = trainer.evaluate(privileged=True)
-    gap = trainer.teacher_gap(student.trajectories)
+    if args.checkpoint:  # its trainable weights only (no optimizer or RNG state)
+        try:
+            step = rt.load_weights(args.checkpoint)
+        except FileNotFoundError as exc:
+            raise SystemExit(str(exc)) from None
+        console.print(f"weights of step {step} from {args.checkpoint}")
+    student = rt.evaluate()
+    teacher = rt.evaluate(privileged=True)
+    gap = rt.teacher_gap(student.trajectories)
     table = Table(title=f"{cfg.env.family}: {student.n} held-out tasks, temperature {cfg.eval_temperature}")
     for col in ("policy", "success", "95% CI", "mean length", "invalid"):
         table.add_column(col, justify="right")
@@ -149,7 +153,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     console.print(per_type)
     console.print(f"teacher - student log-prob gap on the student's turns: {gap:+.4f}")
     print(json.dumps({"student": student.to_dict(), "teacher": teacher.to_dict(), "gap": gap,
-                      "task_ids": list(trainer.eval_tasks)}))
+                      "task_ids": list(rt.eval_tasks)}))
     return 0
 
 

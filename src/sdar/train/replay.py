@@ -110,7 +110,7 @@ def tokenise_pairs(pairs, trajs, tokenizer, family: str, constrained: bool) -> P
 def summed_logp(model, prompts, responses, allowed, *, pad_id: int, temperature: float, grad: bool,
                 batch_size: int | None = None) -> torch.Tensor:
     """[P] summed log-probs of each response after its prompt (forced tokens contribute log 1 = 0)."""
-    from sdar.teacher.scoring import response_logprobs
+    from sdar.models.scoring import response_logprobs
 
     if not prompts:
         return torch.zeros(0)
@@ -183,12 +183,16 @@ class ReplayChannel:
         self._stack.close()  # the pool, and the local pool's server when this channel started one
 
 
-def replay_trajectories(trainer, trajs) -> tuple[PairSet, dict[str, float]]:
-    """Replay `trajs` once with the pool of `trainer.cfg.replay` (what the DAG's teacher_replay step does):
-    the tokenised DPO pairs and the pool's accounting."""
-    channel = ReplayChannel(trainer.cfg.replay, family=trainer.cfg.env.family, builder=trainer.builder,
-                            tokenizer=trainer.tokenizer, constrained=trainer.rollout_cfg.constrained,
-                            out_dir=trainer.out, console=trainer.console, lag=0)
+def replay_trajectories(runtime, trajs, *, out_dir, console=None) -> tuple[PairSet, dict[str, float]]:
+    """Replay `trajs` once with the pool of `runtime.cfg.replay` (what the DAG's teacher_replay step does):
+    the tokenised DPO pairs and the pool's accounting. runtime: an `sdar.train.runtime.Runtime`."""
+    from pathlib import Path
+
+    from rich.console import Console
+
+    channel = ReplayChannel(runtime.cfg.replay, family=runtime.cfg.env.family, builder=runtime.builder,
+                            tokenizer=runtime.tokenizer, constrained=runtime.rollout_cfg.constrained,
+                            out_dir=Path(out_dir), console=console or Console(stderr=True), lag=0)
     try:
         channel.submit(trajs)
         pairs = channel.take() or PairSet()

@@ -17,24 +17,29 @@ import os
 import random
 import tempfile
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
-from sdar.agent.backends import make_backend
-from sdar.agent.prompts import PromptBuilder
-from sdar.agent.rollout import Trajectory, episode_reward, rollout, turn_rewards
-from sdar.algos import LossBatch, compose_loss, get_arm, grpo_advantages
+from sdar.agent.rollout import Trajectory, TurnBatch, episode_reward, rollout, turn_rewards
+from sdar.algos import LossBatch, compose_loss, grpo_advantages
 from sdar.config import TrainConfig
-from sdar.teacher import ScoredBatch, TeacherScorer, free_token_mask, response_logprobs
-from sdar.teacher.vllm_scoring import select_teacher_engine
+from sdar.models.scoring import ScoredBatch, free_token_mask, response_logprobs
 from sdar.train import distributed
+from sdar.train.runtime import (  # noqa: F401 - make_env_factory, seed_everything, WEIGHTS_FILE: re-exported
+    WEIGHTS_FILE,
+    Runtime,
+    build_runtime,
+    make_env_factory,
+    masked_mean as _masked_mean,
+    seed_everything,
+    step_seed as _step_seed,
+)
 
 STATE_FILE = "trainer_state.pt"
-WEIGHTS_FILE = "trainable.pt"
 
 
 class TrainingFailed(RuntimeError):
@@ -47,85 +52,34 @@ class StepResult:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def _step_seed(seed: int, step: int) -> int:
-    # every step draws its randomness from (seed, step) alone, so a resumed run replays it exactly
-    return (seed * 1_000_003 + step * 7919) % (2**31 - 1)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % (2**32))
-    torch.manual_seed(seed)
-
-
-def make_env_factory(cfg: TrainConfig) -> Callable[[], Any]:
-    """In-process environments by default; a client of a running server when env.url is set."""
-    if cfg.env.url:
-        from sdar.envs.client import RemoteEnv
-
-        return lambda: RemoteEnv(cfg.env.url, family=cfg.env.family)
-    from sdar.envs import make_env
-
-    return lambda: make_env(cfg.env.family, **cfg.env.kwargs)
-
-
 class Trainer:
-    """Trains `policy` with `cfg.arm`. `policy` is an `sdar.models.Policy` (model + tokenizer
-    + reference()); when omitted it is built from `cfg.model` (the tiny default is built and
-    warm-started once, then cached)."""
+    """Trains the runtime's policy with `cfg.arm`: the runtime (`sdar.train.runtime`) plus an optimizer,
+    checkpoints (local or s3://, resumable), MLflow tracking and, for the replay arms, the teacher pool."""
 
     def __init__(self, cfg: TrainConfig, policy=None, env_factory: Callable[[], Any] | None = None,
-                 console=None, train: bool = True) -> None:
-        """train=False: evaluation only (`sdar eval`); the train split is never read, so a data
-        tree holding only the eval split works."""
+                 console=None, train: bool = True, runtime: Runtime | None = None) -> None:
+        """policy: default the config's model, loaded (the tiny model's warm start must have been built:
+        `sdar.train.warmstart.ensure_warm_start`). runtime: parts already built (`build_runtime`)."""
         from rich.console import Console
 
         self.cfg = cfg
         self.console = console or Console(stderr=True)
-        self.arm = get_arm(cfg.arm, **cfg.arm_overrides)
         self.dist = distributed.init_from_env()  # rank 0 of 1 unless started by torchrun
         self.out = cfg.resolved_output_dir()
         self.out.mkdir(parents=True, exist_ok=True)
-        seed_everything(cfg.seed)  # LoRA's initialisation draws from the global RNG
-        if policy is None:
-            from sdar.train.warmstart import build_policy
-
-            policy = build_policy(cfg, console=self.console)
-        self.device = self.dist.device if self.dist.enabled else cfg.resolved_device()
-        if policy.device != self.device:
-            policy.to(self.device)
-        self.policy = policy
-        self.model, self.tokenizer = policy.model, policy.tokenizer
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        rt = runtime or build_runtime(cfg, policy=policy, env_factory=env_factory, console=self.console, train=train,
+                                      device=self.dist.device if self.dist.enabled else None)
+        self.runtime = rt
+        # the runtime's parts under the names the loop below reads
+        self.arm, self.device, self.policy = rt.arm, rt.device, rt.policy
+        self.model, self.tokenizer, self.pad_id = rt.model, rt.tokenizer, rt.pad_id
+        self.rollout_cfg, self.builder, self.backend, self.teacher = rt.rollout_cfg, rt.builder, rt.backend, rt.teacher
+        self.env_factory, self.train_pool, self.eval_tasks = rt.env_factory, rt.train_pool, rt.eval_tasks
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("the policy has no trainable parameters; enable LoRA or full fine-tuning")
         distributed.broadcast_params(self.params, self.dist)
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-        self.rollout_cfg = replace(cfg.rollout, family=cfg.env.family,
-                                   skills_in_prompt=self.arm.skills_in_student_prompt)
-        self.builder = PromptBuilder(cfg.env.family, history=self.rollout_cfg.history,
-                                     show_admissible=self.rollout_cfg.show_admissible)
-        self.backend = self._backend()
-        self.teacher = TeacherScorer(self.builder, self.tokenizer, cfg.teacher_max_prompt_tokens, cfg.score_batch_size,
-                                     engine=select_teacher_engine(cfg.teacher_engine, self.backend),
-                                     engine_topk=cfg.vllm.teacher_topk,
-                                     placement=self.rollout_cfg.privileged_placement,
-                                     student_has_skills=self.rollout_cfg.skills_in_prompt,
-                                     prefix_cache=cfg.prefix_cache)
-        self.env_factory = env_factory or make_env_factory(cfg)
-        probe = self.env_factory()
-        from sdar.eval.tasks import eval_task_set
-
-        try:
-            self.train_pool = probe.task_ids(cfg.env.train_split) if train else []
-            # stratified over task types unless cfg.eval_task_order is "first" (or cfg.eval_task_ids names them)
-            self.eval_tasks = eval_task_set(probe, cfg)
-        finally:
-            probe.close()
-        if train and len(self.train_pool) < cfg.tasks_per_step:
-            raise ValueError(f"the {cfg.env.train_split!r} split has {len(self.train_pool)} tasks, fewer than "
-                             f"tasks_per_step={cfg.tasks_per_step}")
         from sdar.storage import ArtifactStore
 
         from sdar.storage import BucketNotFoundError, CredentialsError, StorageError
@@ -168,11 +122,6 @@ class Trainer:
                 self.console.print(f"replay: {len(self._given_pairs)} DPO pairs from {cfg.replay.pairs_path} join "
                                    "the first step's loss")
 
-    def _backend(self):
-        # vLLM serves the current LoRA adapter, re-exported when the weights change (checked per call)
-        return make_backend(self.cfg.model.generation_backend, self.policy, vllm=self.cfg.vllm,
-                            jump_forward=self.cfg.rollout.jump_forward)
-
     # ---- one RL step --------------------------------------------------------------------
     def sample_tasks(self, step: int) -> tuple[list[str], list[int]]:
         rng = random.Random(_step_seed(self.cfg.seed, step))
@@ -214,27 +163,23 @@ class Trainer:
         if self.replay is not None:  # the teacher pool replays these frozen trajectories in the background
             self.replay.submit(trajs)
         t_rollout = time.perf_counter() - t0
-        prompts = [t.prompt_ids for tr in trajs for t in tr.turns]
-        responses = [t.response_ids for tr in trajs for t in tr.turns]
-        allowed = [t.allowed for tr in trajs for t in tr.turns]
+        batch = TurnBatch.of(trajs)  # the step's turn-samples: row i of every [B, T] tensor below
+        prompts, responses, allowed = batch.prompts, batch.responses, batch.allowed
         rc = self.rollout_cfg
         rewards = [r for _, _, r in turn_rewards(trajs, rc.invalid_penalty, rc.penalize, cfg.env.family, cfg.reward)]
-        groups = [tr.group for tr in trajs for _ in tr.turns]
-        advantages = grpo_advantages(rewards, groups)
+        advantages = grpo_advantages(rewards, batch.groups)
 
         t1 = time.perf_counter()
         # every score is taken at the rollout temperature: the distribution the tokens were sampled from
         temp = self.rollout_cfg.temperature
-        n = len(prompts)
-        T = max((len(r) for r in responses), default=0)
-        mask = torch.zeros(n, T)
-        for i, r in enumerate(responses):
-            mask[i, : len(r)] = 1.0
+        n = len(batch)
+        mask = batch.response_mask()
+        T = mask.shape[1]
         # the tokens that carry a choice: every loss term and per-token statistic is over these
         free = free_token_mask(allowed, mask, forced_free=not rc.mask_forced_tokens)
         # Composer channel 2: error sites (steps the environment marked with a hint template) and the
         # teacher context of each: the student's prompt with the rendered hint inserted at that turn
-        flat = [t for tr in trajs for t in tr.turns]
+        flat = batch.turns
         sites = [i for i, t in enumerate(flat) if t.hint_template_key]
         self._hint_prompts = {}
         if arm.hint_distill_coef != 0.0:
@@ -244,7 +189,7 @@ class Trainer:
                 cfg.env.family, flat[i].hint_template_key, flat[i].error_args)) for i in sites}
         # mini-batches are drawn over every rank's rows (alone: this process's), so N ranks make the
         # same updates on the same samples as one process; each rank scores only its own rows
-        self._row_tasks = [tr.task_id for tr in trajs for _ in tr.turns]  # rows of a task share their prompt start
+        self._row_tasks = batch.task_ids  # rows of a task share their prompt start
         plan = distributed.plan([int(x) for x in free.sum(dim=1).tolist()], self.dist)
         gen = torch.Generator().manual_seed(_step_seed(cfg.seed, step))
         orders = [torch.randperm(plan.n, generator=gen).tolist() if cfg.shuffle_mini_batches else list(range(plan.n))
@@ -252,7 +197,7 @@ class Trainer:
         # old_logp of the first mini-batch's rows is the update's own first forward (the weights have not
         # moved yet): only the other rows need a scoring pass here
         # and rows whose sampler reported its log-probs (the trainer's own model sampled them) need none at all
-        sampled = self._sampler_rows(trajs) if cfg.old_logp_from_sampler else {}
+        sampled = self._sampler_rows(batch) if cfg.old_logp_from_sampler else {}
         reused = set(plan.local(orders[0][: cfg.mini_batch_size])) if cfg.reuse_old_logp else set()
         reused -= set(sampled)
         scored = [i for i in range(n) if i not in reused and i not in sampled]
@@ -272,7 +217,7 @@ class Trainer:
             # LoRA: the same module with the adapter disabled; full fine-tuning: the frozen copy
             with self.policy.reference() as ref_model:
                 if cfg.prefix_cache:  # a task's turn-samples share their prompt start: encoded once
-                    from sdar.teacher.scoring import grouped_prefix_logprobs
+                    from sdar.models.scoring import grouped_prefix_logprobs
 
                     ref = grouped_prefix_logprobs(ref_model, prompts, responses, self._row_tasks,
                                                   pad_id=self.pad_id, batch_size=cfg.score_batch_size,
@@ -285,7 +230,7 @@ class Trainer:
         # teacher-student gap can be compared across arms, used in the loss only by SDAR/OPSD
         teacher = None
         if arm.needs_teacher or cfg.teacher_for_all_arms:
-            teacher = self.teacher.score(self.model, trajs, self.pad_id, temperature=temp)
+            teacher = self.teacher.score(self.model, batch, self.pad_id, temperature=temp)
         pairs = self._due_pairs(temp)
         t_score = time.perf_counter() - t1
         # channel 3: pair p rides in micro-batch p mod M of every epoch (M micro-batches per epoch)
@@ -367,7 +312,7 @@ class Trainer:
                     sums[k] = sums.get(k, 0.0) + float(v)
         t_update = time.perf_counter() - t2
 
-        turns = [t for tr in trajs for t in tr.turns]
+        turns = batch.turns
         gen_tokens = sum(len(r) for r in responses)
         out = {k: v / max(updates, 1) for k, v in sums.items()}
         gap = None if teacher is None else teacher.logp - old.logp
@@ -402,7 +347,7 @@ class Trainer:
                   "free_tokens": float(free_token_mask(allowed, old.mask).sum()), "teacher_turns": self.teacher.scored_turns}
         return StepResult(step, distributed.reduce_step_metrics(out, counts, self.dist))
 
-    def _sampler_rows(self, trajs: list[Trajectory]) -> dict[int, list[float]]:
+    def _sampler_rows(self, batch: TurnBatch) -> dict[int, list[float]]:
         """Turn-sample row -> the sampler's log-probs, where they are the trainer's old_logp: the transformers
         backend on the trainer's own model (no weights moved since), top_p 1, every token reported."""
         from sdar.agent.backends import TransformersBackend
@@ -410,8 +355,7 @@ class Trainer:
         if not isinstance(self.backend, TransformersBackend) or self.backend.model is not self.model \
                 or self.rollout_cfg.top_p != 1.0:
             return {}
-        flat = [t for tr in trajs for t in tr.turns]
-        return {i: t.logprobs for i, t in enumerate(flat)
+        return {i: t.logprobs for i, t in enumerate(batch.turns)
                 if t.logprobs is not None and len(t.logprobs) == len(t.response_ids)}
 
     def _snapshot(self) -> tuple[list[torch.Tensor], dict]:
@@ -447,7 +391,7 @@ class Trainer:
         """The arm's composed loss on local rows `mb` (one forward with grad), over their free tokens, plus
         the DPO term on replay pairs `pair_idx` of `pairs` when this micro-batch carries some."""
         if self.cfg.prefix_cache and len(mb) > 1:  # the prompt start this micro-batch's rows of a task share: once
-            from sdar.teacher.scoring import grouped_prefix_logprobs
+            from sdar.models.scoring import grouped_prefix_logprobs
 
             cur = grouped_prefix_logprobs(self.model, [prompts[i] for i in mb], [responses[i] for i in mb],
                                           [self._row_tasks[i] for i in mb], pad_id=self.pad_id,
@@ -535,29 +479,12 @@ class Trainer:
 
     # ---- evaluation ---------------------------------------------------------------------
     def evaluate(self, temperature: float | None = None, tasks: list[str] | None = None, privileged: bool = False):
-        """Success on the fixed eval tasks; privileged=True acts with the skills in the prompt
-        (the teacher's view), which is how the teacher's own success rate is measured."""
-        from sdar.eval import evaluate
-
-        seed_everything(_step_seed(self.cfg.seed, 10**6))
-        rc = replace(self.rollout_cfg, skills_in_prompt=privileged or self.rollout_cfg.skills_in_prompt)
-        if privileged:
-            rc = replace(rc, max_prompt_tokens=self.cfg.teacher_max_prompt_tokens)
-        return evaluate(self.backend, self.tokenizer, self.env_factory, tasks or self.eval_tasks, rc,
-                        temperature=self.cfg.eval_temperature if temperature is None else temperature)
+        """Success on the held-out tasks with the current weights (see `Runtime.evaluate`)."""
+        return self.runtime.evaluate(temperature, tasks, privileged)
 
     def teacher_gap(self, trajs: list[Trajectory]) -> float:
-        """Token-mean log-prob gap (teacher with skills minus student) on given trajectories, at the rollout
-        temperature, over the tokens that carried a choice (all response tokens with mask_forced_tokens off)."""
-        prompts = [t.prompt_ids for tr in trajs for t in tr.turns]
-        responses = [t.response_ids for tr in trajs for t in tr.turns]
-        allowed = [t.allowed for tr in trajs for t in tr.turns]
-        temp = self.rollout_cfg.temperature
-        old = response_logprobs(self.model, prompts, responses, pad_id=self.pad_id, batch_size=self.cfg.score_batch_size,
-                                allowed=allowed, temperature=temp)
-        teacher = self.teacher.score(self.model, trajs, self.pad_id, temperature=temp)
-        free = free_token_mask(allowed, old.mask, forced_free=not self.rollout_cfg.mask_forced_tokens)
-        return _masked_mean(teacher.logp - old.logp, free)
+        """Teacher - student token-mean gap on `trajs` (see `Runtime.teacher_gap`)."""
+        return self.runtime.teacher_gap(trajs)
 
     # ---- checkpoints --------------------------------------------------------------------
     def save_checkpoint(self, step: int) -> None:
@@ -692,7 +619,6 @@ class Trainer:
     # ---- the run --------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         """Train to cfg.steps, resuming from the newest good checkpoint; holds the output directory's lock."""
-        cfg = self.cfg
         main = self.dist.is_main
         with contextlib.ExitStack() as stack:
             if main:  # one run per output directory at a time: the replicas of a torchrun job share it
@@ -818,10 +744,6 @@ def micro_batches(plan, rows: list[int], size: int, agg: str, normalisation: str
     if normalisation == "micro_batch":
         return [(part, plan.share(part, agg) / len(parts)) for part in parts]
     return [(part, plan.share(part, agg, within=rows)) for part in parts]
-
-
-def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
-    return float((x * mask).sum() / mask.sum().clamp(min=1.0))
 
 
 def _tracked(metrics: dict[str, float]) -> dict[str, float]:

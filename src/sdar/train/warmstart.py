@@ -27,7 +27,7 @@ from sdar.agent.parsing import format_action
 from sdar.agent.prompts import PromptBuilder, fit_prompt_ids
 from sdar.agent.rollout import EpisodeState
 from sdar.config import TrainConfig
-from sdar.teacher.scoring import response_logprobs
+from sdar.models.scoring import response_logprobs
 
 WARMSTART_VERSION = 7
 MARKER = "warmstart.json"
@@ -227,13 +227,21 @@ def tiny_config(cfg: TrainConfig):
     return TinyModelConfig.from_dict({**base, **cfg.model.tiny_overrides}, "model.tiny_overrides")
 
 
+def tiny_checkpoint_path(cfg: TrainConfig) -> Path:
+    """Where the warm-started tiny checkpoint of this config is cached (built or not)."""
+    from sdar.models.cache import cache_root
+
+    cfg = warmstart_config(cfg)
+    return cache_root() / "tiny" / f"{cfg.env.family}-{_cache_key(cfg, tiny_config(cfg))}"
+
+
 def tiny_checkpoint(cfg: TrainConfig, console=None) -> Path:
     """The cached warm-started tiny checkpoint for this config, built on first use."""
-    from sdar.models.cache import build_once, cache_root
+    from sdar.models.cache import build_once
 
     backend = cfg.env.kwargs.get("backend", "sim") if cfg.env.family == "household" else "sim"
+    target = tiny_checkpoint_path(cfg)
     cfg = warmstart_config(cfg)
-    target = cache_root() / "tiny" / f"{cfg.env.family}-{_cache_key(cfg, tiny_config(cfg))}"
     if backend != "sim" and console is not None:
         console.print(f"the tiny warm start imitates the household sim's experts; backend {backend!r} plays the episodes")
     if not (target / MARKER).is_file() and console is not None:
@@ -241,12 +249,31 @@ def tiny_checkpoint(cfg: TrainConfig, console=None) -> Path:
     return build_once(target, lambda tmp: build_tiny_checkpoint(cfg, tmp, console), MARKER)
 
 
-def build_policy(cfg: TrainConfig, console=None):
-    """The policy for `cfg.model`: "tiny" resolves to the cached warm-started checkpoint."""
+def ensure_warm_start(cfg: TrainConfig, console=None) -> Path | None:
+    """The explicit warm-start step of a command: builds (or finds) the tiny model's warm start when
+    cfg.model is "tiny"; other models need none (None)."""
+    return tiny_checkpoint(cfg, console) if cfg.model.name_or_path == "tiny" else None
+
+
+class WarmStartMissing(FileNotFoundError):
+    """The config's tiny model has no warm start yet: it is built by its own step, never implicitly."""
+
+
+def load_warm_policy(cfg: TrainConfig):
+    """The policy for `cfg.model`, loaded: "tiny" is the cached warm-started checkpoint, which must have been
+    built (`sdar warmstart --config ...`, or `ensure_warm_start`); anything else is loaded as named."""
     from sdar.models import ModelSpec, load_policy
 
     m = cfg.model
-    path = str(tiny_checkpoint(cfg, console)) if m.name_or_path == "tiny" else m.name_or_path
+    path = m.name_or_path
+    if path == "tiny":
+        target = tiny_checkpoint_path(cfg)
+        if not (target / MARKER).is_file():
+            raise WarmStartMissing(
+                f"the tiny model of this config has no warm start yet (expected at {target}); build it first with "
+                "`sdar warmstart --config <your config>` (sdar train, sdar eval, sdar run and make demo build it "
+                "themselves), or call sdar.train.warmstart.ensure_warm_start(cfg)")
+        path = str(target)
     return load_policy(ModelSpec(name_or_path=path, dtype=m.dtype, lora=m.lora, lora_r=m.lora_r,
                                  lora_alpha=m.lora_alpha, lora_dropout=m.lora_dropout,
                                  gradient_checkpointing=m.gradient_checkpointing))

@@ -1,5 +1,5 @@
-"""Log-probs of response tokens given prompts, aligned on the response: the shared forward
-used for old, reference and teacher log-probs and for the training pass itself."""
+"""Log-probs of response tokens given prompts, aligned on the response: the one forward behind old,
+reference and teacher log-probs and the training pass itself (plain, length-bucketed or from a shared prefix)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,24 @@ from dataclasses import dataclass
 
 import torch
 
-from sdar.agent.constrained import allowed_mask
-from sdar.models import token_logprobs
+from sdar.models.logprobs import token_logprobs
+
+
+def allowed_mask(prompts: list[list[int]], responses: list[list[int]], allowed: list[list[list[int]] | None],
+                 width: int, vocab: int, start: int = 0) -> torch.Tensor:
+    """Bool [B, width - start, V]: True everywhere except at the positions that predict response tokens
+    of constrained turns, where only that step's allowed tokens are True (right-padded rows); positions
+    before `start` are left out (their logits are not computed, see token_logprobs' first_position)."""
+    mask = torch.ones(len(prompts), width - start, vocab, dtype=torch.bool)
+    for i, (p, r, a) in enumerate(zip(prompts, responses, allowed)):
+        if a is None:
+            continue
+        for k, toks in enumerate(a[: len(r)]):
+            if toks:
+                pos = len(p) - 1 + k - start  # the logits at this position predict response token k
+                mask[i, pos] = False
+                mask[i, pos, toks] = True
+    return mask
 
 
 @dataclass

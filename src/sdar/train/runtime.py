@@ -1,0 +1,179 @@
+"""The parts every role of a run needs, built once from a config and going down the layers: the policy
+(model, tokenizer), the arm, the rollout settings, the prompt builder, the generation backend, the
+privileged teacher, the env factory and the held-out tasks.
+
+The trainer adds an optimizer, checkpoints and tracking on top of a `Runtime`; evaluation (`sdar eval`)
+and the pipeline components use one alone. Nothing here builds a warm start: the tiny model's is its
+own explicit step (`sdar warmstart`, or `ensure_warm_start` at the top of a command), loaded here.
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from sdar.agent.backends import make_backend
+from sdar.agent.prompts import PromptBuilder
+from sdar.agent.rollout import RolloutConfig, Trajectory, TurnBatch
+from sdar.algos import ArmConfig, get_arm
+from sdar.config import TrainConfig
+from sdar.models.scoring import free_token_mask, response_logprobs
+from sdar.teacher import TeacherScorer
+from sdar.teacher.vllm_scoring import select_teacher_engine
+
+WEIGHTS_FILE = "trainable.pt"  # a checkpoint's trainable weights (sdar.train.trainer writes it)
+EVAL_SEED_STEP = 10**6  # evaluation draws its sampling noise from (seed, this step): the same for every caller
+
+
+def step_seed(seed: int, step: int) -> int:
+    """The seed of step `step`: every step draws its randomness from (seed, step) alone, so a resumed run
+    replays it exactly."""
+    return (seed * 1_000_003 + step * 7919) % (2**31 - 1)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def make_env_factory(cfg: TrainConfig) -> Callable[[], Any]:
+    """In-process environments by default; a client of a running server when env.url is set."""
+    if cfg.env.url:
+        from sdar.envs.client import RemoteEnv
+
+        return lambda: RemoteEnv(cfg.env.url, family=cfg.env.family)
+    from sdar.envs import make_env
+
+    return lambda: make_env(cfg.env.family, **cfg.env.kwargs)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    return float((x * mask.to(x.device)).sum() / mask.sum().clamp(min=1.0))
+
+
+@dataclass
+class Runtime:
+    """What acting, scoring and evaluating with `cfg`'s policy takes (see the module docstring)."""
+
+    cfg: TrainConfig
+    arm: ArmConfig
+    device: torch.device
+    policy: Any  # sdar.models.Policy
+    rollout_cfg: RolloutConfig  # cfg.rollout with the env's family and the arm's student prompt
+    builder: PromptBuilder
+    backend: Any  # sdar.agent.backends.GenerationBackend
+    teacher: TeacherScorer
+    env_factory: Callable[[], Any]
+    train_pool: list[str]  # the train split's task ids ([] for evaluation)
+    eval_tasks: list[str]  # the held-out tasks, stratified over task types unless cfg says otherwise
+
+    @property
+    def model(self):
+        return self.policy.model
+
+    @property
+    def tokenizer(self):
+        return self.policy.tokenizer
+
+    @property
+    def pad_id(self) -> int:
+        tok = self.policy.tokenizer
+        return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+
+    def evaluate(self, temperature: float | None = None, tasks: list[str] | None = None, privileged: bool = False):
+        """Success on the held-out tasks; privileged=True acts with the skills in the prompt (the teacher's
+        view), which is how the teacher's own success rate is measured."""
+        from sdar.eval import evaluate
+
+        seed_everything(step_seed(self.cfg.seed, EVAL_SEED_STEP))
+        rc = replace(self.rollout_cfg, skills_in_prompt=privileged or self.rollout_cfg.skills_in_prompt)
+        if privileged:
+            rc = replace(rc, max_prompt_tokens=self.cfg.teacher_max_prompt_tokens)
+        return evaluate(self.backend, self.tokenizer, self.env_factory, tasks or self.eval_tasks, rc,
+                        temperature=self.cfg.eval_temperature if temperature is None else temperature)
+
+    def teacher_gap(self, trajs: list[Trajectory]) -> float:
+        """Token-mean log-prob gap (teacher with skills minus student) on given trajectories, at the rollout
+        temperature, over the tokens that carried a choice (all response tokens with mask_forced_tokens off)."""
+        batch = TurnBatch.of(trajs)
+        temp = self.rollout_cfg.temperature
+        old = response_logprobs(self.model, batch.prompts, batch.responses, pad_id=self.pad_id,
+                                batch_size=self.cfg.score_batch_size, allowed=batch.allowed, temperature=temp)
+        teacher = self.teacher.score(self.model, batch, self.pad_id, temperature=temp)
+        free = free_token_mask(batch.allowed, old.mask, forced_free=not self.rollout_cfg.mask_forced_tokens)
+        return masked_mean(teacher.logp - old.logp, free)
+
+    def load_weights(self, uri: str) -> int:
+        """Load the trainable weights of the newest complete checkpoint under `uri` (a run's output or
+        checkpoint directory, or s3://...) into the policy: weights only, no optimizer or RNG state. Returns
+        the checkpoint's step."""
+        from sdar.storage import latest_checkpoint, open_store
+
+        store = open_store(uri)
+        found = latest_checkpoint(store)
+        if found is None and not uri.rstrip("/").endswith("checkpoints"):  # a run's output directory
+            store = open_store(uri.rstrip("/") + "/checkpoints")
+            found = latest_checkpoint(store)
+        if found is None:
+            raise FileNotFoundError(f"no complete checkpoint under {uri}: give a run's output directory, its "
+                                    "checkpoints/ directory or checkpoint_uri")
+        step, rel = found
+        with tempfile.TemporaryDirectory() as tmp:
+            store.get_dir(rel, tmp)
+            weights = torch.load(Path(tmp) / WEIGHTS_FILE, weights_only=True)
+        named = dict(self.model.named_parameters())
+        unknown = [k for k in weights if k not in named]
+        if unknown:
+            raise ValueError(f"the checkpoint at {store.uri_for(rel)} does not match the model (unknown parameters "
+                             f"{unknown[:3]}): was it trained from another model or LoRA setting?")
+        with torch.no_grad():
+            for k, v in weights.items():
+                named[k].copy_(v)
+        return step
+
+
+def build_runtime(cfg: TrainConfig, *, policy=None, env_factory: Callable[[], Any] | None = None, console=None,
+                  train: bool = True, device: torch.device | None = None) -> Runtime:
+    """The runtime of `cfg`. policy: an `sdar.models.Policy` (default: loaded from cfg.model; the tiny model's
+    warm start must exist, see `sdar.train.warmstart.ensure_warm_start`). train=False: evaluation only, the
+    train split is never read (a data tree may hold just the eval split). device: where the policy goes
+    (default cfg.device)."""
+    from sdar.eval.tasks import eval_task_set
+
+    arm = get_arm(cfg.arm, **cfg.arm_overrides)
+    seed_everything(cfg.seed)  # LoRA's initialisation draws from the global RNG
+    if policy is None:
+        from sdar.train.warmstart import load_warm_policy
+
+        policy = load_warm_policy(cfg)
+    device = device or cfg.resolved_device()
+    if policy.device != device:
+        policy.to(device)
+    rollout_cfg = replace(cfg.rollout, family=cfg.env.family, skills_in_prompt=arm.skills_in_student_prompt)
+    builder = PromptBuilder(cfg.env.family, history=rollout_cfg.history, show_admissible=rollout_cfg.show_admissible)
+    # vLLM serves the current LoRA adapter, re-exported when the weights change (checked per call)
+    backend = make_backend(cfg.model.generation_backend, policy, vllm=cfg.vllm, jump_forward=cfg.rollout.jump_forward)
+    teacher = TeacherScorer(builder, policy.tokenizer, cfg.teacher_max_prompt_tokens, cfg.score_batch_size,
+                            engine=select_teacher_engine(cfg.teacher_engine, backend), engine_topk=cfg.vllm.teacher_topk,
+                            placement=rollout_cfg.privileged_placement, student_has_skills=rollout_cfg.skills_in_prompt,
+                            prefix_cache=cfg.prefix_cache)
+    env_factory = env_factory or make_env_factory(cfg)
+    probe = env_factory()
+    try:
+        train_pool = probe.task_ids(cfg.env.train_split) if train else []
+        eval_tasks = eval_task_set(probe, cfg)  # stratified over task types unless cfg.eval_task_order is "first"
+    finally:
+        probe.close()
+    if train and len(train_pool) < cfg.tasks_per_step:
+        raise ValueError(f"the {cfg.env.train_split!r} split has {len(train_pool)} tasks, fewer than "
+                         f"tasks_per_step={cfg.tasks_per_step}")
+    return Runtime(cfg=cfg, arm=arm, device=device, policy=policy, rollout_cfg=rollout_cfg, builder=builder,
+                   backend=backend, teacher=teacher, env_factory=env_factory, train_pool=list(train_pool),
+                   eval_tasks=list(eval_tasks))
