@@ -244,7 +244,7 @@ class Trainer:
                 cfg.env.family, flat[i].hint_template_key, flat[i].error_args)) for i in sites}
         # mini-batches are drawn over every rank's rows (alone: this process's), so N ranks make the
         # same updates on the same samples as one process; each rank scores only its own rows
-        plan = distributed.plan([int(x) for x in free.sum(dim=1).tolist()], self.dist)
+        plan = distributed.split_rows([int(x) for x in free.sum(dim=1).tolist()], self.dist)
         gen = torch.Generator().manual_seed(_step_seed(cfg.seed, step))
         orders = [torch.randperm(plan.n, generator=gen).tolist() if cfg.shuffle_mini_batches else list(range(plan.n))
                   for _ in range(cfg.ppo_epochs)]
