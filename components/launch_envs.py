@@ -36,7 +36,9 @@ def launch_envs(
     this step; its pid goes to <output_root>/envs/<job_id>.json for teardown_envs.
     target "cluster": a Deployment (replicas pods of env_image, default sdar.images.env_server_image():
     SDAR_ENV_IMAGE or <registry>/sdar-env-server:<tag>) and a ClusterIP Service named after the job
-    in `namespace` ("" = this pod's), through the Kubernetes API; waits until ready.
+    in `namespace` ("" = this pod's), through the Kubernetes API; waits until ready. The pod is the
+    one charts/sdar-envs describes for the family (its values.yaml: probes, resources, security
+    contexts; sdar.env_service.manifests), with the config's env kwargs.
     dry_run (cluster): build the manifests and write them to `endpoints` without calling the API.
     MLflow: when tracking, `parent_run_id` (or a new run named `run_name`) is the pipeline's parent
     run, tagged with the job id so teardown_envs can close it with the pipeline's final state.
@@ -46,7 +48,6 @@ def launch_envs(
     """
     import json
     import os
-    import re
     import time
     from collections import namedtuple
     from pathlib import Path
@@ -91,57 +92,18 @@ def launch_envs(
         info["registry"] = str(registry.resolve())
         print(f"serving {fam} at {url} (pid {handle.pid}); teardown_envs stops it")
     else:
-        # DNS-1035 name: lowercase alphanumerics and '-', starting with a letter, at most 63 characters
-        name = re.sub(r"[^a-z0-9-]+", "-", f"sdar-env-{fam}-{job_id}".lower()).strip("-")[:63].rstrip("-")
         ns = namespace
         sa_ns = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
         if not ns and sa_ns.is_file():
             ns = sa_ns.read_text().strip()
         ns = ns or "kubeflow"
+        from sdar.env_service.manifests import manifests
         from sdar.images import env_server_image
 
         image = env_image or env_server_image()
-        labels = {"app.kubernetes.io/name": "sdar-env-server", "app.kubernetes.io/component": "environment",
-                  "app.kubernetes.io/managed-by": "sdar-pipeline", "sdar.io/family": fam,
-                  "sdar.io/pipeline-job": re.sub(r"[^A-Za-z0-9_.-]", "-", job_id)[:63]}
-        selector = {"app.kubernetes.io/name": "sdar-env-server", "sdar.io/pipeline-job": labels["sdar.io/pipeline-job"]}
-        args = ["envs", "serve", "--env", fam, "--host", "0.0.0.0", "--port", str(port),
-                "--env-kwargs", json.dumps(env_kwargs)]
-        probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5, "timeoutSeconds": 4}
-        deployment = {
-            "apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": name, "namespace": ns, "labels": labels},
-            "spec": {
-                "replicas": replicas, "selector": {"matchLabels": selector},
-                "template": {
-                    "metadata": {"labels": labels},
-                    "spec": {
-                        "automountServiceAccountToken": False,  # the servers call no Kubernetes API
-                        "enableServiceLinks": False,
-                        "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,
-                                            "fsGroup": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
-                        "containers": [{
-                            "name": "env", "image": image, "args": args,
-                            "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
-                            "env": [{"name": "SDAR_ENV_PORT", "value": str(port)}],
-                            "startupProbe": {**probe, "failureThreshold": 60},
-                            "readinessProbe": probe, "livenessProbe": {**probe, "failureThreshold": 6},
-                            "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
-                            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-                                                "readOnlyRootFilesystem": True, "runAsNonRoot": True},
-                            "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
-                        }],
-                        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "512Mi"}}],
-                    },
-                },
-            },
-        }
-        service = {
-            "apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": name, "namespace": ns, "labels": labels},
-            "spec": {"type": "ClusterIP", "selector": selector,
-                     "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}]},
-        }
+        # the pod charts/sdar-envs describes for the family, from its values.yaml
+        deployment, service = manifests(fam, job_id, ns, image, replicas, port, env_kwargs)
+        name = deployment["metadata"]["name"]
         url = f"http://{name}.{ns}.svc.cluster.local:{port}"
         info.update(url=url, namespace=ns, name=name, manifests=[deployment, service], dry_run=dry_run)
         if not dry_run:

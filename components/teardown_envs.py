@@ -31,7 +31,6 @@ def teardown_envs(
     """
     import json
     import os
-    import re
     import signal
     import time
     from pathlib import Path
@@ -83,7 +82,9 @@ def teardown_envs(
     elif target == "cluster":
         sa_ns = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
         ns = namespace or (sa_ns.read_text().strip() if sa_ns.is_file() else "kubeflow")
-        selector = f"sdar.io/pipeline-job={re.sub(r'[^A-Za-z0-9_.-]', '-', job_id)[:63]}"
+        from sdar.env_service.manifests import JOB_LABEL, job_label
+
+        selector = f"{JOB_LABEL}={job_label(job_id)}"
         if dry_run:
             done.append(f"would delete deployments and services with {selector} in {ns}")
         else:
