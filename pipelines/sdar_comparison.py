@@ -56,7 +56,7 @@ class ClusterSettings:
     container (allowPrivilegeEscalation false, capabilities drop ALL, seccomp RuntimeDefault).
     security_context: False leaves the user out of the IR, for KFP backends before 2.16, whose
     compiler rejects the field (2.6 to 2.15) or then drops the pod labels (2.5).
-    step_cpu / step_memory: requests (and limits) of the light steps (plan, launch, compare, teardown).
+    step_cpu / step_memory: requests (and limits) of the light steps (run matrix, launch, compare, teardown).
     eval_cpu / eval_memory: requests (and limits) of the evaluation pods without eval_on_gpu.
     """
 
