@@ -6,14 +6,14 @@ from components.compare import compare
 from components.evaluate import evaluate
 from components.gated_train import gated_train
 from components.launch_envs import launch_envs
-from components.plan_runs import plan_runs
 from components.rollout import rollout
+from components.run_matrix import run_matrix
 from components.teacher_replay import teacher_replay
 from components.teardown_envs import teardown_envs
 
-ALL = (plan_runs, launch_envs, evaluate, gated_train, compare, teardown_envs, rollout, teacher_replay)
+ALL = (run_matrix, launch_envs, evaluate, gated_train, compare, teardown_envs, rollout, teacher_replay)
 
 __all__ = [
     "ALL", "DEFAULT_ENV_IMAGE", "DEFAULT_IMAGE", "base_image", "compare", "env_image", "evaluate", "gated_train",
-    "launch_envs", "plan_runs", "rollout", "teacher_replay", "teardown_envs", "with_image",
+    "launch_envs", "rollout", "run_matrix", "teacher_replay", "teardown_envs", "with_image",
 ]

@@ -1,7 +1,7 @@
 """The comparison pipeline as a Kubeflow Pipelines DAG, and the helpers that compile it for a
 cluster, submit it to one, or run it on this machine through the KFP local runner.
 
-DAG: plan_runs -> launch_envs -> baseline evaluate (warm-started policy) -> ParallelFor over
+DAG: run_matrix -> launch_envs -> baseline evaluate (warm-started policy) -> ParallelFor over
 (arm, seed): [rollout -> teacher_replay -> gated_train] x replay_rounds -> evaluate -> compare;
 teardown_envs is the ExitHandler's exit task, so it runs even when a branch fails. Each round's
 rollout plays the newest policy, teacher_replay scores it with the self-teacher and (arms with a
@@ -56,7 +56,7 @@ class ClusterSettings:
     container (allowPrivilegeEscalation false, capabilities drop ALL, seccomp RuntimeDefault).
     security_context: False leaves the user out of the IR, for KFP backends before 2.16, whose
     compiler rejects the field (2.6 to 2.15) or then drops the pod labels (2.5).
-    step_cpu / step_memory: requests (and limits) of the light steps (plan, launch, compare, teardown).
+    step_cpu / step_memory: requests (and limits) of the light steps (run matrix, launch, compare, teardown).
     eval_cpu / eval_memory: requests (and limits) of the evaluation pods without eval_on_gpu.
     """
 
@@ -225,9 +225,9 @@ def build_pipeline(target: str = "local", image: str | None = None, cluster: Clu
 
         teardown = c.teardown_envs(job_id=job_id, target=target, namespace=namespace, **track)
         with dsl.ExitHandler(teardown, name="comparison"):
-            plan = c.plan_runs(arms=arms, seeds=seeds, model=model, **common)
+            matrix = c.run_matrix(arms=arms, seeds=seeds, model=model, **common)
             launch = c.launch_envs(job_id=job_id, target=target, namespace=namespace, parent_run_id=parent_run_id,
-                                   run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER, **env_kw, **common, **track).after(plan)
+                                   run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER, **env_kw, **common, **track).after(matrix)
             endpoints = launch.outputs["endpoints"]
             evals = {"model": model, "eval_tasks": eval_tasks, "episodes_per_task": episodes_per_task,
                      "temperature": eval_temperature, "greedy": greedy, "job_id": job_id}
@@ -235,7 +235,7 @@ def build_pipeline(target: str = "local", image: str | None = None, cluster: Clu
                                   **common, **evals, **track)
             # arms and seeds arrive as one flat list of {arm, seed}: the local runner mis-binds an outer
             # loop's item inside a nested ParallelFor, so there is a single loop
-            with dsl.ParallelFor(plan.output, parallelism=parallelism or None) as run:
+            with dsl.ParallelFor(matrix.output, parallelism=parallelism or None) as run:
                 newest: dict[str, Any] = {}  # the previous round's policy (round 0: the config's warm start)
                 rounds = []
                 for r in range(replay_rounds):
@@ -266,7 +266,7 @@ def build_pipeline(target: str = "local", image: str | None = None, cluster: Clu
         if on_cluster:
             from kfp import kubernetes
 
-            steps = {plan: "plan_runs", launch: "launch_envs", baseline: "evaluate", final: "evaluate",
+            steps = {matrix: "run_matrix", launch: "launch_envs", baseline: "evaluate", final: "evaluate",
                      report: "compare", teardown: "teardown_envs"}
             for roll, replay, train_r in rounds:
                 steps.update({roll: "rollout", replay: "teacher_replay", train_r: "gated_train"})
@@ -276,7 +276,7 @@ def build_pipeline(target: str = "local", image: str | None = None, cluster: Clu
             sizes = {"gated_train": (cs.train_cpu, cs.train_memory), "evaluate": (cs.eval_cpu, cs.eval_memory),
                      "rollout": (cs.eval_cpu, cs.eval_memory), "teacher_replay": (cs.eval_cpu, cs.eval_memory)}
             for task, step in steps.items():
-                _secrets(task, cs, step)  # plan_runs touches no store
+                _secrets(task, cs, step)  # run_matrix touches no store
                 _restricted(task, cs, *sizes.get(step, (cs.step_cpu, cs.step_memory)))
             trains = [t for _, _, t in rounds]
             for task in (teardown, launch, final, baseline, *trains, *(rp for _, rp, _ in rounds)):
@@ -289,7 +289,7 @@ def build_pipeline(target: str = "local", image: str | None = None, cluster: Clu
             if cs.eval_on_gpu:
                 _resources(final, cs)
                 _resources(baseline, cs)
-            names = [(plan, "plan runs"), (launch, "launch env services"), (baseline, "baseline eval"),
+            names = [(matrix, "run matrix"), (launch, "launch env services"), (baseline, "baseline eval"),
                      (final, "evaluate arm"), (report, "compare"), (teardown, "teardown env services")]
             for r, (roll, replay, train_r) in enumerate(rounds):
                 tail = f" (round {r + 1})" if replay_rounds > 1 else ""

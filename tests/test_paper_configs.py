@@ -14,7 +14,7 @@ import pytest
 
 from sdar.cli import main as sdar_main
 from sdar.config import load_config
-from sdar.plan import ARCHS, CONFIG_KEYS, settings_from_config
+from sdar.sizing import ARCHS, CONFIG_KEYS, settings_from_config
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = ROOT / "configs" / "paper"

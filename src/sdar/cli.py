@@ -14,7 +14,7 @@ _COMMAND_MODULES = (
     "sdar.train.cli",
     "sdar.replay.cli",
     "sdar.pipeline_cli",
-    "sdar.plan",
+    "sdar.sizing.cli",
     "sdar.demo",
 )
 

@@ -561,6 +561,48 @@ def close_crashed_runs(experiment: str, tags: Mapping[str, str], *, tracking_uri
     return [r.info.run_id for r in runs]
 
 
+
+# the tag that ties a pipeline's parent run to its KFP job (launch_envs opens it, teardown_envs ends it)
+PIPELINE_JOB_TAG = "sdar.pipeline_job_id"
+
+
+def open_pipeline_run(experiment: str, job_id: str, family: str, *, tracking_uri: str = "",
+                      output_root: str = "", parent_run_id: str = "", run_name: str = "",
+                      params: Mapping[str, Any] | None = None) -> tuple[str, str]:
+    """The pipeline's MLflow parent run, tagged with its job id: `parent_run_id` resumed, or a new run
+    named `run_name` (default comparison-<job id>) with `params`. Left RUNNING on purpose:
+    close_pipeline_runs ends it with the pipeline's final state. Returns (run id, tracking URI)."""
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(output_root)
+    tags = {PIPELINE_JOB_TAG: job_id, "sdar.kind": "pipeline", "family": family}
+    if parent_run_id:
+        tracker = Tracker(experiment, resume_run_id=parent_run_id, tracking_uri=uri, tags=tags).start()
+    else:
+        tracker = Tracker(experiment, run_name=run_name or f"comparison-{job_id[:8]}", tracking_uri=uri,
+                          tags=tags).start()
+        tracker.log_params(dict(params or {}))
+    return tracker.run_id, tracker.tracking_uri
+
+
+def close_pipeline_runs(experiment: str, job_id: str, state: str, *, tracking_uri: str = "",
+                        output_root: str = "") -> list[str]:
+    """End the parent runs of pipeline job `job_id` FINISHED when `state` is SUCCEEDED, else FAILED,
+    and tag them with the state (arm runs, which end themselves, are left alone); one line each."""
+    uri = resolve_tracking_uri(tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+                               or default_tracking_uri(output_root))
+    client = _client(uri)
+    exp = client.get_experiment_by_name(experiment)
+    runs = [] if exp is None else client.search_runs(
+        [exp.experiment_id], f"tags.`{PIPELINE_JOB_TAG}` = '{job_id}'")
+    final = "FINISHED" if state == "SUCCEEDED" else "FAILED"
+    done = []
+    for run in runs:
+        if run.data.tags.get(PARENT_TAG):
+            continue  # arm runs end themselves
+        client.set_tag(run.info.run_id, "sdar.pipeline_state", state or "UNKNOWN")
+        client.set_terminated(run.info.run_id, status=final)
+        done.append(f"MLflow parent run {run.info.run_id} {final}")
+    return done
+
 @dataclass
 class RunRecord:
     """One run as `find_runs` returns it: ids, status and the latest value of each metric."""

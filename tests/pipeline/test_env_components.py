@@ -1,4 +1,4 @@
-"""launch_envs / teardown_envs / plan_runs called directly: a real env server on loopback started
+"""launch_envs / teardown_envs / run_matrix called directly: a real env server on loopback started
 and stopped, the MLflow parent run opened and closed, and the cluster manifests (no API server here)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from kfp import dsl
 from kfp.dsl import Artifact
 
 from components.launch_envs import launch_envs
-from components.plan_runs import plan_runs
+from components.run_matrix import run_matrix
 from components.teardown_envs import teardown_envs
 from sdar.envs.client import RemoteEnv, http_json
 
@@ -126,20 +126,20 @@ def test_launch_for_a_cluster_builds_a_deployment_and_service(tmp_path):
     assert summary == f"would delete deployments and services with sdar.io/pipeline-job={job} in team-a"
 
 
-def test_plan_runs_expands_arms_by_seeds_and_rejects_bad_settings():
-    runs = plan_runs.python_func(arms=["grpo", "sdar"], seeds=[0, 3], config_path=CONFIG, overrides="{}")
+def test_run_matrix_expands_arms_by_seeds_and_rejects_bad_settings():
+    runs = run_matrix.python_func(arms=["grpo", "sdar"], seeds=[0, 3], config_path=CONFIG, overrides="{}")
     assert runs == [{"arm": "grpo", "seed": 0}, {"arm": "grpo", "seed": 3}, {"arm": "sdar", "seed": 0},
                     {"arm": "sdar", "seed": 3}]
     with pytest.raises(ValueError, match="unknown arm 'sdarr'; choose one of"):
-        plan_runs.python_func(arms=["sdarr"], seeds=[0], config_path=CONFIG, overrides="{}")
+        run_matrix.python_func(arms=["sdarr"], seeds=[0], config_path=CONFIG, overrides="{}")
     with pytest.raises(ValueError, match="arm 'sdar' is listed twice"):
-        plan_runs.python_func(arms=["sdar", "sdar"], seeds=[0], config_path=CONFIG, overrides="{}")
+        run_matrix.python_func(arms=["sdar", "sdar"], seeds=[0], config_path=CONFIG, overrides="{}")
     with pytest.raises(ValueError, match="family 'shop' differs from env.family 'household'"):
-        plan_runs.python_func(arms=["sdar"], seeds=[0], config_path=CONFIG, overrides="{}", family="shop")
+        run_matrix.python_func(arms=["sdar"], seeds=[0], config_path=CONFIG, overrides="{}", family="shop")
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['stepz'\]"):
-        plan_runs.python_func(arms=["sdar"], seeds=[0], config_path=CONFIG, overrides='{"stepz": 3}')
+        run_matrix.python_func(arms=["sdar"], seeds=[0], config_path=CONFIG, overrides='{"stepz": 3}')
     with pytest.raises(ValueError, match="overrides must be a JSON object of dotted config keys"):
-        plan_runs.python_func(arms=["sdar"], seeds=[0], config_path=CONFIG, overrides='["steps", 3]')
+        run_matrix.python_func(arms=["sdar"], seeds=[0], config_path=CONFIG, overrides='["steps", 3]')
 
 
 def test_teacher_replay_names_a_missing_pool_file(tmp_path):

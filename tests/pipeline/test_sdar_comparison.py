@@ -59,13 +59,13 @@ def test_dag_has_launch_baseline_parallel_arms_compare_and_teardown(cluster):
     assert teardown["inputs"]["parameters"]["status"] == {"taskFinalStatus": {"producerTask": handler}}
     assert teardown["inputs"]["parameters"]["job_id"]["runtimeValue"]["constant"] == "{{$.pipeline_job_uuid}}"
 
-    assert set(body) == {"plan-runs", "launch-envs", "evaluate", "for-loop-2", "compare"}
-    assert body["launch-envs"]["dependentTasks"] == ["plan-runs"]
+    assert set(body) == {"run-matrix", "launch-envs", "evaluate", "for-loop-2", "compare"}
+    assert body["launch-envs"]["dependentTasks"] == ["run-matrix"]
     assert body["evaluate"]["dependentTasks"] == ["launch-envs"]  # the baseline eval of the warm start
     assert "checkpoint" not in body["evaluate"]["inputs"].get("artifacts", {})
     loop = body["for-loop-2"]
-    assert loop["parameterIterator"]["items"] == {"inputParameter": "pipelinechannel--plan-runs-Output"}
-    assert set(loop["dependentTasks"]) == {"evaluate", "launch-envs", "plan-runs"}  # arms start after the baseline
+    assert loop["parameterIterator"]["items"] == {"inputParameter": "pipelinechannel--run-matrix-Output"}
+    assert set(loop["dependentTasks"]) == {"evaluate", "launch-envs", "run-matrix"}  # arms start after the baseline
     arm = spec["components"][loop["componentRef"]["name"]]["dag"]["tasks"]
     # issue 13.4: rollout -> teacher replay -> gated training -> evaluate, per arm and seed
     assert set(arm) == {"rollout", "teacher-replay", "gated-train", "evaluate-2"}
@@ -122,7 +122,7 @@ def test_cluster_target_adds_gpu_scheduling_and_secrets(cluster):
     mlflow, s3 = {"MLFLOW_TRACKING_URI"}, {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "SDAR_S3_ENDPOINT_URL"}
     # and the teacher pool's API keys where the pool is called (optional: a local pool needs none)
     teach = {"OPENAI_API_KEY"}
-    want = {"exec-gated-train": {"sdar-mlflow": mlflow, "sdar-s3": s3, "sdar-teachers": teach}, "exec-plan-runs": {},
+    want = {"exec-gated-train": {"sdar-mlflow": mlflow, "sdar-s3": s3, "sdar-teachers": teach}, "exec-run-matrix": {},
             "exec-rollout": {}, "exec-teacher-replay": {"sdar-teachers": teach}}
     for ex in k8s:
         secrets = {s["secretName"]: {e["envVar"] for e in s["keyToEnv"]} for s in k8s[ex].get("secretAsEnv", [])}
@@ -209,7 +209,7 @@ def test_every_cluster_step_runs_as_the_images_user_with_requests_and_limits(tmp
     assert res("exec-evaluate")["resourceCpuLimit"] == res("exec-evaluate-2")["resourceCpuLimit"] == evaluation
     for sized in ("exec-rollout", "exec-teacher-replay"):  # a policy forward each: evaluation-sized pods
         assert res(sized)["resourceCpuLimit"] == settings.eval_cpu, sized
-    for light in ("exec-plan-runs", "exec-launch-envs", "exec-compare", "exec-teardown-envs"):
+    for light in ("exec-run-matrix", "exec-launch-envs", "exec-compare", "exec-teardown-envs"):
         assert res(light)["resourceCpuLimit"] == settings.step_cpu, light
         assert res(light)["resourceMemoryLimit"] == settings.step_memory, light
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from sdar.train import distributed
-from sdar.train.distributed import DistContext, Plan
+from sdar.train.distributed import DistContext, RowSplit
 
 from .conftest import SMALL
 
@@ -114,7 +114,7 @@ def test_groups_are_split_into_contiguous_blocks_in_rank_order():
 def test_shares_weight_each_rank_by_its_part_of_the_loss_normaliser():
     # rows 0-2 on rank 0, rows 3-4 on rank 1; the mini-batch [4, 0, 3] holds 5 + 3 + 0 tokens
     tokens = [5, 1, 2, 3, 0]
-    r0, r1 = Plan(tokens, offset=0, count=3), Plan(tokens, offset=3, count=2)
+    r0, r1 = RowSplit(tokens, offset=0, count=3), RowSplit(tokens, offset=3, count=2)
     rows = [4, 0, 3]
     assert r0.local(rows) == [0] and r1.local(rows) == [1, 0]
     assert r0.share(rows, "token-mean") == pytest.approx(5 / 8) and r1.share(rows, "token-mean") == pytest.approx(3 / 8)
@@ -132,7 +132,7 @@ def test_shares_weight_each_rank_by_its_part_of_the_loss_normaliser():
     local = [token_mean([0]), token_mean([4, 3])]
     combined = r0.share(rows, "token-mean") * local[0] + r1.share(rows, "token-mean") * local[1]
     assert combined == pytest.approx(token_mean(rows))
-    alone = Plan(tokens, offset=0, count=5)
+    alone = RowSplit(tokens, offset=0, count=5)
     assert alone.share(rows, "token-mean") == 1.0 and alone.local(rows) == rows
 
 

@@ -13,7 +13,7 @@ from sdar.agent.prompts import TurnView, chat_ids, prefix_ids
 from sdar.agent.rollout import Trajectory, Turn, episode_reward, penalized, turn_rewards
 from sdar.config import FAMILY_DEFAULTS, load_config
 from sdar.models.scoring import free_token_mask
-from sdar.train.distributed import Plan
+from sdar.train.distributed import RowSplit
 from sdar.train.trainer import micro_batches
 
 from .conftest import make_trainer, small_config
@@ -163,7 +163,7 @@ def test_choices_are_checked_at_load():
 
 # ---- 6. optimisation -------------------------------------------------------------------------------
 def test_micro_batch_weights_average_micro_batch_means_or_span_the_mini_batch():
-    plan = Plan(tokens=[3, 1, 1, 1, 2], offset=0, count=5)
+    plan = RowSplit(tokens=[3, 1, 1, 1, 2], offset=0, count=5)
     rows = [0, 1, 2, 3, 4]
     micro = micro_batches(plan, rows, 2, "token-mean", "micro_batch")
     assert [p for p, _ in micro] == [[0, 1], [2, 3], [4]]
@@ -171,7 +171,7 @@ def test_micro_batch_weights_average_micro_batch_means_or_span_the_mini_batch():
     mini = micro_batches(plan, rows, 2, "token-mean", "mini_batch")
     assert [w for _, w in mini] == pytest.approx([4 / 8, 2 / 8, 2 / 8])
     # two ranks: rank 1 holds rows 3, 4; its weights plus rank 0's give the single-process ones
-    r0, r1 = Plan(plan.tokens, 0, 3), Plan(plan.tokens, 3, 2)
+    r0, r1 = RowSplit(plan.tokens, 0, 3), RowSplit(plan.tokens, 3, 2)
     for mode in ("micro_batch", "mini_batch"):
         alone = [w for _, w in micro_batches(plan, rows, 2, "token-mean", mode)]
         split = [a + b for (_, a), (_, b) in zip(micro_batches(r0, rows, 2, "token-mean", mode),

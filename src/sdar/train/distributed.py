@@ -9,7 +9,7 @@ that DDP's hooks wait for; the reference pass runs the same peft module with its
 disabled, which DDP's parameter bookkeeping does not expect; and a LoRA's gradients are a few MB,
 so one flat all-reduce per update costs little next to DDP's bucketed overlap. Instead every rank
 backpropagates its share of the mini-batch's loss, scaled so the shares add up to the loss one
-process would compute on the whole mini-batch, and the gradients are summed (see `Plan.share`).
+process would compute on the whole mini-batch, and the gradients are summed (see `RowSplit.share`).
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def group_range(n_groups: int, ctx: DistContext) -> range:
     """The task groups this rank rolls out: a contiguous block, the first n % world ranks one more.
 
     Whole groups stay on one rank, because GRPO normalises rewards within a group; and blocks in
-    rank order concatenate to the single-process order, which the mini-batch plan relies on.
+    rank order concatenate to the single-process order, which the row split relies on.
     """
     if n_groups < ctx.world_size:
         raise ValueError(f"tasks_per_step={n_groups} is smaller than the {ctx.world_size} ranks; every rank "
@@ -119,7 +119,7 @@ def _all_gather_object(obj, ctx: DistContext) -> list:
 
 
 @dataclass
-class Plan:
+class RowSplit:
     """The step's turn-samples of all ranks, in single-process order (rank 0's rows, then rank 1's...).
 
     tokens: response tokens per global row; offset/count: this rank's rows. Mini-batches are drawn
@@ -162,11 +162,12 @@ class Plan:
         return num / den if den else 0.0
 
 
-def plan(tokens: list[int], ctx: DistContext) -> Plan:
-    """Gather every rank's per-row token counts (one small collective per step)."""
+def split_rows(tokens: list[int], ctx: DistContext) -> RowSplit:
+    """Gather every rank's per-row token counts (one small collective per step): the step's rows
+    split over the ranks."""
     parts = _all_gather_object([int(t) for t in tokens], ctx)
     offset = sum(len(p) for p in parts[: ctx.rank])
-    return Plan(tokens=[t for p in parts for t in p], offset=offset, count=len(tokens))
+    return RowSplit(tokens=[t for p in parts for t in p], offset=offset, count=len(tokens))
 
 
 def sync_update(params: list[torch.nn.Parameter], metrics: dict[str, torch.Tensor | float], share: float,

@@ -190,7 +190,7 @@ class Trainer:
         # mini-batches are drawn over every rank's rows (alone: this process's), so N ranks make the
         # same updates on the same samples as one process; each rank scores only its own rows
         self._row_tasks = batch.task_ids  # rows of a task share their prompt start
-        plan = distributed.plan([int(x) for x in free.sum(dim=1).tolist()], self.dist)
+        plan = distributed.split_rows([int(x) for x in free.sum(dim=1).tolist()], self.dist)
         gen = torch.Generator().manual_seed(_step_seed(cfg.seed, step))
         orders = [torch.randperm(plan.n, generator=gen).tolist() if cfg.shuffle_mini_batches else list(range(plan.n))
                   for _ in range(cfg.ppo_epochs)]

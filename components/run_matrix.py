@@ -1,5 +1,5 @@
-"""KFP component plan_runs: checks the experiment's settings before anything starts and expands
-arms x seeds into the list of training runs the pipeline fans out over."""
+"""KFP component run_matrix: checks the experiment's settings before anything starts and expands
+arms x seeds into the run matrix, the list of training runs the pipeline fans out over."""
 
 from typing import List
 
@@ -9,7 +9,7 @@ from components._image import COMPONENT_OPTIONS, base_image
 
 
 @dsl.component(base_image=base_image(), **COMPONENT_OPTIONS)
-def plan_runs(arms: List[str], seeds: List[int], config_path: str, overrides: str, family: str = "",
+def run_matrix(arms: List[str], seeds: List[int], config_path: str, overrides: str, family: str = "",
               model: str = "") -> List[dict]:
     """[{"arm": a, "seed": s}] for every arm and seed, after checking that every arm exists, no
     arm or seed repeats, and the config loads with the overrides (fail here, not an hour later).
@@ -39,5 +39,5 @@ def plan_runs(arms: List[str], seeds: List[int], config_path: str, overrides: st
     if model:
         load_config(config_path, {**ov, "model.name_or_path": model})
     runs = [{"arm": a, "seed": int(s)} for a in arms for s in seeds]
-    print(f"planned {len(runs)} runs: " + ", ".join(f"{r['arm']}/seed{r['seed']}" for r in runs))
+    print(f"run matrix of {len(runs)} runs: " + ", ".join(f"{r['arm']}/seed{r['seed']}" for r in runs))
     return runs

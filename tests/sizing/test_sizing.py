@@ -1,4 +1,4 @@
-"""`sdar plan`: parameter counts, bytes per role, fit verdicts, instances and cost, checked against
+"""`sdar size` (sdar.sizing): parameter counts, bytes per role, fit verdicts, instances and cost, checked against
 hand calculations written out below (GiB = 2**30 B)."""
 
 import json
@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from sdar.plan import (
+from sdar.sizing import (
     ARCHS,
     GiB,
-    PlanError,
-    PlanSettings,
+    SizingError,
+    SizingSettings,
     activation_bytes_per_layer,
-    make_plan,
-    memory_plan,
+    size_run,
+    memory_budget,
     resolve_model,
     run_cost,
 )
@@ -31,14 +31,14 @@ def sdar(*args: str) -> subprocess.CompletedProcess:
 Q15, Q3, Q7 = ARCHS["qwen2.5-1.5b"], ARCHS["qwen2.5-3b"], ARCHS["qwen2.5-7b"]
 
 
-def item(plan, role, name_start):
-    found = [i for i in plan.items if i.role == role and i.name.startswith(name_start)]
-    assert len(found) == 1, [i.name for i in plan.items if i.role == role]
+def item(budget, role, name_start):
+    found = [i for i in budget.items if i.role == role and i.name.startswith(name_start)]
+    assert len(found) == 1, [i.name for i in budget.items if i.role == role]
     return found[0]
 
 
-def phase(plan, name):
-    return next(p for p in plan.phases if p.phase == name)
+def phase(budget, name):
+    return next(p for p in budget.phases if p.phase == name)
 
 
 # --- parameter counts -----------------------------------------------------------------------------
@@ -138,144 +138,144 @@ def test_kv_cache_bytes_by_hand():
 
 
 def test_full_finetune_bytes_per_gpu_7b_on_8_gpus():
-    plan = memory_plan(Q7, PlanSettings(gpus=8, gpu_mem=80))
+    budget = memory_budget(Q7, SizingSettings(gpus=8, gpu_mem=80))
     P = 7_615_616_512
-    assert item(plan, "actor", "weights bf16").bytes == 2 * P / 8
-    assert item(plan, "actor", "gradients bf16").bytes == 2 * P / 8
-    assert item(plan, "actor", "master weights fp32").bytes == 4 * P / 8
-    assert item(plan, "actor", "Adam").bytes == 8 * P / 8 == 7_615_616_512
-    assert item(plan, "reference", "frozen").bytes == 2 * P / 8
-    assert item(plan, "teacher", "weights").bytes == 0  # the actor's weights
+    assert item(budget, "actor", "weights bf16").bytes == 2 * P / 8
+    assert item(budget, "actor", "gradients bf16").bytes == 2 * P / 8
+    assert item(budget, "actor", "master weights fp32").bytes == 4 * P / 8
+    assert item(budget, "actor", "Adam").bytes == 8 * P / 8 == 7_615_616_512
+    assert item(budget, "reference", "frozen").bytes == 2 * P / 8
+    assert item(budget, "teacher", "weights").bytes == 0  # the actor's weights
     # FSDP keeps the root unit (embedding + lm_head + final norm) and 2 layers gathered, bf16
     unit = (2 * 152064 * 3584 + 3584) + 2 * 233_057_792
-    assert item(plan, "actor", "FSDP gathered weights").bytes == 2 * unit
+    assert item(budget, "actor", "FSDP gathered weights").bytes == 2 * unit
     # activations, micro-batch 2 x 2560 tokens; one layer saves 12h + 4kv + 8I bytes per token
     tok = 2 * 2560
     assert activation_bytes_per_layer(Q7, 1) == 12 * 3584 + 4 * 512 + 8 * 18944 == 196_608
-    assert item(plan, "actor", "activations, checkpointing").bytes == tok * (
+    assert item(budget, "actor", "activations, checkpointing").bytes == tok * (
         28 * 2 * 3584 + 196_608 + 4 * 3584
     )
-    assert item(plan, "actor", "activations, no checkpointing").bytes == tok * (
+    assert item(budget, "actor", "activations, no checkpointing").bytes == tok * (
         28 * 196_608 + 4 * 3584
     )
     # logits: three fp32 [tokens, vocab] tensors in the update
-    assert item(plan, "actor", "logits").bytes == 3 * 4 * tok * 152064 == 9_342_812_160
+    assert item(budget, "actor", "logits").bytes == 3 * 4 * tok * 152064 == 9_342_812_160
     # vLLM reservation = 0.35 x 80 GiB, split into weights + runtime + KV pool
-    vllm = sum(i.bytes for i in plan.items if i.role == "rollout" and i.phases)
+    vllm = sum(i.bytes for i in budget.items if i.role == "rollout" and i.phases)
     assert vllm == pytest.approx(0.35 * 80 * GiB)
     # phase peaks
     resident = (2 + 2 + 4 + 8 + 2) * P / 8  # actor state + reference
-    assert phase(plan, "rollout").bytes == pytest.approx(resident + 0.35 * 80 * GiB)
+    assert phase(budget, "rollout").bytes == pytest.approx(resident + 0.35 * 80 * GiB)
     update = resident + 2 * 2 * unit + tok * (28 * 2 * 3584 + 196_608 + 4 * 3584) + 9_342_812_160
-    assert phase(plan, "update").bytes == pytest.approx(update)
+    assert phase(budget, "update").bytes == pytest.approx(update)
     assert update / GiB == pytest.approx(32.42, abs=0.01)
-    assert plan.fits and plan.peak / GiB == pytest.approx(43.96, abs=0.01)
+    assert budget.fits and budget.peak / GiB == pytest.approx(43.96, abs=0.01)
 
 
 def test_teacher_scoring_bytes_use_the_longer_context():
-    s = PlanSettings(gpus=8, gpu_mem=80, teacher_extra_tokens=1024)
-    plan = memory_plan(Q7, s)
+    s = SizingSettings(gpus=8, gpu_mem=80, teacher_extra_tokens=1024)
+    budget = memory_budget(Q7, s)
     t_tok = 2 * (2560 + 1024)
-    assert item(plan, "teacher", "K/V").bytes == 57_344 * t_tok
-    assert item(plan, "teacher", "logits").bytes == 6 * t_tok * 152064
-    longer = memory_plan(Q7, PlanSettings(gpus=8, gpu_mem=80, teacher_extra_tokens=4096))
-    assert phase(longer, "teacher").bytes > phase(plan, "teacher").bytes
+    assert item(budget, "teacher", "K/V").bytes == 57_344 * t_tok
+    assert item(budget, "teacher", "logits").bytes == 6 * t_tok * 152064
+    longer = memory_budget(Q7, SizingSettings(gpus=8, gpu_mem=80, teacher_extra_tokens=4096))
+    assert phase(longer, "teacher").bytes > phase(budget, "teacher").bytes
 
 
 def test_lora_reference_costs_nothing_and_adapter_state_is_16_bytes_per_param():
-    plan = memory_plan(Q3, PlanSettings(gpus=1, gpu_mem=80, lora=True))
-    assert item(plan, "reference", "base").bytes == 0
-    assert item(plan, "actor", "base weights").bytes == 2 * 3_085_938_688
-    assert item(plan, "actor", "LoRA").bytes == 16 * 29_933_568
+    budget = memory_budget(Q3, SizingSettings(gpus=1, gpu_mem=80, lora=True))
+    assert item(budget, "reference", "base").bytes == 0
+    assert item(budget, "actor", "base weights").bytes == 2 * 3_085_938_688
+    assert item(budget, "actor", "LoRA").bytes == 16 * 29_933_568
 
 
 # --- fit verdicts ---------------------------------------------------------------------------------
 
 
 def test_7b_full_finetune_on_one_80gb_gpu_does_not_fit():
-    plan = memory_plan(Q7, PlanSettings(gpus=1, gpu_mem=80))
+    budget = memory_budget(Q7, SizingSettings(gpus=1, gpu_mem=80))
     # unsharded: 2+2+4+8 B actor + 2 B reference = 18 B/param = 127.7 GiB before any activation
     assert 18 * 7_615_616_512 / GiB == pytest.approx(127.67, abs=0.01)
-    assert not plan.fits
-    assert all(not p.fits for p in plan.phases)
+    assert not budget.fits
+    assert all(not p.fits for p in budget.phases)
 
 
 def test_7b_lora_on_one_80gb_gpu_fits():
-    plan = memory_plan(Q7, PlanSettings(gpus=1, gpu_mem=80, lora=True))
+    budget = memory_budget(Q7, SizingSettings(gpus=1, gpu_mem=80, lora=True))
     resident = 2 * 7_615_616_512 + 16 * 40_370_176  # frozen bf16 base + fp32 adapter/grads/Adam
     rollout = resident + 0.35 * 80 * GiB
     assert rollout / GiB == pytest.approx(42.79, abs=0.01)  # <= 72 GiB usable (80 - 10%)
-    assert phase(plan, "rollout").bytes == pytest.approx(rollout)
+    assert phase(budget, "rollout").bytes == pytest.approx(rollout)
     tok = 2 * 2560
     update = resident + tok * (28 * 2 * 3584 + 196_608 + 4 * 3584) + 12 * tok * 152064
-    assert phase(plan, "update").bytes == pytest.approx(update)
-    assert plan.fits
+    assert phase(budget, "update").bytes == pytest.approx(update)
+    assert budget.fits
     # one vLLM replica: its 0.35 x 80 GiB hold 14.2 GiB weights, not all 128 x 2560-token KV caches
-    assert plan.rollout["replicas"] == 1 and plan.rollout["waves"] == 2
+    assert budget.rollout["replicas"] == 1 and budget.rollout["waves"] == 2
 
 
 def test_weights_that_do_not_fit_say_so_and_suggest_fixes():
-    plan = make_plan("qwen2.5-7b", gpus=1, gpu_mem=12)
-    assert not plan.fits
-    assert any("bf16 weights alone" in p for p in plan.memory.problems)
-    assert plan.suggestions and any("bigger instance" in s for s in plan.suggestions)
-    assert plan.recommendation is None
+    sizing = size_run("qwen2.5-7b", gpus=1, gpu_mem=12)
+    assert not sizing.fits
+    assert any("bf16 weights alone" in p for p in sizing.memory.problems)
+    assert sizing.suggestions and any("bigger instance" in s for s in sizing.suggestions)
+    assert sizing.recommendation is None
 
 
 def test_full_finetune_suggests_lora_and_more_gpus():
-    plan = make_plan("qwen2.5-7b", gpus=1, gpu_mem=80)
-    text = " ".join(plan.suggestions)
+    sizing = size_run("qwen2.5-7b", gpus=1, gpu_mem=80)
+    text = " ".join(sizing.suggestions)
     assert "--lora" in text and "--gpus" in text
 
 
 def test_no_shard_and_no_checkpointing_cost_more():
-    base = memory_plan(Q7, PlanSettings(gpus=8))
-    assert memory_plan(Q7, PlanSettings(gpus=8, shard=False)).peak > base.peak
-    no_ckpt = memory_plan(Q7, PlanSettings(gpus=8, checkpointing=False))
+    base = memory_budget(Q7, SizingSettings(gpus=8))
+    assert memory_budget(Q7, SizingSettings(gpus=8, shard=False)).peak > base.peak
+    no_ckpt = memory_budget(Q7, SizingSettings(gpus=8, checkpointing=False))
     assert phase(no_ckpt, "update").bytes > phase(base, "update").bytes
 
 
 def test_split_mode_puts_vllm_on_its_own_gpus():
-    plan = memory_plan(Q7, PlanSettings(gpus=8, colocate=False))
-    assert phase(plan, "rollout").gpus == 4 and phase(plan, "update").gpus == 4
+    budget = memory_budget(Q7, SizingSettings(gpus=8, colocate=False))
+    assert phase(budget, "rollout").gpus == 4 and phase(budget, "update").gpus == 4
     # the rollout GPUs hold only vLLM: 0.85 x 80 GiB
-    assert phase(plan, "rollout").bytes == pytest.approx(0.85 * 80 * GiB)
+    assert phase(budget, "rollout").bytes == pytest.approx(0.85 * 80 * GiB)
     # the training state is sharded 4 ways, not 8
-    assert item(plan, "actor", "Adam").bytes == 8 * 7_615_616_512 / 4
+    assert item(budget, "actor", "Adam").bytes == 8 * 7_615_616_512 / 4
 
 
 # --- instances and cost ---------------------------------------------------------------------------
 
 
 def test_recommends_the_cheapest_80gb_node_for_7b_on_8_gpus():
-    plan = make_plan("qwen2.5-7b", gpus=8, gpu_mem=80)
-    rec = plan.recommendation
+    sizing = size_run("qwen2.5-7b", gpus=8, gpu_mem=80)
+    rec = sizing.recommendation
     assert rec["instance"] == "p4de.24xlarge" and rec["instances"] == 1
-    names = [a["instance"] for a in plan.alternatives]
+    names = [a["instance"] for a in sizing.alternatives]
     assert "p5.48xlarge" in names and "g5.48xlarge" not in names  # 24 GiB A10G cards are too small
 
 
 def test_recommends_24gb_cards_when_they_are_asked_for_and_fit():
-    plan = make_plan("qwen2.5-1.5b", gpus=8, gpu_mem=24)
-    assert plan.fits and plan.recommendation["gpu_mem"] >= 24
-    assert plan.recommendation["instance"] == "g6.48xlarge"
+    sizing = size_run("qwen2.5-1.5b", gpus=8, gpu_mem=24)
+    assert sizing.fits and sizing.recommendation["gpu_mem"] >= 24
+    assert sizing.recommendation["instance"] == "g6.48xlarge"
 
 
 def test_cost_arithmetic_on_demand_vs_spot():
-    s = PlanSettings(gpus=8, steps=150, step_seconds=600, spot_discount=0.6, spot_overhead=0.1)
-    from sdar.plan import _INSTANCE_BY_NAME
+    s = SizingSettings(gpus=8, steps=150, step_seconds=600, spot_discount=0.6, spot_overhead=0.1)
+    from sdar.sizing import INSTANCE_BY_NAME
 
-    c = run_cost(s, _INSTANCE_BY_NAME["p4de.24xlarge"])
+    c = run_cost(s, INSTANCE_BY_NAME["p4de.24xlarge"])
     hours = 150 * 600 / 3600
     assert c["hours"] == hours == 25.0
     assert c["on_demand_cost"] == pytest.approx(25.0 * 40.966 * 1)
     assert c["spot_cost"] == pytest.approx(25.0 * 1.1 * 40.966 * (1 - 0.6))
     # 16 GPUs on 8-GPU nodes: two instances; an explicit spot price replaces the discount
     c2 = run_cost(
-        PlanSettings(
+        SizingSettings(
             gpus=16, steps=10, step_seconds=360, spot_price=20.0, spot_overhead=0.0, runs=3
         ),
-        _INSTANCE_BY_NAME["p4de.24xlarge"],
+        INSTANCE_BY_NAME["p4de.24xlarge"],
     )
     assert c2["instances"] == 2
     assert c2["on_demand_cost"] == pytest.approx(3 * 10 * 360 / 3600 * 40.966 * 2)
@@ -283,9 +283,9 @@ def test_cost_arithmetic_on_demand_vs_spot():
 
 
 def test_spot_flag_ranks_by_spot_and_price_override():
-    plan = make_plan("qwen2.5-7b", gpus=8, spot=True, price=10.0)
-    assert plan.recommendation["on_demand_hourly"] == 10.0
-    assert plan.recommendation["spot_hourly"] == pytest.approx(4.0)
+    sizing = size_run("qwen2.5-7b", gpus=8, spot=True, price=10.0)
+    assert sizing.recommendation["on_demand_hourly"] == 10.0
+    assert sizing.recommendation["spot_hourly"] == pytest.approx(4.0)
 
 
 # --- model resolution and bad input ---------------------------------------------------------------
@@ -327,8 +327,8 @@ def test_model_names_sizes_and_config_files(tmp_path):
     ],
 )
 def test_bad_input_errors(model, settings, message):
-    with pytest.raises(PlanError, match=message.replace(".", r"\.")):
-        make_plan(model, **settings)
+    with pytest.raises(SizingError, match=message.replace(".", r"\.")):
+        size_run(model, **settings)
 
 
 # --- the command line -----------------------------------------------------------------------------
@@ -366,3 +366,14 @@ def test_cli_errors_and_no_fit_exit_codes():
     small = sdar("plan", "--model", "7b", "--gpus", "1", "--gpu-mem", "12")
     assert small.returncode == 1
     assert "DOES NOT FIT" in small.stdout and "bigger instance" in small.stdout
+
+
+def test_size_is_the_command_and_plan_its_alias(capsys):
+    from sdar.cli import main
+
+    assert main(["size", "--model", "qwen2.5-7b", "--json"]) == 0
+    size = json.loads(capsys.readouterr().out)
+    assert main(["plan", "--model", "qwen2.5-7b", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == size
+    assert main(["size", "--model", "llama-9000"]) == 2
+    assert capsys.readouterr().err.startswith("sdar size: error: unknown model 'llama-9000'")
