@@ -44,7 +44,6 @@ def teacher_replay(
     from collections import namedtuple
     from pathlib import Path
 
-    from sdar.algos import get_arm
     from sdar.config import load_config, parse_overrides
     from sdar.eval.report import read_trajectories
     from sdar.eval.report import teacher_replay as replay
@@ -68,7 +67,7 @@ def teacher_replay(
     cfg = load_config(config_path, ov)
     trainer = Trainer(cfg, train=False)
     out = replay(trainer.model, trainer.tokenizer, trainer.teacher, trajs, pad_id=trainer.pad_id,
-                 beta=get_arm(arm, **cfg.arm_overrides).sdar_beta, batch_size=cfg.score_batch_size,
+                 beta=cfg.resolved_arm().sdar_beta, batch_size=cfg.score_batch_size,
                  temperature=cfg.rollout.temperature, mask_forced_tokens=cfg.rollout.mask_forced_tokens)
     Path(scores.path).parent.mkdir(parents=True, exist_ok=True)
     Path(scores.path).write_text(json.dumps(out, indent=1))

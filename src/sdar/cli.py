@@ -14,6 +14,7 @@ _COMMAND_MODULES = (
     "sdar.train.cli",
     "sdar.replay.cli",
     "sdar.pipeline_cli",
+    "sdar.config_cli",
     "sdar.plan",
     "sdar.demo",
 )

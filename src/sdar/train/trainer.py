@@ -27,7 +27,7 @@ import torch
 from sdar.agent.backends import make_backend
 from sdar.agent.prompts import PromptBuilder
 from sdar.agent.rollout import Trajectory, episode_reward, rollout, turn_rewards
-from sdar.algos import LossBatch, compose_loss, get_arm, grpo_advantages
+from sdar.algos import LossBatch, compose_loss, grpo_advantages
 from sdar.config import TrainConfig
 from sdar.teacher import ScoredBatch, TeacherScorer, free_token_mask, response_logprobs
 from sdar.teacher.vllm_scoring import select_teacher_engine
@@ -82,7 +82,7 @@ class Trainer:
 
         self.cfg = cfg
         self.console = console or Console(stderr=True)
-        self.arm = get_arm(cfg.arm, **cfg.arm_overrides)
+        self.arm = cfg.resolved_arm()
         self.dist = distributed.init_from_env()  # rank 0 of 1 unless started by torchrun
         self.out = cfg.resolved_output_dir()
         self.out.mkdir(parents=True, exist_ok=True)
@@ -205,10 +205,6 @@ class Trainer:
 
     def train_step(self, step: int) -> StepResult:
         cfg, arm = self.cfg, self.arm
-        if self.rollout_cfg.temperature <= 0:
-            raise ValueError(f"rollout.temperature={self.rollout_cfg.temperature}: RL samples its rollouts and "
-                             "scores them at that temperature, so it must be > 0 (paper: 1.0); greedy decoding "
-                             "is for evaluation (eval_temperature: 0)")
         t0 = time.perf_counter()
         trajs = self.collect(step)
         if self.replay is not None:  # the teacher pool replays these frozen trajectories in the background
