@@ -1,19 +1,23 @@
-"""Experiment configuration: dataclasses with documented defaults, loaded from YAML.
+"""Experiment configuration: one tree of dataclasses with a help text per field, loaded from YAML.
 
-`load_config("configs/household-tiny.yaml", overrides={"steps": 3})` returns a TrainConfig;
-unknown keys are errors that list the valid ones, so a typo never silently does nothing.
+`load_config("configs/household-tiny.yaml", overrides={"steps": 3})` returns a TrainConfig; unknown keys
+are errors that list the valid ones, and every setting is checked there, once. `sdar config show` prints
+the result, `sdar config fields` the help. Light imports only: reading a config never pulls torch.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import typing
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from sdar.algos.arm_config import ARMS, OVERRIDABLE, ArmConfig, get_arm
 from sdar.replay.config import ReplayConfig
 
 
@@ -28,62 +32,80 @@ REWARDS = ("reference", "env")  # reward (sdar.agent.rollout.episode_reward)
 class RolloutConfig:
     """How episodes are played. Defaults follow the paper where it has one."""
 
-    family: str = "household"
-    max_turns: int = 50  # paper: 50 household, 15 shop, 4 search
-    history: int = 2  # past (observation, action) pairs in the prompt (4 for search)
-    max_prompt_tokens: int = 1024
-    max_response_tokens: int = 64
-    temperature: float = 1.0  # 1.0 for training, 0.4 for evaluation
-    top_p: float = 1.0
-    invalid_penalty: float = 0.1  # subtracted from the turn's reward on an invalid action
-    # which turns pay invalid_penalty: "format" = the response has no well-formed action block (or no
-    # <think> when require_think), as the reference's projection functions decide; "invalid" = also an
-    # action that is inadmissible, rejected by the environment, or a response cut off unfinished
-    penalize: str = "format"
-    # where the privileged text goes in the teacher's prompt (and in a prompt that acts with the skills):
-    # "prefix" = before the chat-templated prompt (the reference), "user" = in the user message
-    privileged_placement: str = "prefix"
-    # leave tokens that constrained decoding forced (one allowed token: no choice was made) out of every
-    # loss term and every per-token statistic; false scores them like free tokens (log-prob 0 for all)
-    mask_forced_tokens: bool = True
-    require_think: bool = False
-    show_admissible: bool = True
-    use_memory: bool = True  # the household's compact memory of what was seen
-    skills_in_prompt: bool = False  # the student itself sees the skills (skill_grpo)
-    env_workers: int = 8  # threads stepping remote sessions concurrently
-    constrained: bool = False  # decode only admissible actions (families that list them)
-    # constrained decoding (transformers backend): a token the trie forces is appended without a decode
-    # step and a run of them goes through the model in one forward; false = one token per forward (the
-    # same samples and log-probs, for benchmarks and checks)
-    jump_forward: bool = True
-
+    family: str = field(default="household", metadata={
+        "help": "The environment family; the trainer sets it from env.family."})
+    max_turns: int = field(default=50, metadata={
+        "help": "Turns an episode may last (paper: 50 household, 15 shop, 4 search; FAMILY_DEFAULTS)."})
+    history: int = field(default=2, metadata={
+        "help": "Past (observation, action) pairs in the prompt (paper: 2; 4 for search)."})
+    max_prompt_tokens: int = field(default=1024, metadata={
+        "help": "The student's prompt budget; history pairs are dropped first to fit it."})
+    max_response_tokens: int = field(default=64, metadata={"help": "Tokens a response may have at most."})
+    temperature: float = field(default=1.0, metadata={
+        "help": "Sampling temperature of the rollouts, at which they are also scored; must be > 0 "
+                "(paper: 1.0; evaluation decodes at eval_temperature)."})
+    top_p: float = field(default=1.0, metadata={
+        "help": "Nucleus sampling of the rollouts (1 = off; old_logp_from_sampler needs 1)."})
+    invalid_penalty: float = field(default=0.1, metadata={
+        "help": "Subtracted from the turn's reward on an invalid action (paper: 0.1; 0.01 for search)."})
+    penalize: str = field(default="format", metadata={
+        "help": "Which turns pay invalid_penalty: format = the response has no well-formed action block (or no "
+                "<think> when require_think), as the reference's projection functions decide; invalid = also an "
+                "action that is inadmissible, rejected by the environment, or a response cut off unfinished."})
+    privileged_placement: str = field(default="prefix", metadata={
+        "help": "Where the privileged text goes in the teacher's prompt (and in a prompt that acts with the "
+                "skills): prefix = before the chat-templated prompt (the reference), user = in the user message."})
+    mask_forced_tokens: bool = field(default=True, metadata={
+        "help": "Leave tokens that constrained decoding forced (one allowed token: no choice was made) out of every "
+                "loss term and every per-token statistic; false scores them like free tokens (log-prob 0 for all)."})
+    require_think: bool = field(default=False, metadata={
+        "help": "A response without a <think> block is invalid (the reference's household and shop projections)."})
+    show_admissible: bool = field(default=True, metadata={
+        "help": "List the admissible actions in the prompt (families that have them)."})
+    use_memory: bool = field(default=True, metadata={"help": "The household's compact memory of what was seen."})
+    skills_in_prompt: bool = field(default=False, metadata={
+        "help": "The student itself sees the skills; the trainer sets it from the arm (skill_grpo)."})
+    env_workers: int = field(default=8, metadata={"help": "Threads stepping remote sessions concurrently."})
+    constrained: bool = field(default=False, metadata={
+        "help": "Decode only admissible actions (families that list them)."})
+    jump_forward: bool = field(default=True, metadata={
+        "help": "Constrained decoding (transformers backend): a token the trie forces is appended without a decode "
+                "step and a run of them goes through the model in one forward; false = one token per forward "
+                "(the same samples and log-probs, for benchmarks and checks)."})
 
 
 @dataclass
 class EnvConfig:
     """Where episodes come from."""
 
-    family: str = "household"  # household | shop | searchqa
-    url: str | None = None  # a running env server (http://host:port); None = in-process env
-    kwargs: dict[str, Any] = field(default_factory=dict)  # passed to make_env (e.g. backend, difficulty)
-    train_split: str = "train"
-    eval_split: str = "test"
+    family: str = field(default="household", metadata={"help": "The environment family: household | shop | searchqa."})
+    url: str | None = field(default=None, metadata={
+        "help": "A running env server (http://host:port); null = in-process environments."})
+    kwargs: dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "Passed to make_env (e.g. backend, difficulty)."})
+    train_split: str = field(default="train", metadata={"help": "The split training tasks are drawn from."})
+    eval_split: str = field(default="test", metadata={"help": "The split the held-out evaluation tasks come from."})
 
 
 @dataclass
 class ModelConfig:
-    """The policy. `name_or_path`: "tiny" (built and warm-started locally), "smollm2", a local
-    checkpoint directory, or a hub id where a network exists."""
+    """The policy."""
 
-    name_or_path: str = "tiny"
-    dtype: str = "float32"  # float32 | bfloat16
-    lora: bool = True  # LoRA adapter via peft; the reference is the base with it disabled
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
-    gradient_checkpointing: bool = False
-    generation_backend: str = "transformers"  # transformers | vllm (CUDA; options under `vllm:`)
-    tiny_overrides: dict[str, Any] = field(default_factory=dict)  # TinyModelConfig fields (tests shrink it)
+    name_or_path: str = field(default="tiny", metadata={
+        "help": "tiny (built and warm-started locally), smollm2, a local checkpoint directory, or a hub id where "
+                "a network exists."})
+    dtype: str = field(default="float32", metadata={"help": "Weights and forward dtype: float32 | bfloat16."})
+    lora: bool = field(default=True, metadata={
+        "help": "Train a LoRA adapter (peft); the reference is the base with it disabled. false = full fine-tuning."})
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha (the adapter is scaled by alpha / r)."})
+    lora_dropout: float = field(default=0.0, metadata={"help": "Dropout on the LoRA adapter's input."})
+    gradient_checkpointing: bool = field(default=False, metadata={
+        "help": "Recompute activations in the backward pass: less memory, slower updates."})
+    generation_backend: str = field(default="transformers", metadata={
+        "help": "What samples the rollouts: transformers | vllm (CUDA; options under `vllm:`)."})
+    tiny_overrides: dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "TinyModelConfig fields of the tiny model (tests shrink it)."})
 
 
 @dataclass
@@ -92,43 +114,49 @@ class VLLMConfig:
     `pip install -e '.[gpu]'`). It loads the base weights once and the policy's LoRA adapter,
     re-exported whenever the weights changed, under a fresh id."""
 
-    gpu_memory_utilization: float = 0.35  # GPU share vLLM takes (weights + KV cache); 0.35 leaves room for the trainer
-    enable_lora: bool = True  # serve the trained adapter (must stay true while training a LoRA policy)
-    max_lora_rank: int = 0  # largest adapter rank vLLM reserves for; 0 = model.lora_r
-    dtype: str = "bfloat16"  # vLLM's weights and activations: bfloat16 | float16 | float32 | auto
-    max_model_len: int = 0  # longest prompt + response; 0 = the model's own limit
-    enforce_eager: bool = False  # no CUDA graphs: faster start, slower decoding
-    # log-probs vLLM reports for sampled tokens: processed_logprobs = after the trie mask and temperature
-    # (what was sampled); "" = vLLM's default (raw). Diagnostic: the trainer recomputes old_logp itself
-    logprobs_mode: str = "processed_logprobs"
-    # teacher_engine vllm: prompt log-probs per position for constrained turns; a turn is scored in vLLM only
-    # when all its allowed tokens are among them, else by the training-side forward
-    teacher_topk: int = 20
-    engine_kwargs: dict[str, Any] = field(default_factory=dict)  # passed to vllm.LLM as is (e.g. seed, max_num_seqs)
+    gpu_memory_utilization: float = field(default=0.35, metadata={
+        "help": "GPU share vLLM takes (weights + KV cache); 0.35 leaves room for the trainer."})
+    enable_lora: bool = field(default=True, metadata={
+        "help": "Serve the trained adapter (must stay true while training a LoRA policy)."})
+    max_lora_rank: int = field(default=0, metadata={
+        "help": "Largest adapter rank vLLM reserves for; 0 = model.lora_r."})
+    dtype: str = field(default="bfloat16", metadata={
+        "help": "vLLM's weights and activations: bfloat16 | float16 | float32 | auto."})
+    max_model_len: int = field(default=0, metadata={"help": "Longest prompt + response; 0 = the model's own limit."})
+    enforce_eager: bool = field(default=False, metadata={"help": "No CUDA graphs: faster start, slower decoding."})
+    logprobs_mode: str = field(default="processed_logprobs", metadata={
+        "help": "Log-probs vLLM reports for sampled tokens: processed_logprobs = after the trie mask and temperature "
+                "(what was sampled); \"\" = vLLM's default (raw). Diagnostic: the trainer recomputes old_logp itself."})
+    teacher_topk: int = field(default=20, metadata={
+        "help": "teacher_engine vllm: prompt log-probs per position for constrained turns; a turn is scored in vLLM "
+                "only when all its allowed tokens are among them, else by the training-side forward."})
+    engine_kwargs: dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "Passed to vllm.LLM as is (e.g. seed, max_num_seqs)."})
 
 
 @dataclass
 class WarmStartConfig:
     """Supervised warm-start of the tiny model on expert trajectories (skipped for real models)."""
 
-    episodes: int = 400  # expert episodes to imitate
-    tokenizer_episodes: int = 400  # expert episodes whose text trains the tokenizer (cheap)
-    vocab_size: int = 4096
-    privileged_fraction: float = 0.5  # share of examples whose prompt carries the skills
-    epochs: int = 2
-    lr: float = 2e-3
-    batch_size: int = 16
-    # weight of a language-modelling loss on the prompt tokens (0 = imitation only): the same
-    # forward gives a model trained from scratch far more signal per update
-    prompt_lm_weight: float = 0.0
-    # DART-style noise: with this probability an expert episode executes a random admissible action
-    # instead of the expert's (not imitated); the expert's recovery from the states that leads to is.
-    # A student trained only on expert states never sees its own mistakes and compounds them.
-    noise: float = 0.0
-    # repeat the examples that decide episodes this many times in the SFT data: "go to" turns that do
-    # not follow the memory's search frontier (appliance, target, a seen object) and "take" turns.
-    # They are ~15% of the examples, and a tiny model got them right a quarter to half of the time
-    decision_repeats: int = 1
+    episodes: int = field(default=400, metadata={"help": "Expert episodes to imitate."})
+    tokenizer_episodes: int = field(default=400, metadata={
+        "help": "Expert episodes whose text trains the tokenizer (cheap)."})
+    vocab_size: int = field(default=4096, metadata={"help": "The tiny model's tokenizer vocabulary."})
+    privileged_fraction: float = field(default=0.5, metadata={"help": "Share of examples whose prompt carries the skills."})
+    epochs: int = field(default=2, metadata={"help": "Passes over the imitation examples."})
+    lr: float = field(default=2e-3, metadata={"help": "AdamW learning rate of the warm start."})
+    batch_size: int = field(default=16, metadata={"help": "Examples per warm-start update."})
+    prompt_lm_weight: float = field(default=0.0, metadata={
+        "help": "Weight of a language-modelling loss on the prompt tokens (0 = imitation only): the same forward "
+                "gives a model trained from scratch far more signal per update."})
+    noise: float = field(default=0.0, metadata={
+        "help": "DART-style noise: with this probability an expert episode executes a random admissible action "
+                "instead of the expert's (not imitated); the expert's recovery from the states that leads to is. "
+                "A student trained only on expert states never sees its own mistakes and compounds them."})
+    decision_repeats: int = field(default=1, metadata={
+        "help": "Repeat the examples that decide episodes this many times in the SFT data: \"go to\" turns that do "
+                "not follow the memory's search frontier (appliance, target, a seen object) and \"take\" turns. "
+                "They are ~15% of the examples, and a tiny model got them right a quarter to half of the time."})
 
 
 @dataclass
@@ -137,28 +165,36 @@ class LaunchConfig:
     of `nodes` x `gpus_per_node` torchrun workers (data-parallel LoRA, see sdar.train.distributed).
     Secrets (MLflow, S3) reach the job's pods from Kubernetes Secrets, never from this config."""
 
-    launcher: str = "auto"  # auto | inprocess | torchx; auto = torchx when nodes * gpus_per_node > 1
-    scheduler: str = "kubernetes"  # kubernetes (a Volcano Job, gang-scheduled) | local_cwd (this machine)
-    nodes: int = 1
-    gpus_per_node: int = 0  # GPUs of each node, one torchrun worker per GPU; 0 = CPU workers
-    procs_per_node: int = 0  # torchrun workers per node; 0 = gpus_per_node (1 without GPUs)
-    cpu: int = 8  # per node
-    memory_mb: int = 32768  # per node
-    image: str = ""  # "" = $SDAR_IMAGE or the trainer image the pipeline uses
-    queue: str = "default"  # Volcano queue
-    namespace: str = ""  # "" = the namespace of the pod that launches (its service account's), else default
-    # the job's pods' service account: the pipeline's pipeline-runner (whose IRSA role reaches the bucket on
-    # EKS, and which the env chart's admission policy requires of pods wearing the pipeline label); "" = the
-    # namespace's default
-    service_account: str = "pipeline-runner"
-    node_selector: dict[str, str] = field(default_factory=lambda: {"eks.amazonaws.com/nodegroup": "gpu"})
+    launcher: str = field(default="auto", metadata={
+        "help": "auto | inprocess | torchx; auto = torchx when nodes * gpus_per_node > 1."})
+    scheduler: str = field(default="kubernetes", metadata={
+        "help": "kubernetes (a Volcano Job, gang-scheduled) | local_cwd (this machine)."})
+    nodes: int = field(default=1, metadata={"help": "Nodes of the TorchX job."})
+    gpus_per_node: int = field(default=0, metadata={
+        "help": "GPUs of each node, one torchrun worker per GPU; 0 = CPU workers."})
+    procs_per_node: int = field(default=0, metadata={
+        "help": "torchrun workers per node; 0 = gpus_per_node (1 without GPUs)."})
+    cpu: int = field(default=8, metadata={"help": "CPUs per node."})
+    memory_mb: int = field(default=32768, metadata={"help": "Memory per node, MB."})
+    image: str = field(default="", metadata={
+        "help": "The workers' image; \"\" = $SDAR_IMAGE or the trainer image the pipeline uses."})
+    queue: str = field(default="default", metadata={"help": "Volcano queue."})
+    namespace: str = field(default="", metadata={
+        "help": "\"\" = the namespace of the pod that launches (its service account's), else default."})
+    service_account: str = field(default="pipeline-runner", metadata={
+        "help": "The job's pods' service account: the pipeline's pipeline-runner (whose IRSA role reaches the bucket "
+                "on EKS, and which the env chart's admission policy requires of pods wearing the pipeline label); "
+                "\"\" = the namespace's default."})
+    node_selector: dict[str, str] = field(default_factory=lambda: {"eks.amazonaws.com/nodegroup": "gpu"}, metadata={
+        "help": "Node selector of GPU workers."})
     tolerations: list[dict[str, str]] = field(
-        default_factory=lambda: [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}])
-    # Secrets whose keys become the pods' environment (the same ones ClusterSettings gives the pipeline)
-    secrets: list[str] = field(default_factory=lambda: ["sdar-mlflow", "sdar-s3"])
-    # labels of the job's pods: ClusterSettings.pod_labels, which k8s/ NetworkPolicies admit to the
-    # env services, MLflow and MinIO (the workers play episodes and log like the pipeline's pods)
-    pod_labels: dict[str, str] = field(default_factory=lambda: {"app.kubernetes.io/part-of": "sdar-pipeline"})
+        default_factory=lambda: [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        metadata={"help": "Tolerations of GPU workers."})
+    secrets: list[str] = field(default_factory=lambda: ["sdar-mlflow", "sdar-s3"], metadata={
+        "help": "Secrets whose keys become the pods' environment (the same ones ClusterSettings gives the pipeline)."})
+    pod_labels: dict[str, str] = field(default_factory=lambda: {"app.kubernetes.io/part-of": "sdar-pipeline"}, metadata={
+        "help": "Labels of the job's pods: ClusterSettings.pod_labels, which k8s/ NetworkPolicies admit to the env "
+                "services, MLflow and MinIO (the workers play episodes and log like the pipeline's pods)."})
 
     def wants_torchx(self) -> bool:
         """Whether training runs as a TorchX job (sdar.launch) rather than in this process."""
@@ -173,94 +209,119 @@ class LaunchConfig:
 class TrainConfig:
     """One training run of one arm. Paper defaults unless noted."""
 
-    experiment: str = "sdar"
-    arm: str = "sdar"  # grpo | grpo_opsd | sdar | opsd | skill_grpo
-    arm_overrides: dict[str, Any] = field(default_factory=dict)  # e.g. {kl_coef: 0.001}
-    seed: int = 0
-    steps: int = 150
-    tasks_per_step: int = 16
-    group_size: int = 8  # G rollouts per task
-    lr: float = 1e-6  # constant
-    weight_decay: float = 0.01  # AdamW (the reference's verl actor optimizer default)
-    # turn-samples per optimizer step (reference: ppo_mini_batch_size 256; 64 for shop, a family default)
-    mini_batch_size: int = 256
-    # turn-samples per forward/backward inside a mini-batch (reference: ppo_micro_batch_size_per_gpu 32)
-    micro_batch_size: int = 32
-    # micro_batch: each micro-batch's loss is aggregated (agg, e.g. token-mean) over its own tokens and the
-    # mini-batch's gradient is the mean over its micro-batches (the reference: verl dp_actor divides each
-    # micro-batch's loss by gradient_accumulation); mini_batch: aggregated over the whole mini-batch's tokens
-    loss_normalisation: str = "micro_batch"
-    # draw mini-batches in a random order; false takes them in rollout order (the reference: batch.split)
-    shuffle_mini_batches: bool = False
-    ppo_epochs: int = 1
-    # take old_logp of the first mini-batch's rows from the update's own first forward (the weights have not
-    # moved yet, so it is the same number) instead of a separate scoring pass; false scores every row first.
-    # With the reference's mini-batch (256) and a step of <= 256 turn-samples, no old_logp pass is left
-    reuse_old_logp: bool = True
-    # take old_logp from the sampling pass itself when the sampler is the trainer's own model (the
-    # transformers backend's constrained sampler reports the log-prob of the distribution it drew from,
-    # which is the trainer's score: same weights, allowed set and temperature; top_p must be 1); vLLM and
-    # rows without sampler log-probs are scored as before. false = always score
-    old_logp_from_sampler: bool = True
-    # after every optimizer step, check the trainable weights are finite and the policy still scores one of
-    # the step's samples to finite log-probs; otherwise restore the weights and optimizer state of before the
-    # step and count the update as skipped. Costs a copy of the trainable weights and their optimizer state
-    # (small with LoRA); turn off for full fine-tuning of a model whose copy does not fit
-    guard_updates: bool = True
-    # a run in which more than this share of its updates was skipped (non-finite loss, gradient or weights)
-    # fails with a message at its end instead of reporting success; 1.0 never fails
-    max_skipped_update_frac: float = 0.5
-    # the reward trained on (sdar.agent.rollout.REWARDS): reference = 10 on a win for household and shop
-    # (shop: WebShop score 1), exact match for search; env = the environment's own reward
-    reward: str = "reference"
-    grad_clip: float = 1.0
-    score_batch_size: int = 16  # sequences per no-grad scoring forward
-    teacher_max_prompt_tokens: int = 2048  # the teacher's prompt budget (skills + turn)
-    # the teacher and reference passes encode the prompt start a task's turn-samples share (system prompt, task,
-    # skills in either placement) once per step and continue each turn-sample from its KV cache (the same log-probs
-    # as the plain forward); false = a plain forward per turn-sample
-    prefix_cache: bool = True
-    # forward rows of similar length together (scoring chunks and, inside each update micro-batch, groups of
-    # similar length: the micro-batch and its loss are unchanged, only padding goes); false = one padded
-    # forward per micro-batch and unsorted scoring chunks
-    length_buckets: bool = True
-    teacher_for_all_arms: bool = True  # score the teacher for arms that do not need it (gap metrics)
-    # train: the trainer's own forward; vllm: the vLLM rollout engine's prompt log-probs (needs
-    # model.generation_backend vllm; constrained turns outside vllm.teacher_topk fall back to the forward)
-    teacher_engine: str = "train"
-    eval_every: int = 10  # steps; 0 disables periodic evaluation
-    eval_tasks: int = 50
-    # how the eval_tasks ids are taken from env.eval_split: stratified = round-robin over task types
-    # (sdar.eval.tasks.select_tasks); first = the first N as the split lists them
-    eval_task_order: str = "stratified"
-    eval_task_ids: list[str] = field(default_factory=list)  # explicit eval tasks (then eval_tasks/order are unused)
-    eval_temperature: float = 0.4
-    checkpoint_every: int = 10
-    keep_checkpoints: int = 2
-    output_dir: str = "runs/{experiment}/{arm}-seed{seed}"
-    # how long checkpoint uploads to a remote store (s3://) are retried, with backoff, before the run stops
-    # (the checkpoints wait in <output_dir>/checkpoint-spool meanwhile, and a rerun resumes from there)
-    checkpoint_retry_s: float = 600.0
-    checkpoint_uri: str | None = None  # local dir or s3://bucket/prefix; default <output_dir>/checkpoints
-    tracking: bool = True  # MLflow (SQLite under output_dir unless MLFLOW_TRACKING_URI is set)
-    parent_run_id: str | None = None  # MLflow parent run (the pipeline's run)
-    # roll out each task group under its own seed (seed, step, group): the trajectories then do not
-    # depend on how groups are split over torchrun ranks, at the cost of lock-step batching across groups
-    group_seeded_rollouts: bool = False
-    # where the policy runs when not under torchrun (which puts rank r on cuda:LOCAL_RANK):
-    # auto = the first CUDA device when one is visible, else the CPU; or cpu, cuda, cuda:N
-    device: str = "auto"
-    env: EnvConfig = field(default_factory=EnvConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)
-    launch: LaunchConfig = field(default_factory=LaunchConfig)
-    vllm: VLLMConfig = field(default_factory=VLLMConfig)
-    # Composer channel 3 (arms with replay_coef != 0): the N-teacher pool and how its votes become DPO pairs
-    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    experiment: str = field(default="sdar", metadata={"help": "MLflow experiment, and {experiment} in output_dir."})
+    arm: str = field(default="sdar", metadata={
+        "help": "The registered arm to train (`sdar arms`): grpo | grpo_opsd | sdar | opsd | skill_grpo | ..."})
+    arm_overrides: dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "ArmConfig settings that replace the arm's own, e.g. {kl_coef: 0.001}; checked at load against "
+                "the arm's fields (`sdar config fields arm_overrides`)."})
+    seed: int = field(default=0, metadata={"help": "Seeds the run; every step's randomness comes from (seed, step)."})
+    steps: int = field(default=150, metadata={"help": "RL steps (paper: 150)."})
+    tasks_per_step: int = field(default=16, metadata={
+        "help": "Tasks sampled per step (paper: 16; 128 for search)."})
+    group_size: int = field(default=8, metadata={"help": "G rollouts per task (paper: 8)."})
+    lr: float = field(default=1e-6, metadata={"help": "AdamW learning rate, constant (paper: 1e-6)."})
+    weight_decay: float = field(default=0.01, metadata={
+        "help": "AdamW weight decay (the reference's verl actor optimizer default)."})
+    mini_batch_size: int = field(default=256, metadata={
+        "help": "Turn-samples per optimizer step (reference: ppo_mini_batch_size 256; 64 for shop, a family default)."})
+    micro_batch_size: int = field(default=32, metadata={
+        "help": "Turn-samples per forward/backward inside a mini-batch (reference: ppo_micro_batch_size_per_gpu 32)."})
+    loss_normalisation: str = field(default="micro_batch", metadata={
+        "help": "micro_batch: each micro-batch's loss is aggregated (agg, e.g. token-mean) over its own tokens and "
+                "the mini-batch's gradient is the mean over its micro-batches (the reference: verl dp_actor divides "
+                "each micro-batch's loss by gradient_accumulation); mini_batch: aggregated over the whole "
+                "mini-batch's tokens."})
+    shuffle_mini_batches: bool = field(default=False, metadata={
+        "help": "Draw mini-batches in a random order; false takes them in rollout order (the reference: batch.split)."})
+    ppo_epochs: int = field(default=1, metadata={"help": "Passes over a step's samples (paper: 1)."})
+    reuse_old_logp: bool = field(default=True, metadata={
+        "help": "Take old_logp of the first mini-batch's rows from the update's own first forward (the weights have "
+                "not moved yet, so it is the same number) instead of a separate scoring pass; false scores every row "
+                "first. With the reference's mini-batch (256) and a step of <= 256 turn-samples, no old_logp pass "
+                "is left."})
+    old_logp_from_sampler: bool = field(default=True, metadata={
+        "help": "Take old_logp from the sampling pass itself when the sampler is the trainer's own model (the "
+                "transformers backend's constrained sampler reports the log-prob of the distribution it drew from, "
+                "which is the trainer's score: same weights, allowed set and temperature; top_p must be 1); vLLM "
+                "and rows without sampler log-probs are scored as before. false = always score."})
+    guard_updates: bool = field(default=True, metadata={
+        "help": "After every optimizer step, check the trainable weights are finite and the policy still scores one "
+                "of the step's samples to finite log-probs; otherwise restore the weights and optimizer state of "
+                "before the step and count the update as skipped. Costs a copy of the trainable weights and their "
+                "optimizer state (small with LoRA); turn off for full fine-tuning of a model whose copy does not fit."})
+    max_skipped_update_frac: float = field(default=0.5, metadata={
+        "help": "A run in which more than this share of its updates was skipped (non-finite loss, gradient or "
+                "weights) fails with a message at its end instead of reporting success; 1.0 never fails."})
+    reward: str = field(default="reference", metadata={
+        "help": "The reward trained on: reference = 10 on a win for household and shop (shop: WebShop score 1), "
+                "exact match for search; env = the environment's own reward."})
+    grad_clip: float = field(default=1.0, metadata={"help": "Gradient-norm clip of each optimizer step (paper: 1.0)."})
+    score_batch_size: int = field(default=16, metadata={"help": "Sequences per no-grad scoring forward."})
+    teacher_max_prompt_tokens: int = field(default=2048, metadata={
+        "help": "The teacher's prompt budget (skills + turn)."})
+    prefix_cache: bool = field(default=True, metadata={
+        "help": "The teacher and reference passes encode the prompt start a task's turn-samples share (system "
+                "prompt, task, skills in either placement) once per step and continue each turn-sample from its KV "
+                "cache (the same log-probs as the plain forward); false = a plain forward per turn-sample."})
+    length_buckets: bool = field(default=True, metadata={
+        "help": "Forward rows of similar length together (scoring chunks and, inside each update micro-batch, groups "
+                "of similar length: the micro-batch and its loss are unchanged, only padding goes); false = one "
+                "padded forward per micro-batch and unsorted scoring chunks."})
+    teacher_for_all_arms: bool = field(default=True, metadata={
+        "help": "Score the teacher for arms that do not need it (the gap metrics)."})
+    teacher_engine: str = field(default="train", metadata={
+        "help": "train: the trainer's own forward scores the teacher; vllm: the vLLM rollout engine's prompt "
+                "log-probs (needs model.generation_backend vllm; constrained turns outside vllm.teacher_topk fall "
+                "back to the forward)."})
+    eval_every: int = field(default=10, metadata={"help": "Steps between evaluations; 0 disables periodic evaluation."})
+    eval_tasks: int = field(default=50, metadata={"help": "Held-out tasks per evaluation."})
+    eval_task_order: str = field(default="stratified", metadata={
+        "help": "How the eval_tasks ids are taken from env.eval_split: stratified = round-robin over task types "
+                "(sdar.eval.tasks.select_tasks); first = the first N as the split lists them."})
+    eval_task_ids: list[str] = field(default_factory=list, metadata={
+        "help": "Explicit eval tasks (then eval_tasks and eval_task_order are unused)."})
+    eval_temperature: float = field(default=0.4, metadata={
+        "help": "Decoding temperature of evaluation (paper: 0.4; 0 = greedy)."})
+    checkpoint_every: int = field(default=10, metadata={"help": "Steps between checkpoints (and after the last step)."})
+    keep_checkpoints: int = field(default=2, metadata={"help": "Newest checkpoints kept; older ones are deleted."})
+    output_dir: str = field(default="runs/{experiment}/{arm}-seed{seed}", metadata={
+        "help": "Where the run writes (history, final policy, checkpoints by default); {experiment}, {arm} and "
+                "{seed} are filled in."})
+    checkpoint_retry_s: float = field(default=600.0, metadata={
+        "help": "How long checkpoint uploads to a remote store (s3://) are retried, with backoff, before the run "
+                "stops (the checkpoints wait in <output_dir>/checkpoint-spool meanwhile, and a rerun resumes from "
+                "there)."})
+    checkpoint_uri: str | None = field(default=None, metadata={
+        "help": "Local dir or s3://bucket/prefix; null = <output_dir>/checkpoints."})
+    tracking: bool = field(default=True, metadata={
+        "help": "Log to MLflow (SQLite under output_dir unless MLFLOW_TRACKING_URI is set)."})
+    parent_run_id: str | None = field(default=None, metadata={"help": "MLflow parent run (the pipeline's run)."})
+    group_seeded_rollouts: bool = field(default=False, metadata={
+        "help": "Roll out each task group under its own seed (seed, step, group): the trajectories then do not depend "
+                "on how groups are split over torchrun ranks, at the cost of lock-step batching across groups."})
+    device: str = field(default="auto", metadata={
+        "help": "Where the policy runs when not under torchrun (which puts rank r on cuda:LOCAL_RANK): auto = the "
+                "first CUDA device when one is visible, else the CPU; or cpu, cuda, cuda:N."})
+    env: EnvConfig = field(default_factory=EnvConfig, metadata={"help": "Where episodes come from."})
+    model: ModelConfig = field(default_factory=ModelConfig, metadata={"help": "The policy."})
+    rollout: RolloutConfig = field(default_factory=RolloutConfig, metadata={"help": "How episodes are played."})
+    warmstart: WarmStartConfig = field(default_factory=WarmStartConfig, metadata={
+        "help": "Supervised warm start of the tiny model."})
+    launch: LaunchConfig = field(default_factory=LaunchConfig, metadata={
+        "help": "In this process, or as a TorchX job of torchrun workers."})
+    vllm: VLLMConfig = field(default_factory=VLLMConfig, metadata={
+        "help": "The vLLM rollout engine (model.generation_backend vllm)."})
+    replay: ReplayConfig = field(default_factory=ReplayConfig, metadata={
+        "help": "Composer channel 3 (arms with replay_coef != 0): the N-teacher pool and how its votes become "
+                "DPO pairs."})
 
     def validate(self) -> None:
-        """Errors that name the setting and its valid values (called by load_config)."""
+        """Errors that name the setting and its valid values (called by load_config). Normalises
+        arm_overrides: numbers as numbers, extra_coefs as (name, weight) pairs."""
+        if self.arm not in ARMS:
+            raise ValueError(f"unknown arm {self.arm!r}; choose one of {', '.join(ARMS)}")
+        self.arm_overrides = check_arm_overrides(self.arm_overrides)
         choices = {"loss_normalisation": (self.loss_normalisation, ("micro_batch", "mini_batch")),
                    "reward": (self.reward, REWARDS), "rollout.penalize": (self.rollout.penalize, PENALIZE),
                    "rollout.privileged_placement": (self.rollout.privileged_placement, PLACEMENTS)}
@@ -272,6 +333,16 @@ class TrainConfig:
         for key in ("mini_batch_size", "micro_batch_size", "ppo_epochs"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key}={getattr(self, key)} must be >= 1")
+        # every command that reads it samples or scores at it (sdar eval's teacher gap too); evaluation
+        # decodes at eval_temperature
+        if self.rollout.temperature <= 0:
+            raise ValueError(f"rollout.temperature={self.rollout.temperature}: RL samples its rollouts and "
+                             "scores them at that temperature, so it must be > 0 (paper: 1.0); greedy decoding "
+                             "is for evaluation (eval_temperature: 0)")
+
+    def resolved_arm(self) -> ArmConfig:
+        """The arm the loss uses: `arm` with `arm_overrides` applied."""
+        return get_arm(self.arm, **self.arm_overrides)
 
     def resolved_output_dir(self) -> Path:
         return Path(self.output_dir.format(experiment=self.experiment, arm=self.arm, seed=self.seed))
@@ -338,11 +409,64 @@ def _coerce_number(tp: Any, value: Any, where: str) -> Any:
     return value
 
 
+def _typed(tp: Any, value: Any, where: str) -> Any:
+    """`value` as a setting of type `tp` (bool, int, float, str, `X | None`, or ArmConfig.extra_coefs'
+    (name, weight) pairs, also written as a mapping); a value of another type is an error naming `where`."""
+    args = typing.get_args(tp)
+    if type(None) in args:  # X | None
+        return None if value is None else _typed(next(a for a in args if a is not type(None)), value, where)
+    if typing.get_origin(tp) is tuple:  # extra_coefs: tuple[tuple[str, float], ...]
+        pairs = value.items() if isinstance(value, Mapping) else value
+        try:
+            return tuple((str(k), float(_coerce_number(float, w, where))) for k, w in pairs)
+        except (TypeError, ValueError):
+            raise ValueError(f"{where} must map loss-term weight names to numbers (e.g. {{sq_coef: 0.5}}), "
+                             f"got {value!r}") from None
+    value = _coerce_number(tp, value, where)
+    if tp in (int, float) and (isinstance(value, bool) or not isinstance(value, tp)):
+        raise ValueError(f"{where} must be {'an integer' if tp is int else 'a number'}, got {value!r}")
+    if tp in (bool, str) and not isinstance(value, tp):
+        raise ValueError(f"{where} must be {'true or false' if tp is bool else 'a string'}, got {value!r}")
+    return value
+
+
+def check_arm_overrides(overrides: Any, where: str = "arm_overrides") -> dict[str, Any]:
+    """`overrides` checked against the ArmConfig fields a config may set (every one but `name`) and
+    their types; a misspelled setting is an error that names it and lists the valid ones."""
+    if not isinstance(overrides, Mapping):
+        raise ValueError(f"{where} must be a mapping of arm settings (e.g. {{kl_coef: 0.001}}), got {overrides!r}")
+    unknown = sorted(set(overrides) - set(OVERRIDABLE))
+    if unknown:
+        raise ValueError(f"unknown arm setting(s) {unknown} in {where}; valid settings: "
+                         f"{', '.join(sorted(OVERRIDABLE))}")
+    hints = typing.get_type_hints(ArmConfig)
+    return {k: _typed(hints[k], v, f"{where}.{k}") for k, v in overrides.items()}
+
+
 def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
     parts = key.split(".")
     for p in parts[:-1]:
         data = data.setdefault(p, {})
     data[parts[-1]] = value
+
+
+SET_HELP = "override a config key: a dotted KEY and a YAML VALUE, e.g. rollout.max_turns=10 (repeatable)"
+
+
+def parse_set(item: str) -> tuple[str, Any]:
+    """One `KEY=VALUE` of `--set` (the argparse type of every command's --set, and of `sdar submit
+    --arg`): a dotted key and a YAML value, e.g. `rollout.max_turns=10`, `env.kwargs={backend: alfworld}`,
+    `lr=2e-3`, `checkpoint_uri=` (null)."""
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    if not sep or not all(part.strip() for part in key.split(".")):
+        raise argparse.ArgumentTypeError(
+            f"expected KEY=VALUE, a dotted key and a YAML value (e.g. rollout.max_turns=10), got {item!r}")
+    try:
+        return key, yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        why = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise argparse.ArgumentTypeError(f"the value of {key} is not YAML ({why}): {text!r}") from None
 
 
 def parse_overrides(text: str | None) -> dict[str, Any]:
@@ -405,3 +529,27 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     cfg = from_dict(TrainConfig, data, where=str(path or "config"))
     cfg.validate()
     return cfg
+
+
+def config_fields(cls: type = TrainConfig, prefix: str = "") -> Iterator[tuple[str, str, str, str]]:
+    """(dotted key, type, default, help) of every setting under `cls`, depth first; the default as JSON
+    (which is YAML), or `required`. `arm_overrides.*` are the ArmConfig settings a config may set (default:
+    the arm's own), `replay.teachers[].*` the fields of one teacher endpoint."""
+    import json
+
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        key, tp = f"{prefix}{f.name}", hints[f.name]
+        if is_dataclass(tp):
+            yield from config_fields(tp, f"{key}.")
+            continue
+        default = (json.dumps(f.default) if f.default is not dataclasses.MISSING else
+                   json.dumps(f.default_factory()) if f.default_factory is not dataclasses.MISSING else "required")
+        yield key, str(f.type), default, f.metadata.get("help", "")
+        if cls is TrainConfig and f.name == "arm_overrides":
+            arm_fields = {g.name: g for g in fields(ArmConfig)}
+            for name in OVERRIDABLE:
+                yield f"{key}.{name}", str(arm_fields[name].type), "the arm's", arm_fields[name].metadata["help"]
+        item = typing.get_args(tp)[0] if typing.get_origin(tp) is list else None
+        if is_dataclass(item):
+            yield from config_fields(item, f"{key}[].")

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sdar.config import SET_HELP, parse_set
+
 _PIPELINE_MODULE = "pipelines.sdar_comparison"
 
 
@@ -69,18 +71,6 @@ def _csv(text: str, cast=str) -> list:
         raise argparse.ArgumentTypeError(f"expected comma-separated {cast.__name__}s, got {text!r}") from None
 
 
-def _sets(items: list[str] | None) -> dict[str, Any]:
-    import yaml
-
-    out = {}
-    for item in items or []:
-        if "=" not in item:
-            raise SystemExit(f"--set expects KEY=VALUE (e.g. --set rollout.max_turns=10), got {item!r}")
-        key, value = item.split("=", 1)
-        out[key.strip()] = yaml.safe_load(value)
-    return out
-
-
 def _cmd_compile(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
@@ -111,7 +101,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     }
     if args.greedy:
         settings["greedy"] = True
-    overrides = _sets(args.set)
+    overrides = dict(args.set or [])
     if overrides:
         if args.quick:
             mod = _pipeline_module()
@@ -124,7 +114,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_submit(args: argparse.Namespace) -> int:
     mod = _pipeline_module()
-    arguments = _sets(args.arg)
+    arguments = dict(args.arg or [])
     if isinstance(arguments.get("overrides"), dict):  # the pipeline takes them as JSON text
         import json
 
@@ -176,7 +166,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--config", default=None, help="experiment YAML (default configs/household-tiny.yaml)")
     r.add_argument("--experiment", default=None, help="MLflow experiment (default sdar-comparison)")
     r.add_argument("--root", default="runs/kfp-local", help="pipeline root and MLflow store (default runs/kfp-local)")
-    r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override any config key, dotted")
+    r.add_argument("--set", action="append", type=parse_set, metavar="KEY=VALUE", help=SET_HELP)
     r.add_argument("--teacher-pool", default=None, metavar="YAML",
                    help="N-teacher pool for the replay arms (default: the config's replay section, the local pool)")
     r.add_argument("--replay-episodes", type=int, default=None, help="episodes each round's rollout plays for replay")
@@ -194,6 +184,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--yaml", default=None, help="compiled pipeline (default: compile for the cluster now)")
     s.add_argument("--run-name", default=None)
     s.add_argument("--namespace", default=None, help="Kubeflow profile namespace (multi-user installs)")
-    s.add_argument("--arg", action="append", metavar="KEY=VALUE",
+    s.add_argument("--arg", action="append", type=parse_set, metavar="KEY=VALUE",
                    help="pipeline argument, YAML value (e.g. --arg arms=[grpo,sdar] --arg steps=150)")
     s.set_defaults(func=_cmd_submit)

@@ -72,3 +72,105 @@ def test_reading_and_checking_a_config_needs_neither_torch_nor_transformers():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr
     assert "rollout.penalize='sometimes' is not one of format, invalid" in out.stdout
+
+
+def test_arm_overrides_are_checked_and_typed_at_load():
+    cfg = load_config(CONFIG, {"arm_overrides": {"kl_coef": "1e-3", "clip_high": 0, "jsd_top_k": 8.0,
+                                                 "dual_clip": None, "extra_coefs": {"sq_coef": 1}}})
+    assert cfg.arm_overrides == {"kl_coef": 1e-3, "clip_high": 0.0, "jsd_top_k": 8, "dual_clip": None,
+                                 "extra_coefs": (("sq_coef", 1.0),)}
+    arm = cfg.resolved_arm()
+    assert (arm.name, arm.kl_coef, arm.jsd_top_k, arm.extra_coefs) == ("sdar", 1e-3, 8, (("sq_coef", 1.0),))
+    with pytest.raises(ValueError, match=r"unknown arm setting\(s\) \['kl_coeff'\] in arm_overrides; "
+                                         r"valid settings: agg, clip_high, .*kl_coef"):
+        load_config(CONFIG, {"arm_overrides.kl_coeff": 0.1})
+    with pytest.raises(ValueError, match=r"\['name'\]"):  # `arm:` picks the arm
+        load_config(CONFIG, {"arm_overrides.name": "grpo"})
+    with pytest.raises(ValueError, match=r"arm_overrides.skills_in_student_prompt must be true or false, got 'yes'"):
+        load_config(CONFIG, {"arm_overrides.skills_in_student_prompt": "yes"})
+    with pytest.raises(ValueError, match=r"arm_overrides.sdar_beta must be a number, got 'sharp'"):
+        load_config(CONFIG, {"arm_overrides.sdar_beta": "sharp"})
+    with pytest.raises(ValueError, match=r"arm_overrides must be a mapping"):
+        load_config(CONFIG, {"arm_overrides": [0.1]})
+    with pytest.raises(ValueError, match=r"unknown arm 'sdarr'; choose one of grpo, "):
+        load_config(CONFIG, {"arm": "sdarr"})
+
+
+def test_a_misspelled_arm_setting_stops_train_and_eval_before_any_work(tmp_path):
+    from sdar.cli import main
+
+    for command in ("train", "eval"):
+        with pytest.raises(ValueError, match=r"\['kl_coeff'\] in arm_overrides"):
+            main([command, "--config", CONFIG, "--set", "arm_overrides.kl_coeff=0.1", "--set",
+                  f"output_dir={tmp_path}"])
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_greedy_rollout_temperature_is_refused_at_load_and_names_eval_temperature():
+    with pytest.raises(ValueError, match=r"rollout.temperature=0.0: .* must be > 0 .*eval_temperature: 0"):
+        load_config(CONFIG, {"rollout.temperature": 0})
+    assert load_config(CONFIG, {"eval_temperature": 0}).eval_temperature == 0.0  # greedy evaluation is fine
+
+
+def _config_dataclasses():
+    """Every dataclass of the config tree (the list items of replay.teachers included) and ArmConfig."""
+    import typing
+    from dataclasses import fields, is_dataclass
+
+    from sdar.algos.arm_config import ArmConfig
+    from sdar.config import TrainConfig
+
+    seen, todo = [], [TrainConfig, ArmConfig]
+    while todo:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.append(cls)
+        for tp in typing.get_type_hints(cls).values():
+            todo += [t for t in (tp, *typing.get_args(tp)) if is_dataclass(t)]
+    assert {c.__name__ for c in seen} >= {"TrainConfig", "RolloutConfig", "ReplayConfig", "TeacherEndpoint",
+                                          "ArmConfig", "LaunchConfig", "VLLMConfig"}
+    return [(c, f) for c in seen for f in fields(c)]
+
+
+@pytest.mark.parametrize("cls,f", _config_dataclasses(), ids=lambda x: getattr(x, "__name__", getattr(x, "name", "")))
+def test_every_config_field_has_a_help_text(cls, f):
+    assert f.metadata.get("help", "").strip(), f"{cls.__name__}.{f.name} has no help text"
+
+
+def test_config_fields_list_every_key_a_config_can_set():
+    from sdar.config import config_fields
+
+    rows = {key: (type_, default, help_text) for key, type_, default, help_text in config_fields()}
+    assert rows["rollout.max_turns"][:2] == ("int", "50") and rows["rollout.max_turns"][2].startswith("Turns")
+    assert rows["arm_overrides.kl_coef"][:2] == ("float", "the arm's")
+    assert rows["replay.teachers[].base_url"][1] == "required"
+    assert "arm_overrides.name" not in rows and all(help_text for _, _, help_text in rows.values())
+
+
+@pytest.mark.parametrize("item,key,value", [
+    ("steps=3", "steps", 3), ("rollout.max_turns=10", "rollout.max_turns", 10), ("lr=2e-3", "lr", "2e-3"),
+    ("env.kwargs={backend: alfworld}", "env.kwargs", {"backend": "alfworld"}), ("checkpoint_uri=", "checkpoint_uri", None),
+    (" eval_task_ids=[a, b] ", "eval_task_ids", ["a", "b"]), ("output_dir=runs/x=1", "output_dir", "runs/x=1"),
+    ("rollout.constrained=true", "rollout.constrained", True)])
+def test_set_is_a_dotted_key_and_a_yaml_value(item, key, value):
+    from sdar.config import parse_set
+
+    assert parse_set(item) == (key, value)
+
+
+@pytest.mark.parametrize("argv", [["train", "--config", CONFIG], ["eval", "--config", CONFIG],
+                                  ["warmstart", "--config", CONFIG], ["run", "--local"], ["config", "show"]])
+@pytest.mark.parametrize("bad,why", [("steps", "expected KEY=VALUE, a dotted key and a YAML value "
+                                               r"\(e.g. rollout.max_turns=10\), got 'steps'"),
+                                     ("=3", "got '=3'"), ("rollout..max_turns=3", "got 'rollout..max_turns=3'"),
+                                     ("env.kwargs={a: [1}", r"the value of env.kwargs is not YAML")])
+def test_every_set_flag_has_the_same_grammar_and_errors(argv, bad, why, capsys):
+    import re
+
+    from sdar.cli import build_parser
+
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args([*argv, "--set", bad])
+    assert exc.value.code == 2
+    assert re.search(r"argument --set: .*" + why, capsys.readouterr().err)

@@ -9,8 +9,9 @@ import importlib
 _EXPORTS = {
     "AGG_MODES": "_agg", "aggregate": "_agg",
     "grpo_advantages": "advantages",
-    "ARMS": "arms", "ArmConfig": "arms", "LossBatch": "arms", "arms_table": "arms", "compose_loss": "arms",
-    "get_arm": "arms", "register_arm": "arms", "LOSS_TERMS": "arms", "LossTerm": "arms", "register_loss_term": "arms",
+    "ARMS": "arm_config", "ArmConfig": "arm_config", "arms_table": "arm_config", "get_arm": "arm_config",
+    "register_arm": "arm_config",
+    "LossBatch": "arms", "compose_loss": "arms", "LOSS_TERMS": "arms", "LossTerm": "arms", "register_loss_term": "arms",
     "dpo_loss": "dpo",
     "generalized_jsd": "jsd",
     "entropy_from_logits": "kl", "entropy_per_token": "kl", "kl_k3": "kl", "kl_k3_per_token": "kl",

@@ -1,4 +1,5 @@
-"""Arms as named loss configurations, and the one function that composes any arm's loss.
+"""The one function that composes any arm's loss, from registered loss terms (the arms themselves,
+named `ArmConfig`s, are in the torch-free `sdar.algos.arm_config`).
 
 `L = pg_coef*L_pg + kl_coef*KL - entropy_coef*H + sdar_coef*L_sdar
      + hint_distill_coef*JSD_hint + replay_coef*L_dpo`; every component is returned for logging.
@@ -6,118 +7,18 @@
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
+from sdar.algos.arm_config import ARMS, ArmConfig, arms_table, get_arm, register_arm  # noqa: F401 (re-exported)
 from sdar.algos.dpo import dpo_loss
 from sdar.algos.jsd import generalized_jsd
 from sdar.algos.kl import entropy_per_token, kl_k3
 from sdar.algos._agg import aggregate, upcast
 from sdar.algos.policy import policy_loss
 from sdar.algos.sdar import sdar_distill_loss
-
-
-@dataclass(frozen=True)
-class ArmConfig:
-    """One arm of the comparison: the weights and knobs of the composed loss."""
-
-    name: str
-    description: str = ""
-    pg_coef: float = 1.0  # weight of the PPO-clip policy-gradient term (0 = no RL signal)
-    kl_coef: float = 0.01  # k3 KL to the reference; the paper uses 0.001 for search tasks
-    entropy_coef: float = 0.001  # entropy bonus (subtracted from the loss)
-    sdar_coef: float = 0.0  # lambda: weight of the teacher-distillation term (0 = off)
-    sdar_beta: float = 5.0  # gate sharpness; 0 gives the constant gate 0.5 (naive OPSD)
-    skills_in_student_prompt: bool = False  # the student itself sees the skills (skill_grpo)
-    hint_distill_coef: float = 0.0  # alpha: Composer channel 2, JSD at error sites
-    replay_coef: float = 0.0  # beta_r: Composer channel 3, DPO on N-teacher replay pairs
-    clip_low: float = 0.2  # PPO eps_low
-    clip_high: float = 0.2  # PPO eps_high (raise it for DAPO clip-higher)
-    dual_clip: float | None = 3.0  # dual-clip c for negative advantages; None disables
-    agg: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum | token-sum
-    jsd_beta: float = 0.5  # generalized-JSD interpolation for the hint channel
-    jsd_temperature: float = 1.0
-    jsd_top_k: int | None = None
-    dpo_beta: float = 0.1
-    extra_coefs: tuple[tuple[str, float], ...] = ()  # weights of registered loss terms with no field here
-
-    @property
-    def needs_teacher(self) -> bool:
-        """Whether the privileged teacher must score the batch for the loss itself."""
-        return self.sdar_coef != 0.0
-
-    def with_overrides(self, **overrides) -> "ArmConfig":
-        """A copy with some fields changed; unknown field names are an error."""
-        known = {f.name for f in fields(self)}
-        unknown = sorted(set(overrides) - known)
-        if unknown:
-            raise ValueError(f"unknown arm setting(s) {unknown}; valid settings: {', '.join(sorted(known))}")
-        return dataclasses.replace(self, **overrides)
-
-
-ARMS: dict[str, ArmConfig] = {}
-
-
-def register_arm(arm: ArmConfig) -> ArmConfig:
-    """Add an arm to the registry (a new variant is one call)."""
-    ARMS[arm.name] = arm
-    return arm
-
-
-register_arm(ArmConfig("grpo", "GRPO backbone: PPO-clip + k3 KL + entropy, no distillation"))
-register_arm(
-    ArmConfig(
-        "grpo_opsd",
-        "GRPO + naive on-policy self-distillation (constant gate 0.5)",
-        sdar_coef=0.01,
-        sdar_beta=0.0,
-    )
-)
-register_arm(
-    ArmConfig("sdar", "GRPO + sigmoid-gated self-distillation (SDAR)", sdar_coef=0.01, sdar_beta=5.0)
-)
-# As the reference's OPSD script (ZJU-REAL/SDAR examples/opsd_trainer/run_alfworld_3b.sh: pg_loss_coef=0,
-# sdar_coef=0.01, gate_beta 5): lambda stays 0.01, so distillation is weighed against KL 0.01 and entropy
-# 0.001 exactly as in the sdar arm, with the policy gradient switched off.
-register_arm(
-    ArmConfig(
-        "opsd",
-        "Gated self-distillation alone (no policy gradient); KL and entropy kept",
-        pg_coef=0.0,
-        sdar_coef=0.01,
-        sdar_beta=5.0,
-    )
-)
-register_arm(
-    ArmConfig(
-        "skill_grpo",
-        "GRPO with the skills in the student's own prompt (paper baseline)",
-        skills_in_student_prompt=True,
-    )
-)
-
-
-# Composer channel 2 (ALGORITHM.md section 5): GRPO + hint distillation at error sites, alpha 0.1
-register_arm(ArmConfig("grpo_hint", "GRPO + hint distillation (generalized JSD) at environment-marked error sites",
-                       hint_distill_coef=0.1))
-# Composer channel 3: GRPO + DPO on N-teacher trace-replay pairs, beta_r 0.05; and the seed's ablation matrix
-register_arm(ArmConfig("grpo_replay", "GRPO + DPO on pairs where >= min_agree teachers overrule the student",
-                       replay_coef=0.05))
-register_arm(ArmConfig("composer", "GRPO + hint distillation + trace-replay DPO (Composer channels 2 and 3)",
-                       hint_distill_coef=0.1, replay_coef=0.05))
-register_arm(ArmConfig("sdar_composer", "SDAR + hint distillation + trace-replay DPO (all three channels)",
-                       sdar_coef=0.01, sdar_beta=5.0, hint_distill_coef=0.1, replay_coef=0.05))
-
-
-def get_arm(name: str, **overrides) -> ArmConfig:
-    """The registered arm `name`, optionally with some settings overridden."""
-    if name not in ARMS:
-        raise ValueError(f"unknown arm {name!r}; choose one of {', '.join(ARMS)}")
-    arm = ARMS[name]
-    return arm.with_overrides(**overrides) if overrides else arm
 
 
 @dataclass
@@ -281,10 +182,3 @@ def compose_loss(arm: ArmConfig | str, batch: LossBatch) -> tuple[torch.Tensor, 
             total = total + term.sign * w * value
     metrics["loss/total"] = total.detach()
     return total, metrics
-
-
-def arms_table() -> list[dict[str, object]]:
-    """One row per registered arm with the settings that tell arms apart."""
-    cols = ("pg_coef", "kl_coef", "entropy_coef", "sdar_coef", "sdar_beta", "skills_in_student_prompt",
-            "hint_distill_coef", "replay_coef")
-    return [{"arm": a.name, **{c: getattr(a, c) for c in cols}, "description": a.description} for a in ARMS.values()]

@@ -18,27 +18,30 @@ DEFAULT_LOCAL_EXPERTS = ("default", "b")
 class ReplayConfig:
     """Where the teachers are and how their votes become DPO pairs (YAML section `replay`)."""
 
-    # the teacher endpoints (dicts of `TeacherEndpoint` fields); empty = start the local pool on
-    # 127.0.0.1 (`sdar teachers serve`: the rule experts below plus `local_policies`)
-    teachers: list[TeacherEndpoint] = field(default_factory=list)
-    # teachers that must propose the same action for a pair (ALGORITHM.md section 5: 2)
-    min_agree: int = 2
-    # stop asking teachers once this many USD are spent (from `usage` x the endpoint prices); None = no cap
-    budget_usd: float | None = None
-    # keep teacher replies on disk here (a rerun asks nothing twice); None = the run's output dir decides
-    cache_dir: str | None = None
-    # sampling of every teacher request: completion tokens at most, temperature (0 = greedy)
-    max_tokens: int = 64
-    temperature: float = 0.0
-    # local pool only: checkpoints served as teachers, "PATH" or "NAME=PATH", ":skills" appended to prepend
-    # the task's privileged skills to their prompts (`sdar.replay.server.ServedPolicy.parse`)
-    local_policies: list[str] = field(default_factory=list)
-    # local pool only: rule-expert variants served as teachers (`sdar.replay.experts.EXPERT_VARIANTS`)
-    local_experts: list[str] = field(default_factory=lambda: list(DEFAULT_LOCAL_EXPERTS))
-    # 1 = a step's pairs enter the next step's loss (the replay runs beside scoring and the update); 0 = same step
-    lag: int = 1
-    # a JSONL of pairs made elsewhere (the DAG's teacher_replay step, `write_pairs`) added to the first step
-    pairs_path: str | None = None
+    teachers: list[TeacherEndpoint] = field(default_factory=list, metadata={
+        "help": "The teacher endpoints (mappings of `TeacherEndpoint` fields); empty = start the local pool on "
+                "127.0.0.1 (`sdar teachers serve`: local_experts plus local_policies)."})
+    min_agree: int = field(default=2, metadata={
+        "help": "Teachers that must propose the same action for a pair (ALGORITHM.md section 5: 2)."})
+    budget_usd: float | None = field(default=None, metadata={
+        "help": "Stop asking teachers once this many USD are spent (from `usage` x the endpoint prices); "
+                "null = no cap."})
+    cache_dir: str | None = field(default=None, metadata={
+        "help": "Keep teacher replies on disk here (a rerun asks nothing twice); null = the run's output dir decides."})
+    max_tokens: int = field(default=64, metadata={"help": "Completion tokens of every teacher request at most."})
+    temperature: float = field(default=0.0, metadata={
+        "help": "Sampling temperature of every teacher request (0 = greedy)."})
+    local_policies: list[str] = field(default_factory=list, metadata={
+        "help": "Local pool only: checkpoints served as teachers, \"PATH\" or \"NAME=PATH\", \":skills\" appended "
+                "to prepend the task's privileged skills to their prompts (`sdar.replay.server.ServedPolicy.parse`)."})
+    local_experts: list[str] = field(default_factory=lambda: list(DEFAULT_LOCAL_EXPERTS), metadata={
+        "help": "Local pool only: rule-expert variants served as teachers (`sdar.replay.experts.EXPERT_VARIANTS`)."})
+    lag: int = field(default=1, metadata={
+        "help": "1 = a step's pairs enter the next step's loss (the replay runs beside scoring and the update); "
+                "0 = the same step."})
+    pairs_path: str | None = field(default=None, metadata={
+        "help": "A JSONL of pairs made elsewhere (the DAG's teacher_replay step, `write_pairs`) added to the "
+                "first step."})
 
     def __post_init__(self) -> None:
         self.teachers = [t if isinstance(t, TeacherEndpoint) else TeacherEndpoint.from_dict(dict(t))

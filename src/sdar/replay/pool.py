@@ -18,7 +18,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -34,28 +34,24 @@ _METRIC_UNSAFE = re.compile(r"[^\w\-. :/]")
 
 @dataclass
 class TeacherEndpoint:
-    """One teacher: a model behind an OpenAI-compatible `/v1/chat/completions`.
+    """One teacher: a model behind an OpenAI-compatible `/v1/chat/completions`."""
 
-    name: how stats and logs call it (unique within a pool).
-    base_url: the API root, e.g. "http://127.0.0.1:8300/v1" or "https://api.openai.com/v1".
-    model: the model id sent with each request.
-    api_key_env: the NAME of the environment variable holding the key; None = a local server
-        that wants no key (a dummy one is sent).
-    price_in_per_1k / price_out_per_1k: USD per 1,000 prompt / completion tokens (budget and cost stats).
-    concurrency: requests in flight to this endpoint at most.
-    timeout_s: per-request timeout. max_retries: extra attempts after a retryable failure
-        (connection error, timeout, 408/409/429, 5xx), with exponential backoff and jitter.
-    """
-
-    name: str
-    base_url: str
-    model: str
-    api_key_env: str | None = None
-    price_in_per_1k: float = 0.0
-    price_out_per_1k: float = 0.0
-    concurrency: int = 4
-    timeout_s: float = 30.0
-    max_retries: int = 3
+    name: str = field(metadata={"help": "How stats and logs call it (unique within a pool)."})
+    base_url: str = field(metadata={
+        "help": "The API root, e.g. \"http://127.0.0.1:8300/v1\" or \"https://api.openai.com/v1\"."})
+    model: str = field(metadata={"help": "The model id sent with each request."})
+    api_key_env: str | None = field(default=None, metadata={
+        "help": "The NAME of the environment variable holding the key; null = a local server that wants no key "
+                "(a dummy one is sent)."})
+    price_in_per_1k: float = field(default=0.0, metadata={
+        "help": "USD per 1,000 prompt tokens (budget and cost stats)."})
+    price_out_per_1k: float = field(default=0.0, metadata={
+        "help": "USD per 1,000 completion tokens (budget and cost stats)."})
+    concurrency: int = field(default=4, metadata={"help": "Requests in flight to this endpoint at most."})
+    timeout_s: float = field(default=30.0, metadata={"help": "Per-request timeout, seconds."})
+    max_retries: int = field(default=3, metadata={
+        "help": "Extra attempts after a retryable failure (connection error, timeout, 408/409/429, 5xx), with "
+                "exponential backoff and jitter."})
 
     def __post_init__(self) -> None:
         where = f"teacher {self.name!r}"

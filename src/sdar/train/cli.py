@@ -7,16 +7,13 @@ from __future__ import annotations
 import argparse
 import json
 
+from sdar.config import SET_HELP, parse_set
+
 
 def _overrides(args: argparse.Namespace) -> dict:
-    out = {}
-    for item in args.set or []:
-        if "=" not in item:
-            raise SystemExit(f"--set expects KEY=VALUE (e.g. --set rollout.max_turns=10), got {item!r}")
-        key, value = item.split("=", 1)
-        import yaml
-
-        out[key] = yaml.safe_load(value)
+    """The config overrides of the command line: every --set (parsed by `sdar.config.parse_set`), then
+    the flags that name a key (--arm, --steps, --seed, --output)."""
+    out = dict(args.set or [])
     for name in ("arm", "steps", "seed"):
         if getattr(args, name, None) is not None:
             out[name] = getattr(args, name)
@@ -164,18 +161,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, help="RL steps (overrides the config)")
     p.add_argument("--seed", type=int)
     p.add_argument("--output", help="output directory (overrides output_dir)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override any config key, dotted")
+    p.add_argument("--set", action="append", type=parse_set, metavar="KEY=VALUE", help=SET_HELP)
     p.add_argument("--publish", action="store_true",
                    help=f"also copy the final policy and summary.json to <checkpoint store>/{RESULT_PREFIX}/")
     p.set_defaults(func=_cmd_train)
     w = sub.add_parser("warmstart", help="build (or find) the cached warm-started tiny model for a config")
     w.add_argument("--config", required=True)
-    w.add_argument("--set", action="append", metavar="KEY=VALUE")
+    w.add_argument("--set", action="append", type=parse_set, metavar="KEY=VALUE", help=SET_HELP)
     w.set_defaults(func=_cmd_warmstart)
     e = sub.add_parser("eval", help="success of the student and of the privileged teacher on the eval tasks")
     e.add_argument("--config", required=True)
     e.add_argument("--checkpoint", help="a checkpoint store (dir or s3:// URI) to evaluate instead of the warm start")
-    e.add_argument("--set", action="append", metavar="KEY=VALUE")
+    e.add_argument("--set", action="append", type=parse_set, metavar="KEY=VALUE", help=SET_HELP)
     e.add_argument("--backend", choices=("sim", "alfworld"),
                    help="household: play the eval tasks on this backend (alfworld: the official games in "
                         "$SDAR_ALFWORLD_DATA; the sim's options are ignored, the sim-trained warm start is kept)")

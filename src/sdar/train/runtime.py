@@ -21,7 +21,7 @@ import torch
 from sdar.agent.backends import make_backend
 from sdar.agent.prompts import PromptBuilder
 from sdar.agent.rollout import RolloutConfig, Trajectory, TurnBatch
-from sdar.algos import ArmConfig, get_arm
+from sdar.algos import ArmConfig
 from sdar.config import TrainConfig
 from sdar.models.scoring import free_token_mask, response_logprobs
 from sdar.teacher import TeacherScorer
@@ -147,7 +147,7 @@ def build_runtime(cfg: TrainConfig, *, policy=None, env_factory: Callable[[], An
     (default cfg.device)."""
     from sdar.eval.tasks import eval_task_set
 
-    arm = get_arm(cfg.arm, **cfg.arm_overrides)
+    arm = cfg.resolved_arm()
     seed_everything(cfg.seed)  # LoRA's initialisation draws from the global RNG
     if policy is None:
         from sdar.train.warmstart import load_warm_policy

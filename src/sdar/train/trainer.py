@@ -154,10 +154,6 @@ class Trainer:
 
     def train_step(self, step: int) -> StepResult:
         cfg, arm = self.cfg, self.arm
-        if self.rollout_cfg.temperature <= 0:
-            raise ValueError(f"rollout.temperature={self.rollout_cfg.temperature}: RL samples its rollouts and "
-                             "scores them at that temperature, so it must be > 0 (paper: 1.0); greedy decoding "
-                             "is for evaluation (eval_temperature: 0)")
         t0 = time.perf_counter()
         trajs = self.collect(step)
         if self.replay is not None:  # the teacher pool replays these frozen trajectories in the background
