@@ -31,7 +31,7 @@ def teacher_replay(
 
     checkpoint: the policy that is both student and teacher (None: the config's model); it should be
     the one that produced the trajectories, else the 'student' log-probs are another model's.
-    arm: its sdar_beta sets the reported gate; its replay_coef decides whether the pool is asked.
+    arm: its gate_beta sets the reported gate; its replay_coef decides whether the pool is asked.
     teacher_pool: a YAML file with the pool (the `replay:` settings: teachers with base_url, model,
     api_key_env, prices...; min_agree, budget_usd); "" = the config's `replay` section, whose default
     is the local pool (`sdar teachers serve`: rule experts on 127.0.0.1). API keys come from the
@@ -68,7 +68,8 @@ def teacher_replay(
     cfg = load_config(config_path, ov)
     ensure_warm_start(cfg)
     rt = build_runtime(cfg, train=False)
-    out = replay(rt.model, rt.tokenizer, rt.teacher, trajs, pad_id=rt.pad_id, beta=rt.arm.sdar_beta, batch_size=cfg.score_batch_size,
+    out = replay(rt.model, rt.tokenizer, rt.teacher, trajs, pad_id=rt.pad_id, gate_beta=rt.arm.gate_beta,
+                 batch_size=cfg.score_batch_size,
                  temperature=cfg.rollout.temperature, mask_forced_tokens=cfg.rollout.mask_forced_tokens)
     Path(scores.path).parent.mkdir(parents=True, exist_ok=True)
     Path(scores.path).write_text(json.dumps(out, indent=1))

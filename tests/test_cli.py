@@ -12,7 +12,7 @@ def test_arms_command_prints_every_arm(capsys):
         assert name in out
     assert main(["arms", "--json"]) == 0
     rows = {r["arm"]: r for r in json.loads(capsys.readouterr().out)}
-    assert rows["sdar"]["sdar_beta"] == 5.0 and rows["grpo_opsd"]["sdar_beta"] == 0.0
+    assert rows["sdar"]["gate_beta"] == 5.0 and rows["grpo_opsd"]["gate_beta"] == 0.0
 
 
 def test_console_script_help_lists_subcommands():

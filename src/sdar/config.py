@@ -430,12 +430,19 @@ def _typed(tp: Any, value: Any, where: str) -> Any:
     return value
 
 
+RENAMED_ARM_SETTINGS = {"sdar_beta": "gate_beta"}  # old name -> new name, for a clear error
+
+
 def check_arm_overrides(overrides: Any, where: str = "arm_overrides") -> dict[str, Any]:
     """`overrides` checked against the ArmConfig fields a config may set (every one but `name`) and
     their types; a misspelled setting is an error that names it and lists the valid ones."""
     if not isinstance(overrides, Mapping):
         raise ValueError(f"{where} must be a mapping of arm settings (e.g. {{kl_coef: 0.001}}), got {overrides!r}")
     unknown = sorted(set(overrides) - set(OVERRIDABLE))
+    renamed = {old: new for old, new in RENAMED_ARM_SETTINGS.items() if old in unknown}
+    if renamed:
+        raise ValueError(f"{where}: " + "; ".join(f"{old!r} is now called {new!r}" for old, new in renamed.items())
+                         + " (one name for each beta: gate_beta, jsd_beta, dpo_beta, and replay_coef)")
     if unknown:
         raise ValueError(f"unknown arm setting(s) {unknown} in {where}; valid settings: "
                          f"{', '.join(sorted(OVERRIDABLE))}")

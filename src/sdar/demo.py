@@ -116,7 +116,7 @@ def _selfcheck(args: argparse.Namespace) -> int:
         table.add_row(name, f"{first:.3f}", f"{last:.3f}", f"{h[-1]['gap']:+.3f}", f"{h[-1]['gate']:.3f}")
         if not last > first + 0.15:
             failures.append(f"{name}: reward did not improve ({first:.3f} -> {last:.3f})")
-        if get_arm(name).sdar_beta == 0.0 and abs(h[-1]["gate"] - 0.5) > 1e-6:
+        if get_arm(name).gate_beta == 0.0 and abs(h[-1]["gate"] - 0.5) > 1e-6:
             failures.append(f"{name}: the naive gate should be exactly 0.5, got {h[-1]['gate']}")
     console.print(table)
     for f in failures:

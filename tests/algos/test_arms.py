@@ -35,8 +35,8 @@ def make_batch(seed=0, B=4, T=6, V=11, kind="partial", dtype=torch.float32, **ex
 def test_registry_holds_the_paper_arms():
     assert set(ARMS) >= {"grpo", "grpo_opsd", "sdar", "opsd", "skill_grpo"}
     assert get_arm("grpo").sdar_coef == 0.0
-    assert get_arm("grpo_opsd").sdar_beta == 0.0 and get_arm("grpo_opsd").sdar_coef == 0.01
-    assert get_arm("sdar").sdar_beta == 5.0 and get_arm("sdar").sdar_coef == 0.01
+    assert get_arm("grpo_opsd").gate_beta == 0.0 and get_arm("grpo_opsd").sdar_coef == 0.01
+    assert get_arm("sdar").gate_beta == 5.0 and get_arm("sdar").sdar_coef == 0.01
     assert get_arm("opsd").pg_coef == 0.0 and get_arm("opsd").sdar_coef > 0
     assert get_arm("skill_grpo").skills_in_student_prompt and get_arm("skill_grpo").sdar_coef == 0
     for arm in ARMS.values():  # paper defaults shared by every arm
@@ -49,7 +49,7 @@ def test_registry_holds_the_paper_arms():
         assert (arm.hint_distill_coef, arm.replay_coef, arm.sdar_coef) == want, arm.name
     # issue 13.3: the ablation matrix is GRPO plus channels, nothing else changed (sdar_composer: SDAR's gate)
     assert all(get_arm(n).pg_coef == 1.0 for n in composer)
-    assert get_arm("sdar_composer").sdar_beta == get_arm("sdar").sdar_beta == 5.0
+    assert get_arm("sdar_composer").gate_beta == get_arm("sdar").gate_beta == 5.0
 
 
 def test_unknown_arm_and_setting_errors_name_the_fix():
@@ -70,7 +70,7 @@ def test_total_is_the_weighted_sum_of_components(name, kind):
     pg, _ = policy_loss(b.logp, b.old_logp, b.advantages, b.mask)
     kl = kl_k3(b.logp, b.ref_logp, b.mask)
     ent = entropy_from_logits(b.logits, b.mask)
-    sd, _ = sdar_distill_loss(b.logp, b.teacher_logp, b.mask, beta=arm.sdar_beta)
+    sd, _ = sdar_distill_loss(b.logp, b.teacher_logp, b.mask, beta=arm.gate_beta)
     expected = arm.pg_coef * pg + arm.kl_coef * kl - arm.entropy_coef * ent + arm.sdar_coef * sd
     assert total.item() == pytest.approx(expected.item(), rel=1e-6, abs=1e-7)
     for key, value in (("loss/pg", pg), ("loss/kl", kl), ("loss/entropy", ent), ("loss/sdar", sd)):

@@ -88,8 +88,8 @@ def test_arm_overrides_are_checked_and_typed_at_load():
         load_config(CONFIG, {"arm_overrides.name": "grpo"})
     with pytest.raises(ValueError, match=r"arm_overrides.skills_in_student_prompt must be true or false, got 'yes'"):
         load_config(CONFIG, {"arm_overrides.skills_in_student_prompt": "yes"})
-    with pytest.raises(ValueError, match=r"arm_overrides.sdar_beta must be a number, got 'sharp'"):
-        load_config(CONFIG, {"arm_overrides.sdar_beta": "sharp"})
+    with pytest.raises(ValueError, match=r"arm_overrides.gate_beta must be a number, got 'sharp'"):
+        load_config(CONFIG, {"arm_overrides.gate_beta": "sharp"})
     with pytest.raises(ValueError, match=r"arm_overrides must be a mapping"):
         load_config(CONFIG, {"arm_overrides": [0.1]})
     with pytest.raises(ValueError, match=r"unknown arm 'sdarr'; choose one of grpo, "):
@@ -174,3 +174,9 @@ def test_every_set_flag_has_the_same_grammar_and_errors(argv, bad, why, capsys):
         build_parser().parse_args([*argv, "--set", bad])
     assert exc.value.code == 2
     assert re.search(r"argument --set: .*" + why, capsys.readouterr().err)
+
+
+def test_a_renamed_arm_setting_names_its_new_name():
+    with pytest.raises(ValueError, match="'sdar_beta' is now called 'gate_beta'"):
+        load_config(CONFIG, {"arm_overrides.sdar_beta": 3.0})
+    assert load_config(CONFIG, {"arm_overrides.gate_beta": 3.0}).resolved_arm().gate_beta == 3.0

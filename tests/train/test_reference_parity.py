@@ -151,7 +151,7 @@ def test_opsd_arm_is_the_reference_opsd_script():
     from sdar.algos import get_arm
 
     arm = get_arm("opsd")
-    assert (arm.pg_coef, arm.sdar_coef, arm.sdar_beta) == (0.0, 0.01, 5.0)
+    assert (arm.pg_coef, arm.sdar_coef, arm.gate_beta) == (0.0, 0.01, 5.0)
 
 
 def test_choices_are_checked_at_load():

@@ -21,14 +21,14 @@ class ArmConfig:
         "help": "Weight of the entropy bonus, subtracted from the loss (paper: 0.001)."})
     sdar_coef: float = field(default=0.0, metadata={
         "help": "lambda: weight of the gated teacher-distillation term (0 = off; paper: 0.01)."})
-    sdar_beta: float = field(default=5.0, metadata={
+    gate_beta: float = field(default=5.0, metadata={
         "help": "Gate sharpness (paper: 5); 0 gives the constant gate 0.5 (naive OPSD)."})
     skills_in_student_prompt: bool = field(default=False, metadata={
         "help": "The student itself sees the privileged skills in its prompt (skill_grpo)."})
     hint_distill_coef: float = field(default=0.0, metadata={
-        "help": "alpha: weight of Composer channel 2, generalized JSD to the hinted teacher at error sites."})
+        "help": "Weight of Composer channel 2, generalized JSD to the hinted teacher at error sites (the recipe's alpha)."})
     replay_coef: float = field(default=0.0, metadata={
-        "help": "beta_r: weight of Composer channel 3, DPO on N-teacher trace-replay pairs."})
+        "help": "Weight of Composer channel 3, DPO on N-teacher trace-replay pairs (the recipe's beta_r)."})
     clip_low: float = field(default=0.2, metadata={"help": "PPO eps_low: the ratio's lower clip is 1 - clip_low."})
     clip_high: float = field(default=0.2, metadata={
         "help": "PPO eps_high: the ratio's upper clip is 1 + clip_high (raise it for DAPO clip-higher)."})
@@ -80,11 +80,11 @@ register_arm(
         "grpo_opsd",
         "GRPO + naive on-policy self-distillation (constant gate 0.5)",
         sdar_coef=0.01,
-        sdar_beta=0.0,
+        gate_beta=0.0,
     )
 )
 register_arm(
-    ArmConfig("sdar", "GRPO + sigmoid-gated self-distillation (SDAR)", sdar_coef=0.01, sdar_beta=5.0)
+    ArmConfig("sdar", "GRPO + sigmoid-gated self-distillation (SDAR)", sdar_coef=0.01, gate_beta=5.0)
 )
 # As the reference's OPSD script (ZJU-REAL/SDAR examples/opsd_trainer/run_alfworld_3b.sh: pg_loss_coef=0,
 # sdar_coef=0.01, gate_beta 5): lambda stays 0.01, so distillation is weighed against KL 0.01 and entropy
@@ -95,7 +95,7 @@ register_arm(
         "Gated self-distillation alone (no policy gradient); KL and entropy kept",
         pg_coef=0.0,
         sdar_coef=0.01,
-        sdar_beta=5.0,
+        gate_beta=5.0,
     )
 )
 register_arm(
@@ -116,7 +116,7 @@ register_arm(ArmConfig("grpo_replay", "GRPO + DPO on pairs where >= min_agree te
 register_arm(ArmConfig("composer", "GRPO + hint distillation + trace-replay DPO (Composer channels 2 and 3)",
                        hint_distill_coef=0.1, replay_coef=0.05))
 register_arm(ArmConfig("sdar_composer", "SDAR + hint distillation + trace-replay DPO (all three channels)",
-                       sdar_coef=0.01, sdar_beta=5.0, hint_distill_coef=0.1, replay_coef=0.05))
+                       sdar_coef=0.01, gate_beta=5.0, hint_distill_coef=0.1, replay_coef=0.05))
 
 
 def get_arm(name: str, **overrides) -> ArmConfig:
@@ -129,6 +129,6 @@ def get_arm(name: str, **overrides) -> ArmConfig:
 
 def arms_table() -> list[dict[str, object]]:
     """One row per registered arm with the settings that tell arms apart."""
-    cols = ("pg_coef", "kl_coef", "entropy_coef", "sdar_coef", "sdar_beta", "skills_in_student_prompt",
+    cols = ("pg_coef", "kl_coef", "entropy_coef", "sdar_coef", "gate_beta", "skills_in_student_prompt",
             "hint_distill_coef", "replay_coef")
     return [{"arm": a.name, **{c: getattr(a, c) for c in cols}, "description": a.description} for a in ARMS.values()]

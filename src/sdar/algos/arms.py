@@ -124,7 +124,7 @@ def _entropy(arm: ArmConfig, b: LossBatch):
 
 
 def _sdar(arm: ArmConfig, b: LossBatch):
-    return sdar_distill_loss(b.logp, b.teacher_logp, b.mask, beta=arm.sdar_beta, agg=arm.agg)
+    return sdar_distill_loss(b.logp, b.teacher_logp, b.mask, beta=arm.gate_beta, agg=arm.agg)
 
 
 def _hint(arm: ArmConfig, b: LossBatch):

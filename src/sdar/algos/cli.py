@@ -10,10 +10,10 @@ _HEADERS = {
     "kl_coef": "kl",
     "entropy_coef": "ent",
     "sdar_coef": "lambda",
-    "sdar_beta": "gate beta",
+    "gate_beta": "gate beta",
     "skills_in_student_prompt": "skills in student",
-    "hint_distill_coef": "alpha",
-    "replay_coef": "beta_r",
+    "hint_distill_coef": "hint coef",
+    "replay_coef": "replay coef",
 }
 
 
@@ -29,7 +29,7 @@ def _cmd_arms(args: argparse.Namespace) -> int:
 
         print(json.dumps(rows, indent=2))
         return 0
-    table = Table(title="L = pg*L_pg + kl*KL - ent*H + lambda*L_sdar + alpha*JSD_hint + beta_r*DPO_replay")
+    table = Table(title="L = pg*L_pg + kl*KL - ent*H + lambda*L_sdar + hint_coef*JSD_hint + replay_coef*DPO_replay")
     for col in rows[0]:
         table.add_column(_HEADERS.get(col, col), overflow="fold", no_wrap=col != "description")
     for row in rows:
