@@ -32,7 +32,7 @@ def launch_envs(
 ) -> NamedTuple("LaunchOutputs", [("url", str), ("parent_run_id", str)]):
     """Serve the config's environment family for the whole pipeline run.
 
-    target "local": `python -m sdar.envs.server` on a free 127.0.0.1 port, detached so it outlives
+    target "local": `python -m sdar_envs.server` on a free 127.0.0.1 port, detached so it outlives
     this step; its pid goes to <output_root>/envs/<job_id>.json for teardown_envs.
     target "cluster": a Deployment (replicas pods of env_image, default sdar.images.env_server_image():
     SDAR_ENV_IMAGE or <registry>/sdar-env-server:<tag>) and a ClusterIP Service named after the job
@@ -81,7 +81,7 @@ def launch_envs(
 
     # ---- the environment service ------------------------------------------------------------
     if target == "local":
-        from sdar.envs.client import serve_in_background
+        from sdar_envs.client import serve_in_background
 
         url, handle = serve_in_background(fam, die_with_parent=False, startup_timeout_s=startup_timeout_s, **env_kwargs)
         info.update(url=url, pids=[handle.pid], log=str(handle.log_path))
@@ -172,7 +172,7 @@ def launch_envs(
                         "resources) and raise startup_timeout_s for slow backends"
                     )
                 time.sleep(3)
-            from sdar.envs.client import wait_healthy
+            from sdar_envs.client import wait_healthy
 
             wait_healthy(url, timeout_s=max(30.0, deadline - time.monotonic()))
             print(f"serving {fam} at {url} ({replicas} pod(s) of {image})")

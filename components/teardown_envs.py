@@ -52,7 +52,7 @@ def teardown_envs(
                 except OSError:
                     done.append(f"pid {pid} already gone")
                     continue
-                if b"sdar.envs.server" not in argv:
+                if b"sdar_envs.server" not in argv:
                     done.append(f"pid {pid} is no longer an env server; left alone")
                     continue
                 if dry_run:
