@@ -5,6 +5,7 @@ This is what the env-server image does, without Docker."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -28,10 +29,13 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def envs_venv(tmp_path_factory) -> Path:
     """A fresh venv with `pip install envs/` (a regular install, as the image does) and nothing else."""
-    venv = tmp_path_factory.mktemp("envs-venv") / "venv"
+    base = tmp_path_factory.mktemp("envs-venv")
+    # built from a copy, as the image builds from its context: the build leaves the checkout untouched
+    source = shutil.copytree(REPO / "envs", base / "envs", ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    venv = base / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     pip = subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(REPO / "envs")],
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(source)],
         capture_output=True,
         text=True,
         timeout=540,
