@@ -60,7 +60,7 @@ def prompt_view(messages: list[dict[str, str]], family: str):
 
 def _household_task_type(task: str) -> str | None:
     """The ALFWorld task type whose goal template matches `task` most specifically (longest literal text)."""
-    from sdar_envs.household import TASK_TEMPLATES
+    from sdar_envs.household.catalog import TASK_TEMPLATES
 
     best, best_len = None, -1
     for ttype, templates in TASK_TEMPLATES.items():
