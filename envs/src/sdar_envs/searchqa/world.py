@@ -249,14 +249,30 @@ class _Names:
 
 @functools.lru_cache(maxsize=4)
 def build_world(seed: int = 0, size: WorldSize = WorldSize()) -> World:
-    """Generate the world for `seed` (cached; the same seed always gives the same facts)."""
+    """Generate the world for `seed` (cached; the same seed always gives the same facts).
+
+    Every step draws from one random stream, so the order of the steps is part of the world.
+    """
     rng = random.Random(f"sdar-searchqa-world:{seed}")
     names = _Names(rng)
     world = World(seed=seed)
-
     world.seas = [f"{names.root((2, 2))} Sea" for _ in range(size.seas)]
+    city_rows = _add_countries(world, rng, names, size)
+    by_country = _add_rivers_and_cities(world, rng, names, size, city_rows)
+    _add_universities(world, rng, names, size)
+    people = _draw_people(world, rng, names, size)
+    _appoint_heads_of_state(world, rng, people)
+    _found_companies(world, rng, names, size, people, by_country)
+    works_of = _add_works(world, rng, names, size, people)
+    _add_people(world, people, works_of)
+    return world
 
-    # countries and their cities; the first city is the capital
+
+def _add_countries(
+    world: World, rng: random.Random, names: _Names, size: WorldSize
+) -> list[tuple[str, str, bool]]:
+    """Countries with their cities named; returns (city, country, is capital) rows, the first
+    city of each country being its capital (the cities themselves come with their rivers)."""
     city_rows: list[tuple[str, str, bool]] = []
     for _ in range(size.countries):
         root = names.root((2, 2))
@@ -290,8 +306,18 @@ def build_world(seed: int = 0, size: WorldSize = WorldSize()) -> World:
             government=rng.choice(GOVERNMENTS),
             climate=rng.choice(CLIMATES),
         )
+    return city_rows
 
-    # rivers run through cities of one country and end in a sea
+
+def _add_rivers_and_cities(
+    world: World,
+    rng: random.Random,
+    names: _Names,
+    size: WorldSize,
+    city_rows: list[tuple[str, str, bool]],
+) -> dict[str, list[str]]:
+    """Rivers run through cities of one country and end in a sea; then the cities, each knowing its
+    rivers. Returns the cities of each country."""
     city_rivers: dict[str, list[str]] = {c: [] for c, _, _ in city_rows}
     by_country: dict[str, list[str]] = {}
     for c, k, _ in city_rows:
@@ -310,7 +336,10 @@ def build_world(seed: int = 0, size: WorldSize = WorldSize()) -> World:
         alias = c.replace("Saint ", "St. ") if c.startswith("Saint ") else ""
         pop = rng.randint(400, 9000) * 1000 if cap else rng.randint(8, 900) * 1000
         world.cities[c] = City(c, k, cap, pop, rng.randint(850, 1890), tuple(city_rivers[c]), alias)
+    return by_country
 
+
+def _add_universities(world: World, rng: random.Random, names: _Names, size: WorldSize) -> None:
     all_cities = list(world.cities)
     for _ in range(size.universities):
         city = rng.choice(all_cities)
@@ -321,9 +350,15 @@ def build_world(seed: int = 0, size: WorldSize = WorldSize()) -> World:
         )
         if names.claim(name):
             world.universities[name] = University(name, city, rng.randint(1200, 1975))
-    univ_names = list(world.universities)
 
-    # people; surnames repeat (families), full names do not
+
+def _draw_people(
+    world: World, rng: random.Random, names: _Names, size: WorldSize
+) -> dict[str, dict]:
+    """People as mutable rows (later steps make some heads of state and founders); surnames repeat
+    (families), full names do not."""
+    all_cities = list(world.cities)
+    univ_names = list(world.universities)
     surnames = [names.root((1, 2)) + rng.choice(_SURNAME_FORMS) for _ in range(size.people // 2)]
     people: dict[str, dict] = {}
     occupations = list(OCCUPATIONS)
@@ -348,8 +383,11 @@ def build_world(seed: int = 0, size: WorldSize = WorldSize()) -> World:
             "occupation": rng.choice(occupations),
             "university": rng.choice(univ_names) if rng.random() < 0.7 else None,
         }
+    return people
 
-    # heads of state: a politician born in the country, or a new one
+
+def _appoint_heads_of_state(world: World, rng: random.Random, people: dict[str, dict]) -> None:
+    """Each country's head of state: a living politician-to-be born there (none if nobody fits)."""
     for country in world.countries.values():
         born_here = [
             p
@@ -366,7 +404,17 @@ def build_world(seed: int = 0, size: WorldSize = WorldSize()) -> World:
         leader["occupation"], leader["head_of"] = "politician", country.name
         world.countries[country.name] = dataclasses.replace(country, head_of_state=leader["name"])
 
-    # companies: each founder founds exactly one, so "the company founded by X" is unique
+
+def _found_companies(
+    world: World,
+    rng: random.Random,
+    names: _Names,
+    size: WorldSize,
+    people: dict[str, dict],
+    by_country: dict[str, list[str]],
+) -> None:
+    """Each founder founds exactly one company, so "the company founded by X" is unique."""
+    all_cities = list(world.cities)
     founders = [
         p for p in people.values() if p["occupation"] in ("entrepreneur", "engineer", "chemist")
     ]
@@ -393,7 +441,11 @@ def build_world(seed: int = 0, size: WorldSize = WorldSize()) -> World:
         )
         founder["company"] = name
 
-    # works by creative people
+
+def _add_works(
+    world: World, rng: random.Random, names: _Names, size: WorldSize, people: dict[str, dict]
+) -> dict[str, list[str]]:
+    """Works by creative people; returns each creator's titles."""
     creators = [p for p in people.values() if p["occupation"] in CREATIVE]
     works_of: dict[str, list[str]] = {}
     while len(world.works) < size.works and creators:
@@ -411,7 +463,11 @@ def build_world(seed: int = 0, size: WorldSize = WorldSize()) -> World:
         year = rng.randint(min(creator["birth_year"] + 20, last), last)
         world.works[title] = Work(title, OCCUPATIONS[creator["occupation"]], creator["name"], year)
         works_of.setdefault(creator["name"], []).append(title)
+    return works_of
 
+
+def _add_people(world: World, people: dict[str, dict], works_of: dict[str, list[str]]) -> None:
+    """The people rows, final now, as `Person` facts."""
     for p in people.values():
         world.people[p["name"]] = Person(
             name=p["name"],
@@ -426,4 +482,3 @@ def build_world(seed: int = 0, size: WorldSize = WorldSize()) -> World:
             works=tuple(works_of.get(p["name"], ())),
             head_of=p.get("head_of"),
         )
-    return world
