@@ -201,22 +201,94 @@ def compare_problem(
     cfg = FidelityConfig(**{**cfg_dict, "task_types": tuple(cfg_dict["task_types"])})
     problem = SimProblem.from_dict(problem_dict)
     result = ProblemResult(problem.task_id, problem.task_type)
-    kept: Counter[str] = Counter()
-
-    def note(kind: str, path: str, action: str, sim_value: Any, engine_value: Any) -> None:
-        kept[kind] += 1
-        result.diffs.append(
-            {
-                "kind": kind,
-                "path": path,
-                "task_id": problem.task_id,
-                "action": action,
-                "sim": sim_value,
-                "engine": engine_value,
-            }
+    try:
+        engine_problem = (
+            SimProblem.from_dict(engine_problem_dict) if engine_problem_dict else problem
         )
+        game_path = write_game(scene_from_sim(engine_problem), game_dir)
+        sim = SimHousehold(difficulty=cfg.difficulty)
+        play = _PairedPlay(engine, sim, problem, str(game_path), result)
+        play.sim_gold()
+        if cfg.engine_gold:
+            play.engine_gold()
+        for k in range(cfg.walks):
+            play.random_walk(k, cfg)
+    except Exception as exc:  # noqa: BLE001 - one broken problem is a finding, not a crash
+        import traceback
 
-    def compare(path: str, action: str, s: Any, e: Any) -> None:
+        result.error = (
+            f"{problem.task_id}: {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
+        )
+    _keep_examples(result, cfg.max_examples)
+    return result
+
+
+class _PairedPlay:
+    """The sim and the engine stepped side by side on one problem; every pair of steps is compared
+    into `result` (a `StepCompare`, and a diff entry per kind of disagreement)."""
+
+    def __init__(
+        self, engine: Any, sim: Any, problem: Any, game_path: str, result: ProblemResult
+    ) -> None:
+        self.engine, self.sim, self.problem = engine, sim, problem
+        self.game_path, self.result = game_path, result
+        self.horizon = problem.max_steps
+
+    def sim_gold(self) -> None:
+        """The sim's gold path, replayed in the engine."""
+        s, e = self._start("sim_gold")
+        for _ in range(self.horizon):
+            if s.done or e.metadata["won"]:
+                break
+            s, e = self._both("sim_gold", self.sim.expert_action())
+        self.result.final_won["sim_gold"] = (bool(s.metadata["won"]), bool(e.metadata["won"]))
+
+    def engine_gold(self) -> None:
+        """The engine's planner path (omniscient: it walks straight to hidden objects), in the sim;
+        fast-downward when the engine was built with planner="fd" (as run_fidelity does)."""
+        s, e = self._start("engine_gold")
+        plan = self.engine.plan()
+        for action in plan[: self.horizon]:
+            s, e = self._both("engine_gold", action)
+            if s.done or e.metadata["won"]:
+                break
+        self.result.final_won["engine_gold"] = (bool(s.metadata["won"]), bool(e.metadata["won"]))
+
+    def random_walk(self, k: int, cfg: FidelityConfig) -> None:
+        """Seeded random walk `k` over the actions both accept, some inadmissible ones mixed in."""
+        rng = random.Random(f"fidelity|{cfg.seed}|{self.problem.task_id}|{k}")
+        path = f"walk{k}"
+        s, e = self._start(path)
+        for _ in range(cfg.walk_steps):
+            if s.done or e.metadata["won"]:
+                break
+            sa, ea = set(s.metadata["admissible_actions"]), set(e.metadata["admissible_actions"])
+            if rng.random() < cfg.invalid_prob:
+                action = _invalid_action(rng, self.sim.game, sa | ea)
+            else:
+                shared = sorted(sa & ea) or sorted(sa)
+                action = rng.choice(shared)
+            s, e = self._both(path, action)
+        self.result.final_won[path] = (bool(s.metadata["won"]), bool(e.metadata["won"]))
+
+    def _start(self, path: str) -> tuple[Any, Any]:
+        s = self.sim.load(self.problem)
+        t0 = time.perf_counter()
+        e = self.engine.reset(self.game_path)
+        self.result.engine_reset_s += time.perf_counter() - t0
+        self._compare(path, "<reset>", s, e)
+        return s, e
+
+    def _both(self, path: str, action: str) -> tuple[Any, Any]:
+        s = self.sim.step(action)
+        t0 = time.perf_counter()
+        e = self.engine.step(action)
+        self.result.engine_step_s += time.perf_counter() - t0
+        self.result.engine_steps += 1
+        self._compare(path, action, s, e)
+        return s, e
+
+    def _compare(self, path: str, action: str, s: Any, e: Any) -> None:
         sa, ea = s.metadata["admissible_actions"], e.metadata["admissible_actions"]
         c = StepCompare(
             path=path,
@@ -231,101 +303,43 @@ def compare_problem(
             sim_valid=bool(s.metadata["valid_action"]),
             sim_error_kind=s.metadata["error_kind"],
         )
-        result.steps.append(c)
+        self.result.steps.append(c)
         if not c.admissible:
-            note("admissible", path, action, sorted(set(sa) - set(ea)), sorted(set(ea) - set(sa)))
+            only_sim, only_engine = sorted(set(sa) - set(ea)), sorted(set(ea) - set(sa))
+            self._note("admissible", path, action, only_sim, only_engine)
         if not c.observation:
-            note(
-                "observation" if not c.observation_norm else "observation_order",
-                path,
-                action,
-                s.observation,
-                e.observation,
-            )
+            kind = "observation" if not c.observation_norm else "observation_order"
+            self._note(kind, path, action, s.observation, e.observation)
         if not c.won:
-            note("won", path, action, s.metadata["won"], e.metadata["won"])
+            self._note("won", path, action, s.metadata["won"], e.metadata["won"])
         if not c.valid or not c.error_kind:
-            note("error", path, action, s.metadata["error_kind"], e.metadata["error_kind"])
+            self._note("error", path, action, s.metadata["error_kind"], e.metadata["error_kind"])
 
-    try:
-        engine_problem = (
-            SimProblem.from_dict(engine_problem_dict) if engine_problem_dict else problem
+    def _note(self, kind: str, path: str, action: str, sim_value: Any, engine_value: Any) -> None:
+        self.result.diffs.append(
+            {
+                "kind": kind,
+                "path": path,
+                "task_id": self.problem.task_id,
+                "action": action,
+                "sim": sim_value,
+                "engine": engine_value,
+            }
         )
-        game_path = write_game(scene_from_sim(engine_problem), game_dir)
-        sim = SimHousehold(difficulty=cfg.difficulty)
-        horizon = problem.max_steps
 
-        def start(path: str) -> tuple[Any, Any]:
-            s = sim.load(problem)
-            t0 = time.perf_counter()
-            e = engine.reset(str(game_path))
-            result.engine_reset_s += time.perf_counter() - t0
-            compare(path, "<reset>", s, e)
-            return s, e
 
-        def both(path: str, action: str) -> tuple[Any, Any]:
-            s = sim.step(action)
-            t0 = time.perf_counter()
-            e = engine.step(action)
-            result.engine_step_s += time.perf_counter() - t0
-            result.engine_steps += 1
-            compare(path, action, s, e)
-            return s, e
-
-        # the sim's gold path, replayed in the engine
-        s, e = start("sim_gold")
-        for _ in range(horizon):
-            if s.done or e.metadata["won"]:
-                break
-            s, e = both("sim_gold", sim.expert_action())
-        result.final_won["sim_gold"] = (bool(s.metadata["won"]), bool(e.metadata["won"]))
-
-        # the engine's planner path (omniscient: it walks straight to hidden objects), in the sim;
-        # fast-downward when the engine was built with planner="fd" (as run_fidelity does)
-        if cfg.engine_gold:
-            s, e = start("engine_gold")
-            plan = engine.plan()
-            for action in plan[:horizon]:
-                s, e = both("engine_gold", action)
-                if s.done or e.metadata["won"]:
-                    break
-            result.final_won["engine_gold"] = (bool(s.metadata["won"]), bool(e.metadata["won"]))
-
-        # seeded random walks over the actions both accept, with some inadmissible ones mixed in
-        for k in range(cfg.walks):
-            rng = random.Random(f"fidelity|{cfg.seed}|{problem.task_id}|{k}")
-            path = f"walk{k}"
-            s, e = start(path)
-            for _ in range(cfg.walk_steps):
-                if s.done or e.metadata["won"]:
-                    break
-                sa, ea = (
-                    set(s.metadata["admissible_actions"]),
-                    set(e.metadata["admissible_actions"]),
-                )
-                if rng.random() < cfg.invalid_prob:
-                    action = _invalid_action(rng, sim.game, sa | ea)
-                else:
-                    shared = sorted(sa & ea) or sorted(sa)
-                    action = rng.choice(shared)
-                s, e = both(path, action)
-            result.final_won[path] = (bool(s.metadata["won"]), bool(e.metadata["won"]))
-    except Exception as exc:  # noqa: BLE001 - one broken problem is a finding, not a crash
-        import traceback
-
-        result.error = (
-            f"{problem.task_id}: {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
-        )
-    # keep the report small: at most max_examples differences of each kind per problem
+def _keep_examples(result: ProblemResult, max_examples: int) -> None:
+    """Keep the report small: at most `max_examples` differences of each kind, then one
+    `_counts` entry with how many of each kind there were."""
+    counts = Counter(d["kind"] for d in result.diffs)
     seen: Counter[str] = Counter()
     trimmed = []
     for d in result.diffs:
         seen[d["kind"]] += 1
-        if seen[d["kind"]] <= cfg.max_examples:
+        if seen[d["kind"]] <= max_examples:
             trimmed.append(d)
     result.diffs = trimmed
-    result.diffs.append({"kind": "_counts", **dict(kept)})
-    return result
+    result.diffs.append({"kind": "_counts", **dict(counts)})
 
 
 def make_problems(cfg: FidelityConfig) -> list[dict[str, Any]]:
