@@ -27,7 +27,7 @@ def task_type_of(family: str, task_id: str) -> str | None:
                 from sdar_envs.household.sim import parse_task_id
 
                 return parse_task_id(task_id)[0]
-            from sdar_envs.household.alfworld_backend import task_type_of as game_type
+            from sdar_envs.household.alfworld_data import task_type_of as game_type
 
             return game_type(task_id)
         if family == "searchqa":

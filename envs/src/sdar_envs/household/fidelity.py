@@ -369,7 +369,8 @@ def run_fidelity(
     workers > 1 spreads problems over an `AlfworldPool` (one engine per worker process).
     game_dir: where the generated games go (a temporary directory when None).
     """
-    from sdar_envs.household.alfworld_backend import AlfworldEngine, AlfworldPool
+    from sdar_envs.household.alfworld_engine import AlfworldEngine
+    from sdar_envs.household.alfworld_pool import AlfworldPool
 
     cfg = cfg or FidelityConfig()
     t0 = time.perf_counter()
