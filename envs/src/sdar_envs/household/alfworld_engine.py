@@ -270,7 +270,7 @@ class AlfworldEngine:
         Reads the engine's PDDL facts into the view the sim's `diagnose` takes, so the error
         kinds and hint keys are the same on both backends.
         """
-        from sdar_envs.household.sim import diagnose
+        from sdar_envs.household.sim_game import diagnose
 
         try:
             return diagnose(EngineFacts(self._env.unwrapped), command)
