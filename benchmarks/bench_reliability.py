@@ -91,7 +91,7 @@ def schema_fuzz(url: str, port: int, live: Any, n: int, seed: int, res: FuzzResu
     from tests.reliability.openapi_fuzz import for_each, requests
     from tests.reliability.test_env_server_fuzz import _send
 
-    from sdar.envs.client import EnvServerError, http_json
+    from sdar_envs.client import EnvServerError, http_json
 
     def send(request: Any) -> None:
         status = _send(port, request.wire())
@@ -108,7 +108,7 @@ def schema_fuzz(url: str, port: int, live: Any, n: int, seed: int, res: FuzzResu
 
 def _open_played(url: str, live: Any) -> tuple[str, str]:
     """A new HTTP session with an episode started and one step taken: (id, token)."""
-    from sdar.envs.client import http_json
+    from sdar_envs.client import http_json
 
     created = http_json("POST", f"{url}/sessions")
     sid, token = created["session_id"], created["session_token"]
@@ -118,7 +118,7 @@ def _open_played(url: str, live: Any) -> tuple[str, str]:
 
 
 def _close_all_but(url: str, keep: set[str], operator: str) -> None:
-    from sdar.envs.client import EnvServerError, http_json
+    from sdar_envs.client import EnvServerError, http_json
 
     for s in http_json("GET", f"{url}/sessions", token=operator)["sessions"]:
         if s["session_id"] not in keep and s["kind"] == "http":
@@ -183,7 +183,7 @@ def plays_normally(url: str, task: str) -> bool:
     """An episode starts, steps, and reads back as usual."""
     from bench_env_load import sample_action
 
-    from sdar.envs.client import RemoteEnv
+    from sdar_envs.client import RemoteEnv
 
     with RemoteEnv(url) as env:
         first = env.reset(task_id=task)
@@ -197,8 +197,8 @@ def fuzz_family(family: str, n_schema: int, n_raw: int, n_frames: int, seed: int
     from tests.envs.test_server_limits import rss_mb
     from tests.reliability.openapi_fuzz import Live
 
-    from sdar.envs.client import RemoteEnv, http_json, serve_in_background
-    from sdar.envs.server_config import ServerOptions
+    from sdar_envs.client import RemoteEnv, http_json, serve_in_background
+    from sdar_envs.server_config import ServerOptions
 
     res = FuzzResult(family)
     t0 = time.monotonic()
@@ -241,8 +241,8 @@ def cross_session(family: str, n_victims: int) -> CrossResult:
     from bench_env_load import sample_action
     from tests.envs.test_server import OPERATOR, _http, _ws_ask, _ws_connect
 
-    from sdar.envs.client import RemoteEnv, http_json, serve_in_background
-    from sdar.envs.openenv_models import step_from_payload
+    from sdar_envs.client import RemoteEnv, http_json, serve_in_background
+    from sdar_envs.openenv_models import step_from_payload
 
     res = CrossResult()
     url, handle = serve_in_background(family, operator_token=OPERATOR, **FAMILIES[family])

@@ -22,8 +22,8 @@ def household_prompts(tokenizer, n: int, max_tokens: int, skills: bool = False):
     admissible actions, built exactly as the rollout builds them."""
     from sdar.agent.prompts import PromptBuilder, fit_prompt_ids
     from sdar.agent.rollout import EpisodeState
-    from sdar.envs import make_env
-    from sdar.envs.base import privileged_skills_for
+    from sdar_envs import make_env
+    from sdar_envs.base import privileged_skills_for
 
     env = make_env("household")
     builder = PromptBuilder("household")

@@ -32,7 +32,7 @@ def launch_envs(
 ) -> NamedTuple("LaunchOutputs", [("url", str), ("parent_run_id", str)]):
     """Serve the config's environment family for the whole pipeline run.
 
-    target "local": `python -m sdar.envs.server` on a free 127.0.0.1 port, detached so it outlives
+    target "local": `python -m sdar_envs.server` on a free 127.0.0.1 port, detached so it outlives
     this step; its pid goes to <output_root>/envs/<job_id>.json for teardown_envs.
     target "cluster": a Deployment (replicas pods of env_image, default sdar.images.env_server_image():
     SDAR_ENV_IMAGE or <registry>/sdar-env-server:<tag>) and a ClusterIP Service named after the job

@@ -181,7 +181,7 @@ def test_every_setting_line_cites_the_reference_or_says_it_is_ours(fam, size):
 def test_teacher_budget_fits_the_longest_skills_of_each_family():
     """teacher_max_prompt_tokens - max_prompt_tokens is at least the privileged prefix of the family's
     longest skills text, in Qwen2.5 tokens (sdar's teacher refuses a prompt that would lose them)."""
-    from sdar.envs.base import env_class
+    from sdar_envs.base import env_class
     from sdar.models.qwen import load_qwen_tokenizer
 
     tok = load_qwen_tokenizer()
@@ -202,8 +202,8 @@ def test_teacher_budget_fits_the_longest_skills_of_each_family():
 def test_env_kwargs_are_options_of_the_environments():
     from dataclasses import fields
 
-    from sdar.envs.searchqa.env import SearchQAConfig
-    from sdar.envs.shop.env import ShopConfig
+    from sdar_envs.searchqa.env import SearchQAConfig
+    from sdar_envs.shop.env import ShopConfig
 
     known = {"webshop": {f.name for f in fields(ShopConfig)},
              "search": {f.name for f in fields(SearchQAConfig)}}

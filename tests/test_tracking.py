@@ -307,7 +307,7 @@ def test_an_mlflow_outage_is_buffered_and_flushed_never_fatal(tmp_path, monkeypa
 
 
 def test_models_tracking_and_alfworld_share_one_cache_root(monkeypatch, tmp_path):
-    from sdar.envs.household.alfworld_backend import default_cache_dir
+    from sdar_envs.household.alfworld_backend import default_cache_dir
     from sdar.models.cache import cache_root
     from sdar.tracking import cache_dir
 

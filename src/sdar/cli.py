@@ -10,7 +10,7 @@ import sys
 # modules that contribute subcommands; a module that does not exist yet is skipped
 _COMMAND_MODULES = (
     "sdar.algos.cli",
-    "sdar.envs.cli",
+    "sdar_envs.cli",
     "sdar.train.cli",
     "sdar.replay.cli",
     "sdar.pipeline_cli",

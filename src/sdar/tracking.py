@@ -38,8 +38,8 @@ _MAX_KEY_CHARS = 250
 
 
 def cache_dir() -> Path:
-    """sdar's cache directory (sdar.envs.base.cache_root: the one definition)."""
-    from sdar.envs.base import cache_root
+    """sdar's cache directory (sdar_envs.base.cache_root: the one definition)."""
+    from sdar_envs.base import cache_root
 
     return cache_root()
 

@@ -1,5 +1,5 @@
 from sdar.agent.memory import HouseholdMemory, NoMemory
-from sdar.envs import make_env
+from sdar_envs import make_env
 
 
 def test_memory_tracks_receptacles_holding_and_state_by_hand():

@@ -1,5 +1,6 @@
 """images/env-server/Dockerfile, read as Docker reads it (no Docker engine here): pinned base,
-slim multi-stage build, non-root user, /tmp-only writes, and a HEALTHCHECK that works on a real server."""
+slim multi-stage build of the env distribution alone (no torch), non-root user, /tmp-only writes,
+and a HEALTHCHECK that works on a real server."""
 
 from __future__ import annotations
 
@@ -107,21 +108,21 @@ def test_build_stage_compiles_runtime_stage_stays_slim(dockerfile):
     assert all(c.startswith("--from=") for c in copies), copies
 
 
-def test_cpu_torch_is_installed_before_the_package(dockerfile):
+def test_installs_the_env_distribution_alone_without_torch(dockerfile):
     _, (build, _) = dockerfile
     runs = build.all("RUN")
-    torch_at = next(i for i, r in enumerate(runs) if "TORCH_SPEC" in r)
-    package_at = next(i for i, r in enumerate(runs) if re.search(r"pip install \"?\.", r))
-    assert torch_at < package_at
-    assert "--index-url" in runs[torch_at]
+    (install,) = [r for r in runs if re.search(r"pip install \"?\.", r)]
+    # the build context is envs/ only (sdar-envs: no torch, transformers or mlflow) ...
+    assert all(c.split()[0].startswith("envs/") for c in build.all("COPY"))
+    # ... nothing installs torch, and the build fails if a dependency brought it back
+    assert not any("torch" in r.lower() for r in runs if r is not install)
+    assert "find_spec('torch') is not None" in install
+    assert "sdar-envs --version" in install
     args = dict(a.partition("=")[::2] for a in build.all("ARG"))
-    assert args["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+    assert "TORCH_SPEC" not in args and "TORCH_INDEX_URL" not in args
     assert args["EXTRAS"] == "alfworld"
-    # the same torch as `make install`, so the image and a developer's venv agree
-    makefile_spec = re.search(
-        r"^TORCH_SPEC \?= (\S+)", (REPO / "Makefile").read_text(), re.MULTILINE
-    ).group(1)
-    assert args["TORCH_SPEC"] == makefile_spec
+    envs_meta = (REPO / "envs" / "pyproject.toml").read_text()
+    assert re.search(r"^alfworld = ", envs_meta, re.MULTILINE), "EXTRAS must be an extra of envs/pyproject.toml"
 
 
 def test_runtime_runs_as_uid_10001_and_writes_only_under_tmp(dockerfile):
@@ -139,8 +140,10 @@ def test_runtime_runs_as_uid_10001_and_writes_only_under_tmp(dockerfile):
 def test_exposes_8000_and_serves_by_default(dockerfile):
     _, (_, runtime) = dockerfile
     assert runtime.all("EXPOSE") == ["8000"]
-    assert json.loads(runtime.all("ENTRYPOINT")[-1]) == ["sdar"]
+    assert json.loads(runtime.all("ENTRYPOINT")[-1]) == ["sdar-envs"]
     cmd = json.loads(runtime.all("CMD")[-1])
+    # sdar-envs takes the `sdar` argument form (`envs serve ...`) that the chart and launcher pass
+    assert cmd[0] == "envs"
     from tests.deploy.test_helm_chart import sdar_envs_parser
 
     args = sdar_envs_parser().parse_args(cmd)
@@ -152,8 +155,9 @@ def test_exposes_8000_and_serves_by_default(dockerfile):
     )
     label = next(a for a in runtime.all("ARG") if a.startswith("VERSION="))
     import sdar
+    import sdar_envs
 
-    assert label == f"VERSION={sdar.__version__}"
+    assert label == f"VERSION={sdar.__version__}" == f"VERSION={sdar_envs.__version__}"
 
 
 def test_dockerignore_admits_only_what_the_build_copies(dockerfile):
@@ -181,10 +185,13 @@ def test_dockerignore_admits_only_what_the_build_copies(dockerfile):
         return keep
 
     copied = [c.split()[0] for c in build.all("COPY")]
-    assert copied == ["pyproject.toml", "src"]
-    for path in ("pyproject.toml", "README.md", "src/sdar/__init__.py", "src/sdar/envs/server.py"):
+    assert copied == ["envs/pyproject.toml", "envs/src"]
+    for path in ("envs/pyproject.toml", "envs/README.md", "envs/src/sdar_envs/server.py"):
         assert included(path), path
     for path in (
+        "pyproject.toml",  # sdar's own: the image never sees the torch-requiring distribution
+        "src/sdar/__init__.py",
+        "envs/src/sdar_envs/__pycache__/x.pyc",
         ".venv/bin/python",
         "tests/conftest.py",
         ".git/HEAD",

@@ -270,7 +270,7 @@ def sdar_envs_parser():
     without importing every other area (training pulls in torch)."""
     import argparse
 
-    from sdar.envs import cli
+    from sdar_envs import cli
 
     parser = argparse.ArgumentParser(prog="sdar")
     cli.register(parser.add_subparsers(dest="command"))
@@ -278,7 +278,7 @@ def sdar_envs_parser():
 
 
 def test_args_build_a_serve_command_the_real_cli_accepts(render):
-    from sdar.envs.server_config import options_from_args
+    from sdar_envs.server_config import options_from_args
 
     r = render(
         {

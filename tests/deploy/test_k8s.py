@@ -324,7 +324,7 @@ def _fake_kubernetes(monkeypatch, replicas: int) -> list[tuple[str, str, str, st
     import kubernetes.client
     import kubernetes.config
 
-    import sdar.envs.client
+    import sdar_envs.client
 
     calls: list[tuple[str, str, str, str]] = []
 
@@ -358,7 +358,7 @@ def _fake_kubernetes(monkeypatch, replicas: int) -> list[tuple[str, str, str, st
     monkeypatch.setattr(kubernetes.client, "AppsV1Api", lambda: FakeApi("AppsV1Api"))
     monkeypatch.setattr(kubernetes.client, "CoreV1Api", lambda: FakeApi("CoreV1Api"))
     monkeypatch.setattr(kubernetes.config, "load_incluster_config", lambda: None)
-    monkeypatch.setattr(sdar.envs.client, "wait_healthy", lambda *a, **k: None)
+    monkeypatch.setattr(sdar_envs.client, "wait_healthy", lambda *a, **k: None)
     return calls
 
 

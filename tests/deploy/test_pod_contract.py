@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 import sdar
-from sdar.envs.base import METADATA_KEYS
+from sdar_envs.base import METADATA_KEYS
 from tests.deploy.conftest import CHART, FAMILIES, REPO, Rendered, run_helm
 from tests.deploy.test_env_server_image import DOCKERFILE, parse_dockerfile
 
@@ -269,8 +269,8 @@ def pods(helm, tmp_path_factory):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_rendered_pod_serves_an_expert_episode(pods, family):
-    from sdar.envs.base import make_env
-    from sdar.envs.client import RemoteEnv
+    from sdar_envs.base import make_env
+    from sdar_envs.client import RemoteEnv
 
     url, pid, startup_s = pods[family]
     status = _status(pid)
@@ -318,7 +318,7 @@ def test_the_alfworld_pod_unpacks_games_into_its_emptydir(render, tmp_path):
         pytest.skip(
             "no ALFWorld games: set SDAR_ALFWORLD_DATA or put them in ../shared/data/alfworld"
         )
-    from sdar.envs.client import RemoteEnv
+    from sdar_envs.client import RemoteEnv
 
     values = {
         "household": {

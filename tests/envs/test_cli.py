@@ -5,8 +5,8 @@ from __future__ import annotations
 import io
 import json
 
-from sdar.envs.base import register_env
-from sdar.envs.cli import main, play_session
+from sdar_envs.base import register_env
+from sdar_envs.cli import main, play_session
 from tests.envs.test_server import GUESS_FACTORY, GuessEnv
 
 register_env("guess_cli", GuessEnv)
@@ -25,7 +25,7 @@ def test_play_reads_numbers_and_text_from_piped_stdin(monkeypatch, capsys):
 
 
 def test_play_stops_at_end_of_input_and_against_a_server(capsys):
-    from sdar.envs.client import RemoteEnv, serve_in_background
+    from sdar_envs.client import RemoteEnv, serve_in_background
 
     url, handle = serve_in_background(GUESS_FACTORY, in_process=True)
     with handle, RemoteEnv(url) as env:
@@ -62,19 +62,19 @@ def test_list_and_skills_commands(tmp_path, capsys):
 
 
 def test_serve_command_serves_until_terminated():
-    """`sdar envs serve` (the Helm chart's entry point; run here through sdar.envs.cli's own main,
+    """`sdar envs serve` (the Helm chart's entry point; run here through sdar_envs.cli's own main,
     which builds the same subcommand) answers /health and plays over /ws."""
     import socket
     import subprocess
     import sys
 
-    from sdar.envs.client import RemoteEnv, ServerHandle, wait_healthy
+    from sdar_envs.client import RemoteEnv, ServerHandle, wait_healthy
 
     with socket.socket() as s:  # a free port (released just before the server takes it)
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sdar.envs.cli", "serve", "--env", GUESS_FACTORY, "--port", str(port), "--max-sessions", "3"],
+        [sys.executable, "-m", "sdar_envs.cli", "serve", "--env", GUESS_FACTORY, "--port", str(port), "--max-sessions", "3"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from sdar.envs.base import register_env
-from sdar.envs.expert import (
+from sdar_envs.base import register_env
+from sdar_envs.expert import (
     RECORD_KEYS,
     STEP_KEYS,
     read_expert_trajectories,

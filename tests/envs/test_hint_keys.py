@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-import sdar.envs
+import sdar_envs
 from sdar.teacher.hints import hint_templates
 
-ENVS = Path(sdar.envs.__file__).resolve().parent
+ENVS = Path(sdar_envs.__file__).resolve().parent
 
 
 def emitted_keys(family: str) -> set[str]:

@@ -16,18 +16,18 @@ from pathlib import Path
 
 import pytest
 
-from sdar.envs import METADATA_KEYS
-from sdar.envs.household import TASK_TYPES, HouseholdEnv
+from sdar_envs import METADATA_KEYS
+from sdar_envs.household import TASK_TYPES, HouseholdEnv
 
 alfworld = pytest.importorskip(
     "alfworld", reason="the alfworld extra is not installed (pip install 'sdar[alfworld]')"
 )
 
-from sdar.envs.household import alfworld_backend as ab
-from sdar.envs.household import fidelity as fid
-from sdar.envs.household import pddl
-from sdar.envs.household.catalog import CAN_CONTAIN
-from sdar.envs.household.sim import generate_problem, make_task_id
+from sdar_envs.household import alfworld_backend as ab
+from sdar_envs.household import fidelity as fid
+from sdar_envs.household import pddl
+from sdar_envs.household.catalog import CAN_CONTAIN
+from sdar_envs.household.sim import generate_problem, make_task_id
 
 pytestmark = pytest.mark.alfworld
 DATA = os.environ.get(ab.DATA_ENV_VAR)
@@ -403,8 +403,8 @@ def test_gold_path_eval_over_workers_wins_every_game(root):
 def test_backend_options_match_the_constructors():
     import inspect
 
-    from sdar.envs.household import env as household_env
-    from sdar.envs.household.sim import SimHousehold
+    from sdar_envs.household import env as household_env
+    from sdar_envs.household.sim import SimHousehold
 
     for name, cls in (("sim", SimHousehold), ("alfworld", ab.AlfworldHousehold)):
         params = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
@@ -416,7 +416,7 @@ def test_a_sim_config_runs_on_the_alfworld_backend_with_one_note(root, monkeypat
     # `--set env.kwargs.backend=alfworld` on the laptop config: the sim's difficulty (and seed) mean
     # nothing to the official games; they are dropped with one warning instead of a TypeError
     from sdar.config import load_config
-    from sdar.envs.household import env as household_env
+    from sdar_envs.household import env as household_env
 
     monkeypatch.setattr(household_env, "_NOTED", set())
     kwargs = {**load_config("configs/household-tiny.yaml").env.kwargs, "backend": "alfworld", "seed": 3}
@@ -443,7 +443,7 @@ def test_a_sim_config_runs_on_the_alfworld_backend_with_one_note(root, monkeypat
 def test_target_only_skills_name_only_the_goal_object_on_the_engine(root):
     # the tiny config's skills {top_k: 2, compact: true, target_only: true}: on the engine the teacher
     # saw every object's priors (1,378 characters, past its 1,024-token budget); now the goal's only
-    from sdar.envs.household.catalog import OBJECT_TYPES
+    from sdar_envs.household.catalog import OBJECT_TYPES
     from sdar.eval.tasks import select_tasks, task_type_of
 
     games = select_tasks(ab.list_games(root, "valid_seen"), 6, lambda g: task_type_of("household", g))

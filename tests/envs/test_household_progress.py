@@ -1,4 +1,4 @@
-"""Tests of the household no-progress error sites (sdar/envs/household/progress.py): accepted actions
+"""Tests of the household no-progress error sites (sdar_envs/household/progress.py): accepted actions
 that make no progress are marked with an error kind and a hint, on the sim and on the real engine."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sdar.envs import make_env
-from sdar.envs.household.catalog import TASK_TEMPLATES
-from sdar.envs.household.progress import NO_PROGRESS_HINTS, NO_PROGRESS_KINDS, TaskGoal, parse_task
-from sdar.envs.household.sim import SimGoal
-from sdar.envs.household.skills import HINT_TEMPLATES, render_hint
+from sdar_envs import make_env
+from sdar_envs.household.catalog import TASK_TEMPLATES
+from sdar_envs.household.progress import NO_PROGRESS_HINTS, NO_PROGRESS_KINDS, TaskGoal, parse_task
+from sdar_envs.household.sim import SimGoal
+from sdar_envs.household.skills import HINT_TEMPLATES, render_hint
 
 from .test_household_sim import _problem, heat_game, light_game, play
 
@@ -208,7 +208,7 @@ _ENGINE_PLAY = {
 @pytest.mark.parametrize("name", sorted(_ENGINE_PLAY))
 def test_the_alfworld_engine_marks_the_same_steps_as_the_sim(name):
     pytest.importorskip("alfworld", reason="the alfworld extra is not installed (pip install 'sdar[alfworld]')")
-    from sdar.envs.household import alfworld_backend as ab
+    from sdar_envs.household import alfworld_backend as ab
 
     if not os.environ.get(ab.DATA_ENV_VAR):
         pytest.skip(f"{ab.DATA_ENV_VAR} is not set: the official ALFWorld games are needed")
@@ -229,7 +229,7 @@ def test_the_alfworld_engine_marks_the_same_steps_as_the_sim(name):
 @pytest.mark.alfworld
 def test_fidelity_compares_the_no_progress_kinds(tmp_path):
     pytest.importorskip("alfworld", reason="the alfworld extra is not installed (pip install 'sdar[alfworld]')")
-    from sdar.envs.household import fidelity as fid
+    from sdar_envs.household import fidelity as fid
 
     # generated rooms exported as games: needs the engine, not the official data. Measured on 36
     # default problems (2,438 steps, 122 revisits, 40 non-task objects, 8 wrong processes, 3 wrong

@@ -14,18 +14,18 @@ from collections import Counter
 
 import pytest
 
-from sdar.envs import METADATA_KEYS, make_env
-from sdar.envs.household import TASK_TYPES, HouseholdEnv
-from sdar.envs.household import wording as W
-from sdar.envs.household.catalog import (
+from sdar_envs import METADATA_KEYS, make_env
+from sdar_envs.household import TASK_TYPES, HouseholdEnv
+from sdar_envs.household import wording as W
+from sdar_envs.household.catalog import (
     CAN_CONTAIN,
     LOCATION_PRIORS,
     OPENABLE,
     TASK_ROOMS,
     priors_for,
 )
-from sdar.envs.household.progress import NO_PROGRESS_KINDS
-from sdar.envs.household.sim import (
+from sdar_envs.household.progress import NO_PROGRESS_KINDS
+from sdar_envs.household.sim import (
     TEST_SEED_BASE,
     SimDifficulty,
     SimGame,
@@ -39,7 +39,7 @@ from sdar.envs.household.sim import (
     parse_task_id,
     split_of,
 )
-from sdar.envs.household.skills import (
+from sdar_envs.household.skills import (
     HINT_TEMPLATES,
     household_skill_library,
     prior_line,
@@ -861,7 +861,7 @@ def test_skills_state_type_specific_plan_and_priors(task_type):
 
 
 def test_skill_priors_come_from_the_generator_tables(monkeypatch):
-    from sdar.envs.household import catalog
+    from sdar_envs.household import catalog
 
     household_skill_library.cache_clear()
     monkeypatch.setitem(catalog.LOCATION_PRIORS, "apple", {"garbagecan": 0.9, "fridge": 0.1})
@@ -928,7 +928,7 @@ def test_uninformed_expert_searches_in_listing_order():
 
 
 def test_skilled_expert_follows_the_skills_text_then_listing_order():
-    from sdar.envs.household.skills import listed_search_order
+    from sdar_envs.household.skills import listed_search_order
 
     env = make_env("household", backend="sim", difficulty=_TINY_DIFFICULTY,
                    skills={"top_k": 1, "compact": True, "target_only": True})  # top 1: one listed type

@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from sdar.envs import METADATA_KEYS, make_env
-from sdar.envs.searchqa import (
+from sdar_envs import METADATA_KEYS, make_env
+from sdar_envs.searchqa import (
     HINT_TEMPLATES,
     QUESTION_TYPES,
     BM25Index,
@@ -34,11 +34,11 @@ from sdar.envs.searchqa import (
     retrieval_hit_rate,
     run_episode,
 )
-from sdar.envs.searchqa import corpus as corpus_mod
-from sdar.envs.searchqa.env import _HINT_OF
-from sdar.envs.searchqa.questions import parse_task_id
-from sdar.envs.searchqa.scoring import contains_answer
-from sdar.envs.searchqa.world import build_world
+from sdar_envs.searchqa import corpus as corpus_mod
+from sdar_envs.searchqa.env import _HINT_OF
+from sdar_envs.searchqa.questions import parse_task_id
+from sdar_envs.searchqa.scoring import contains_answer
+from sdar_envs.searchqa.world import build_world
 
 
 @pytest.fixture(scope="module")
@@ -382,7 +382,7 @@ def test_world_corpus_and_questions_are_deterministic():
 
 _DIGEST = """
 import hashlib
-from sdar.envs.searchqa import build_corpus, build_questions
+from sdar_envs.searchqa import build_corpus, build_questions
 h = hashlib.sha256()
 for p in build_corpus():
     h.update(repr(p).encode())

@@ -1,4 +1,4 @@
-"""Tests of the search-QA no-progress error sites (sdar/envs/searchqa/progress.py): searches that
+"""Tests of the search-QA no-progress error sites (sdar_envs/searchqa/progress.py): searches that
 retrieve no fact the question still needs, and answers that are not a short answer."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from collections import Counter
 
 import pytest
 
-from sdar.envs.searchqa import HINT_TEMPLATES, SearchQAEnv
-from sdar.envs.searchqa.env import _HINT_OF
-from sdar.envs.searchqa.progress import MAX_ANSWER_WORDS, NO_PROGRESS_HINTS, answer_problem
+from sdar_envs.searchqa import HINT_TEMPLATES, SearchQAEnv
+from sdar_envs.searchqa.env import _HINT_OF
+from sdar_envs.searchqa.progress import MAX_ANSWER_WORDS, NO_PROGRESS_HINTS, answer_problem
 from sdar.teacher.hints import render_hint
 
 from .test_searchqa import _question

@@ -13,8 +13,8 @@ import urllib.request
 
 import pytest
 
-from sdar.envs.base import METADATA_KEYS, EnvStep, TextEnv
-from sdar.envs.skills import SkillLibrary
+from sdar_envs.base import METADATA_KEYS, EnvStep, TextEnv
+from sdar_envs.skills import SkillLibrary
 
 GUESS_FACTORY = "tests.envs.test_server:GuessEnv"
 OPERATOR = "operator-token-for-tests-0123456789"
@@ -105,8 +105,8 @@ class GuessEnv(TextEnv):
 @pytest.fixture(scope="module")
 def server():
     """The guessing game served from a child process, as the trainer and benchmark run it."""
-    from sdar.envs.client import serve_in_background
-    from sdar.envs.server import ServerOptions
+    from sdar_envs.client import serve_in_background
+    from sdar_envs.server import ServerOptions
 
     url, handle = serve_in_background(
         GUESS_FACTORY, options=ServerOptions(max_sessions=32, max_action_chars=200), operator_token=OPERATOR
@@ -158,7 +158,7 @@ def _local_trajectory(task_id, actions):
 
 # ---- the episode over the WebSocket ------------------------------------------------------------
 def test_remote_episode_matches_local_env_step_for_step(server):
-    from sdar.envs.client import RemoteEnv
+    from sdar_envs.client import RemoteEnv
 
     actions = ["guess 2", "hello there", "guess 9", "guess 7"]
     local, expected = _local_trajectory("test-7", actions)
@@ -190,7 +190,7 @@ def test_remote_episode_matches_local_env_step_for_step(server):
         assert status == 200 and body["step_count"] == 4 and body["done"] is True
         assert body["observations"] == [s.observation for s in expected]
         # a finished episode refuses more steps, and a new reset starts over in the same session
-        from sdar.envs.client import EnvServerError
+        from sdar_envs.client import EnvServerError
 
         with pytest.raises(EnvServerError, match="ended at step 4; reset"):
             env.step("guess 1")
@@ -214,13 +214,13 @@ def test_any_openenv_client_can_play(server):
 
 
 def test_remote_env_refuses_the_wrong_family_and_lists_tasks(server):
-    from sdar.envs.client import RemoteEnv
+    from sdar_envs.client import RemoteEnv
 
     with pytest.raises(ValueError, match="serves 'tests.envs.test_server:GuessEnv', not 'shop'"):
         RemoteEnv(server, "shop")
     with RemoteEnv(server) as env:
         assert env.task_ids("train") == GuessEnv().task_ids("train")
-        from sdar.envs.client import EnvServerError
+        from sdar_envs.client import EnvServerError
 
         with pytest.raises(EnvServerError, match="unknown split 'dev'") as err:
             env.task_ids("dev")
@@ -245,7 +245,7 @@ def test_http_session_lifecycle(server):
 
 
 def test_bad_requests_get_clear_errors_and_the_server_keeps_serving(server):
-    from sdar.envs.client import EnvServerError, RemoteEnv
+    from sdar_envs.client import EnvServerError, RemoteEnv
 
     with RemoteEnv(server) as bystander:
         bystander.reset(task_id="test-8")
@@ -307,7 +307,7 @@ def test_malformed_websocket_messages_do_not_end_the_session(server):
 
 def test_concurrent_sessions_keep_their_own_episodes(server):
     """16 sessions step in parallel threads; every reply must carry its own task and step."""
-    from sdar.envs.client import RemoteEnv
+    from sdar_envs.client import RemoteEnv
 
     errors: list[str] = []
 
@@ -359,7 +359,7 @@ def _ws_ask(ws, message):
 
 
 def test_session_list_shows_counts_and_ids_only_to_the_operator(server):
-    from sdar.envs.client import RemoteEnv
+    from sdar_envs.client import RemoteEnv
 
     with RemoteEnv(server) as trainer:
         ws_sid = trainer.reset(task_id="test-1").metadata["session_id"]
@@ -413,7 +413,7 @@ def test_http_session_routes_need_that_sessions_token(server):
 
 
 def test_websocket_sessions_belong_to_their_connection(server):
-    from sdar.envs.client import RemoteEnv
+    from sdar_envs.client import RemoteEnv
 
     with RemoteEnv(server) as env:
         env.reset(task_id="test-4")
@@ -461,8 +461,8 @@ def test_mcp_session_lifecycle_uses_tokens(server):
 
 def test_one_client_cannot_lock_others_out():
     """A client opening idle sessions stops at its own limit (429); another client still gets in."""
-    from sdar.envs.client import EnvServerError, RemoteEnv, serve_in_background
-    from sdar.envs.server import ServerOptions
+    from sdar_envs.client import EnvServerError, RemoteEnv, serve_in_background
+    from sdar_envs.server import ServerOptions
 
     opts = ServerOptions(max_sessions=6, max_sessions_per_client=3)
     url, handle = serve_in_background(GUESS_FACTORY, options=opts, in_process=True)
@@ -493,8 +493,8 @@ def test_one_client_cannot_lock_others_out():
 
 
 def test_tokens_stay_out_of_the_server_log():
-    from sdar.envs.client import RemoteEnv, serve_in_background
-    from sdar.envs.server import ServerOptions
+    from sdar_envs.client import RemoteEnv, serve_in_background
+    from sdar_envs.server import ServerOptions
 
     url, handle = serve_in_background(GUESS_FACTORY, options=ServerOptions(log_level="debug"), operator_token=OPERATOR)
     with handle:
@@ -515,7 +515,7 @@ def test_tokens_stay_out_of_the_server_log():
 
 
 def test_operator_token_must_be_long_enough(monkeypatch):
-    from sdar.envs.server import (
+    from sdar_envs.server import (
         OPERATOR_TOKEN_ENV,
         ServerOptions,
         create_env_app,
@@ -533,8 +533,8 @@ def test_operator_token_must_be_long_enough(monkeypatch):
 
 # ---- limits: capacity and idle TTL (in-process servers, so closes can be observed) --------------
 def test_capacity_limit_gives_a_clear_error_and_frees_up():
-    from sdar.envs.client import EnvServerError, RemoteEnv, serve_in_background
-    from sdar.envs.server import ServerOptions
+    from sdar_envs.client import EnvServerError, RemoteEnv, serve_in_background
+    from sdar_envs.server import ServerOptions
 
     url, handle = serve_in_background(GUESS_FACTORY, options=ServerOptions(max_sessions=2), in_process=True)
     with handle:
@@ -559,8 +559,8 @@ def test_capacity_limit_gives_a_clear_error_and_frees_up():
 
 
 def test_idle_sessions_are_reclaimed_and_their_env_closed():
-    from sdar.envs.client import EnvServerError, RemoteEnv, serve_in_background
-    from sdar.envs.server import ServerOptions
+    from sdar_envs.client import EnvServerError, RemoteEnv, serve_in_background
+    from sdar_envs.server import ServerOptions
 
     opts = ServerOptions(session_ttl_s=1.0, reap_interval_s=0.1)
     url, handle = serve_in_background(GUESS_FACTORY, options=opts, in_process=True)
@@ -588,7 +588,7 @@ def test_idle_sessions_are_reclaimed_and_their_env_closed():
 
 
 def test_async_remote_env_drives_many_sessions_from_one_loop():
-    from sdar.envs.client import AsyncRemoteEnv, serve_in_background
+    from sdar_envs.client import AsyncRemoteEnv, serve_in_background
 
     url, handle = serve_in_background(GUESS_FACTORY, in_process=True)
 
@@ -616,7 +616,7 @@ def test_async_remote_env_drives_many_sessions_from_one_loop():
 
 
 def test_startup_failures_name_the_problem():
-    from sdar.envs.client import serve_in_background
+    from sdar_envs.client import serve_in_background
 
     with pytest.raises(ValueError, match="unknown environment 'no_such_family'; choose one of .*household"):
         serve_in_background("no_such_family")
@@ -627,7 +627,7 @@ def test_startup_failures_name_the_problem():
         serve_in_background("tests.envs.test_server:Missing", in_process=True)
     with pytest.raises(TypeError, match="env kwargs must be JSON values"):
         serve_in_background(GUESS_FACTORY, n_tasks=object())
-    from sdar.envs.server import ServerOptions
+    from sdar_envs.server import ServerOptions
 
     with pytest.raises(ValueError, match="max_sessions must be >= 1"):
         ServerOptions(max_sessions=0)

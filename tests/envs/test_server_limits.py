@@ -21,8 +21,8 @@ LIMIT = 6 * 4096 + 64 * 1024  # the body limit at the default --max-action-chars
 @pytest.fixture(scope="module")
 def served():
     """(url, port, pid) of the guessing game served from a child process with short timeouts."""
-    from sdar.envs.client import serve_in_background
-    from sdar.envs.server import ServerOptions
+    from sdar_envs.client import serve_in_background
+    from sdar_envs.server import ServerOptions
 
     opts = ServerOptions(header_timeout_s=HEAD_S, body_timeout_s=BODY_S, keep_alive_s=1)
     assert opts.max_body_bytes == LIMIT
@@ -96,7 +96,7 @@ def closed_within(sock: socket.socket, limit_s: float) -> tuple[bool, float, byt
 
 
 def new_session(url: str) -> tuple[str, str]:
-    from sdar.envs.client import http_json
+    from sdar_envs.client import http_json
 
     created = http_json("POST", f"{url}/sessions")
     return created["session_id"], created["session_token"]
@@ -204,7 +204,7 @@ def test_memory_stays_flat_under_eight_50mb_bodies(served):
     print(f"server RSS {before:.1f} MB before, {after:.1f} MB after eight 50 MB bodies; statuses {statuses}")
     assert statuses == [413] * 8
     assert after - before < 10
-    from sdar.envs.client import http_json
+    from sdar_envs.client import http_json
 
     assert http_json("GET", f"{url}/health") == {"status": "healthy"}
 

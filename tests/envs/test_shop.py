@@ -13,11 +13,11 @@ import time
 
 import pytest
 
-from sdar.envs import METADATA_KEYS, make_env
-from sdar.envs.shop import ShopEnv, build_world, generate_catalogue, get_reward, skills_key_for
-from sdar.envs.shop.expert import expert_action, expert_query
-from sdar.envs.shop.pages import Session
-from sdar.envs.shop.reward import (
+from sdar_envs import METADATA_KEYS, make_env
+from sdar_envs.shop import ShopEnv, build_world, generate_catalogue, get_reward, skills_key_for
+from sdar_envs.shop.expert import expert_action, expert_query
+from sdar_envs.shop.pages import Session
+from sdar_envs.shop.reward import (
     Goal,
     Product,
     attribute_reward,
@@ -26,9 +26,9 @@ from sdar.envs.shop.reward import (
     token_set_ratio,
     type_nouns,
 )
-from sdar.envs.shop.search import BM25Index, analyze
-from sdar.envs.shop.skills import BY_KEY, HINTS
-from sdar.envs.shop.taxonomy import CATEGORIES, TYPES_BY_NAME
+from sdar_envs.shop.search import BM25Index, analyze
+from sdar_envs.shop.skills import BY_KEY, HINTS
+from sdar_envs.shop.taxonomy import CATEGORIES, TYPES_BY_NAME
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def test_catalogue_is_deterministic_and_fast():
     assert _digest(fresh) != _digest(generate_catalogue(seed=1235, num_products=1200))
     # another process with another hash seed builds the same catalogue
     code = (
-        "import dataclasses,hashlib,json;from sdar.envs.shop import generate_catalogue as g;"
+        "import dataclasses,hashlib,json;from sdar_envs.shop import generate_catalogue as g;"
         "print(hashlib.sha256(json.dumps([dataclasses.asdict(p) for p in g(1234,1200)],sort_keys=True).encode()).hexdigest())"
     )
     out = subprocess.run(

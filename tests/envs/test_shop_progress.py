@@ -1,4 +1,4 @@
-"""Tests of the shop's no-progress error sites (sdar/envs/shop/progress.py): accepted searches, clicks
+"""Tests of the shop's no-progress error sites (sdar_envs/shop/progress.py): accepted searches, clicks
 and purchases that cannot lead to a full-score purchase are marked, with hints from observed words."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from collections import Counter
 
 import pytest
 
-from sdar.envs.shop import ShopEnv
-from sdar.envs.shop.expert import expert_query
-from sdar.envs.shop.pages import SEARCH_TEMPLATE
-from sdar.envs.shop.progress import NO_PROGRESS_HINTS, fits
-from sdar.envs.shop.skills import HINTS
+from sdar_envs.shop import ShopEnv
+from sdar_envs.shop.expert import expert_query
+from sdar_envs.shop.pages import SEARCH_TEMPLATE
+from sdar_envs.shop.progress import NO_PROGRESS_HINTS, fits
+from sdar_envs.shop.skills import HINTS
 from sdar.teacher.hints import render_hint
 
 TASK = "shop/000002"  # low sugar, vegan and soy free protein bars, cookie dough, 12 count, under $70

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from sdar.envs.base import register_env
-from sdar.envs.skills_store import (
+from sdar_envs.base import register_env
+from sdar_envs.skills_store import (
     GENERAL_KEY,
     DynamoDBConfig,
     DynamoDBSkillsStore,

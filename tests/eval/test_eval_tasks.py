@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from sdar.config import load_config
-from sdar.envs.household import TASK_TYPES
+from sdar_envs.household import TASK_TYPES
 from sdar.eval.tasks import eval_task_set, read_task_list, select_tasks, task_type_of
 
 CONFIG = "configs/household-tiny.yaml"
@@ -59,7 +59,7 @@ def test_task_types_are_read_off_the_ids_of_each_family():
 def test_the_sim_test_split_keeps_its_listing_prefix():
     # the sim's test ids cycle through the six types, so stratified = the first N: evaluation
     # numbers measured before stratification stay comparable
-    from sdar.envs import make_env
+    from sdar_envs import make_env
 
     cfg = load_config(CONFIG)
     env = make_env("household", **cfg.env.kwargs)

@@ -7,22 +7,22 @@ import importlib.util
 
 import pytest
 
-from sdar.envs.base import METADATA_KEYS, make_env
+from sdar_envs.base import METADATA_KEYS, make_env
 
 FAMILIES = ("household", "shop", "searchqa")
 
 
 def _family_or_skip(family: str) -> None:
     # only a missing family module skips; a family that exists but breaks must fail
-    if importlib.util.find_spec(f"sdar.envs.{family}") is None:
-        pytest.skip(f"sdar.envs.{family} is not in this checkout yet")
+    if importlib.util.find_spec(f"sdar_envs.{family}") is None:
+        pytest.skip(f"sdar_envs.{family} is not in this checkout yet")
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def served(request):
     family = request.param
     _family_or_skip(family)
-    from sdar.envs.client import serve_in_background
+    from sdar_envs.client import serve_in_background
 
     url, handle = serve_in_background(family)
     yield family, url
@@ -42,7 +42,7 @@ def _expert_local(family: str, task_id: str, max_steps: int = 60):
 
 
 def test_expert_episodes_over_the_wire_equal_local_ones(served):
-    from sdar.envs.client import RemoteEnv
+    from sdar_envs.client import RemoteEnv
 
     family, url = served
     with RemoteEnv(url, family) as env:
@@ -64,7 +64,7 @@ def test_expert_episodes_over_the_wire_equal_local_ones(served):
 
 
 def test_unknown_task_and_invalid_action_over_the_wire(served):
-    from sdar.envs.client import EnvServerError, RemoteEnv
+    from sdar_envs.client import EnvServerError, RemoteEnv
 
     family, url = served
     with RemoteEnv(url, family) as env:
@@ -81,13 +81,13 @@ def test_unknown_task_and_invalid_action_over_the_wire(served):
 @pytest.mark.alfworld
 def test_household_on_the_real_alfworld_engine_over_the_wire():
     _family_or_skip("household")
-    from sdar.envs.household.alfworld_backend import resolve_data_root
+    from sdar_envs.household.alfworld_backend import resolve_data_root
 
     try:
         resolve_data_root()
     except Exception as exc:  # the official games are not on this machine
         pytest.skip(f"ALFWorld games not found: {exc}")
-    from sdar.envs.client import RemoteEnv, serve_in_background
+    from sdar_envs.client import RemoteEnv, serve_in_background
 
     url, handle = serve_in_background("household", backend="alfworld")
     with handle, RemoteEnv(url, "household") as env:
@@ -113,13 +113,13 @@ def test_alfworld_unknown_task_ids_are_404_not_500():
     """A missing game, a path outside the games and an id too long for the file system: 404 with a
     message, over HTTP and the WebSocket, and the session plays a real game right after."""
     _family_or_skip("household")
-    from sdar.envs.household.alfworld_backend import resolve_data_root
+    from sdar_envs.household.alfworld_backend import resolve_data_root
 
     try:
         resolve_data_root()
     except Exception as exc:  # the official games are not on this machine
         pytest.skip(f"ALFWorld games not found: {exc}")
-    from sdar.envs.client import EnvServerError, RemoteEnv, http_json, serve_in_background
+    from sdar_envs.client import EnvServerError, RemoteEnv, http_json, serve_in_background
 
     url, handle = serve_in_background("household", backend="alfworld")
     with handle:
@@ -154,7 +154,7 @@ def _random_action(family: str, md: dict, rng) -> str:
 def test_random_policy_mostly_loses_over_the_wire(served):
     import random
 
-    from sdar.envs.client import RemoteEnv
+    from sdar_envs.client import RemoteEnv
 
     family, url = served
     rng = random.Random(0)

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("trl")
 
-from sdar.envs.client import http_json, serve_in_background  # noqa: E402
+from sdar_envs.client import http_json, serve_in_background  # noqa: E402
 
 OPERATOR = "operator-token-for-trl-tests-0123456789"
 MAX_TURNS = 2  # the episode ends after two actions; a third call of `act` must not step the env

@@ -131,8 +131,8 @@ def test_max_turns_ends_the_episode_for_trl():
 
 
 def test_a_session_the_server_dropped_is_reopened_at_reset():
-    from sdar.envs.base import make_env
-    from sdar.envs.client import EnvServerError
+    from sdar_envs.base import make_env
+    from sdar_envs.client import EnvServerError
 
     class Dropped:  # what a RemoteEnv whose session was reclaimed does
         def reset(self, **kwargs):

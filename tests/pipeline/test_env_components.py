@@ -17,7 +17,7 @@ from kfp.dsl import Artifact
 from components.launch_envs import launch_envs
 from components.run_matrix import run_matrix
 from components.teardown_envs import teardown_envs
-from sdar.envs.client import RemoteEnv, http_json
+from sdar_envs.client import RemoteEnv, http_json
 
 CONFIG = str(Path(__file__).resolve().parents[2] / "configs" / "household-tiny.yaml")
 
@@ -30,7 +30,7 @@ def _status(state: str) -> dsl.PipelineTaskFinalStatus:
 
 def _alive(pid: int) -> bool:
     try:
-        return b"sdar.envs.server" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"sdar_envs.server" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
 

@@ -13,7 +13,7 @@ from pipelines.sdar_comparison import RunSettings, run_local
 
 def _pid_alive(pid: int) -> bool:
     try:
-        return b"sdar.envs.server" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"sdar_envs.server" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
 

@@ -19,7 +19,7 @@ CONFIG = str(Path(__file__).resolve().parents[2] / "configs" / "household-tiny.y
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory) -> Path:
     """A tokenizer trained on household text and skills: `tiny:<dir>` is then a fresh tiny Qwen2."""
-    from sdar.envs import make_env
+    from sdar_envs import make_env
     from sdar.models import train_tokenizer
 
     env = make_env("household", backend="sim")
@@ -46,7 +46,7 @@ def _overrides(tiny_dir: Path) -> dict:
 
 def test_rollout_writes_trajectories_that_teacher_replay_scores(tiny_dir, tmp_path):
     from sdar.config import load_config
-    from sdar.envs.expert import read_expert_trajectories
+    from sdar_envs.expert import read_expert_trajectories
     from sdar.eval.report import read_trajectories
     from sdar.train.trainer import Trainer
 
@@ -88,9 +88,9 @@ def test_rollout_writes_trajectories_that_teacher_replay_scores(tiny_dir, tmp_pa
 
 def test_sessions_of_an_env_server_carry_the_in_process_privileged_text():
     from sdar.config import load_config
-    from sdar.envs import make_env
-    from sdar.envs.base import privileged_skills_for
-    from sdar.envs.client import RemoteEnv, serve_in_background
+    from sdar_envs import make_env
+    from sdar_envs.base import privileged_skills_for
+    from sdar_envs.client import RemoteEnv, serve_in_background
 
     cfg = load_config(CONFIG)
     url, handle = serve_in_background("household", in_process=True, **cfg.env.kwargs)
@@ -115,7 +115,7 @@ def test_evaluate_plays_the_official_valid_seen_games_on_the_real_engine(tiny_di
     from kfp.dsl import Artifact
 
     from components.evaluate import evaluate
-    from sdar.envs.household import alfworld_backend as ab
+    from sdar_envs.household import alfworld_backend as ab
 
     ov = {**_overrides(tiny_dir), "env.kwargs": {"backend": "alfworld"}, "rollout.max_turns": 2}
     results = []

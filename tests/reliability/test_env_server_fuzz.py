@@ -181,8 +181,8 @@ def _send(port: int, wire: bytes) -> int | None:
 
 @pytest.fixture(scope="module")
 def served():
-    from sdar.envs.client import serve_in_background
-    from sdar.envs.server import ServerOptions
+    from sdar_envs.client import serve_in_background
+    from sdar_envs.server import ServerOptions
 
     opts = ServerOptions(header_timeout_s=1.0, body_timeout_s=1.0, keep_alive_s=1)
     url, handle = serve_in_background(GUESS_FACTORY, options=opts, operator_token=OPERATOR)
@@ -191,7 +191,7 @@ def served():
 
 
 def _play_normally(url: str) -> None:
-    from sdar.envs.client import RemoteEnv, http_json
+    from sdar_envs.client import RemoteEnv, http_json
 
     with RemoteEnv(url) as env:
         assert env.reset(task_id="test-5").metadata["step"] == 0
@@ -205,7 +205,7 @@ def _play_normally(url: str) -> None:
 
 
 def test_malformed_http_requests_never_get_a_5xx(served):
-    from sdar.envs.client import http_json
+    from sdar_envs.client import http_json
 
     url, port, handle = served
     sessions = []

@@ -18,7 +18,7 @@ import sdar.replay.experts as experts_module
 from sdar.agent.parsing import parse_response
 from sdar.agent.prompts import PromptBuilder, privileged_prefix
 from sdar.agent.rollout import EpisodeState
-from sdar.envs.base import make_env
+from sdar_envs.base import make_env
 from sdar.replay.experts import EXPERT_VARIANTS, read_turn, rule_expert
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -190,7 +190,7 @@ def test_the_expert_sees_only_messages():
     tree = ast.parse(inspect.getsource(experts_module))
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    assert {m for m in imported if m.startswith("sdar.envs")} == {"sdar.envs.household.catalog"}
+    assert {m for m in imported if m.startswith("sdar_envs")} == {"sdar_envs.household.catalog"}
 
 
 def test_unknown_family_or_variant_names_the_valid_ones():

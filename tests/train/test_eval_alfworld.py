@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from sdar.envs.household import TASK_TYPES
+from sdar_envs.household import TASK_TYPES
 
 from .conftest import SMALL
 
@@ -21,7 +21,7 @@ DATA = os.environ.get("SDAR_ALFWORLD_DATA")
 @pytest.mark.skipif(not DATA, reason="SDAR_ALFWORLD_DATA is not set: point it at the official ALFWorld games")
 def test_sdar_eval_on_the_official_games_with_one_flag(tiny_ckpt, tmp_path, capsys):
     from sdar.cli import main
-    from sdar.envs.household.alfworld_backend import list_games, resolve_data_root, task_type_of
+    from sdar_envs.household.alfworld_backend import list_games, resolve_data_root, task_type_of
 
     # a data tree holding valid_seen only (the last two games of each task type): no train split,
     # which evaluation never needs

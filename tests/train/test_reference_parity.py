@@ -267,7 +267,7 @@ def test_privileged_skills_json_holds_the_texts_the_teacher_saw(tiny_ckpt, tmp_p
     for tr in trajs:
         assert logged[tr.task_type][tr.task_id] == tr.skills
     # target_only + top_k 2 + compact: far shorter than the whole library's text for the type
-    from sdar.envs import make_env
+    from sdar_envs import make_env
 
     env = make_env("household", **trainer.cfg.env.kwargs)
     lib = env.skill_library()

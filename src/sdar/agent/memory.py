@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from sdar.envs.household.catalog import APPLIANCE, OBJECT_TYPES, OPENABLE, RECEPTACLE_TYPES, TOGGLEABLE
+from sdar_envs.household.catalog import APPLIANCE, OBJECT_TYPES, OPENABLE, RECEPTACLE_TYPES, TOGGLEABLE
 
 _ARRIVE_ON = re.compile(r"You arrive at (?P<r>[\w ]+?)\. On the (?P=r), you see (?P<items>.+?)\.(?:\s|$)")
 _ARRIVE_CLOSED = re.compile(r"You arrive at (?P<r>[\w ]+?)\. The (?P=r) is closed\.")

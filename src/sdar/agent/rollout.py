@@ -13,7 +13,7 @@ from sdar.agent.memory import memory_for
 from sdar.agent.parsing import parse_response
 from sdar.agent.prompts import PromptBuilder, TurnView, fit_prompt_ids
 from sdar.config import PENALIZE, REWARDS, RolloutConfig  # noqa: F401 - re-exported
-from sdar.envs.base import privileged_skills_for
+from sdar_envs.base import privileged_skills_for
 
 
 @dataclass

@@ -17,9 +17,9 @@ def registry_path(output_root: str, job_id: str) -> Path:
 
 def serve(family: str, env_kwargs: dict[str, Any], job_id: str, output_root: str,
           startup_timeout_s: float, info: dict[str, Any]) -> dict[str, Any]:
-    """Start `python -m sdar.envs.server` detached (it outlives this step) and register its pid with
+    """Start `python -m sdar_envs.server` detached (it outlives this step) and register its pid with
     `info`; returns {url, pids, log, registry}."""
-    from sdar.envs.client import serve_in_background
+    from sdar_envs.client import serve_in_background
 
     url, handle = serve_in_background(family, die_with_parent=False, startup_timeout_s=startup_timeout_s,
                                       **env_kwargs)
@@ -53,7 +53,7 @@ def _stop_pid(pid: int, info: dict[str, Any], stop_timeout_s: float, dry_run: bo
         argv = cmdline.read_bytes().split(b"\0")
     except OSError:
         return f"pid {pid} already gone"
-    if b"sdar.envs.server" not in argv:
+    if b"sdar_envs.server" not in argv:
         return f"pid {pid} is no longer an env server; left alone"
     if dry_run:
         return f"would stop pid {pid}"

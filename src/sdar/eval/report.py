@@ -87,7 +87,7 @@ def trajectory_from_record(rec: dict[str, Any], where: str = "record") -> Trajec
 
 def read_trajectories(path: str | os.PathLike) -> list[Trajectory]:
     """The trajectories of a file written by `write_trajectories`, validated line by line."""
-    from sdar.envs.expert import validate_trajectory
+    from sdar_envs.expert import validate_trajectory
 
     out = []
     with Path(path).open() as fh:

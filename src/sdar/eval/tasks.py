@@ -24,14 +24,14 @@ def task_type_of(family: str, task_id: str) -> str | None:
     try:
         if family == "household":
             if task_id.startswith("sim/"):
-                from sdar.envs.household.sim import parse_task_id
+                from sdar_envs.household.sim import parse_task_id
 
                 return parse_task_id(task_id)[0]
-            from sdar.envs.household.alfworld_backend import task_type_of as game_type
+            from sdar_envs.household.alfworld_data import task_type_of as game_type
 
             return game_type(task_id)
         if family == "searchqa":
-            from sdar.envs.searchqa.questions import parse_task_id as qa_task
+            from sdar_envs.searchqa.questions import parse_task_id as qa_task
 
             return qa_task(task_id)[0]
     except ValueError:

@@ -28,8 +28,8 @@ from sdar.agent.parsing import format_action, parse_response
 from sdar.agent.prompts import SYSTEM_PROMPTS, PromptBuilder
 from sdar.agent.rollout import EpisodeState, Trajectory, episode_reward
 from sdar.config import FAMILY_DEFAULTS, REWARDS, RolloutConfig
-from sdar.envs.base import make_env
-from sdar.envs.client import EnvServerError, RemoteEnv, http_json
+from sdar_envs.base import make_env
+from sdar_envs.client import EnvServerError, RemoteEnv, http_json
 
 TOOL = "act"  # the one tool every SdarEnv exposes
 EPISODE_OVER = "The episode is over."  # what `act` says once the episode has ended (TRL cannot end it)

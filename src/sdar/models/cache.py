@@ -11,7 +11,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from sdar.envs.base import cache_root  # noqa: F401 - the one definition, re-exported
+from sdar_envs.base import cache_root  # noqa: F401 - the one definition, re-exported
 
 
 def build_once(target: Path, build: Callable[[Path], None], marker: str) -> Path:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from sdar.agent.memory import HouseholdMemory
 from sdar.agent.parsing import format_action
 from sdar.agent.prompts import TurnView
-from sdar.envs.household.catalog import (
+from sdar_envs.household.catalog import (
     APPLIANCE,
     CAN_CONTAIN,
     LOCATION_PRIORS,

@@ -60,7 +60,7 @@ def prompt_view(messages: list[dict[str, str]], family: str):
 
 def _household_task_type(task: str) -> str | None:
     """The ALFWorld task type whose goal template matches `task` most specifically (longest literal text)."""
-    from sdar.envs.household.catalog import TASK_TEMPLATES
+    from sdar_envs.household.catalog import TASK_TEMPLATES
 
     best, best_len = None, -1
     for ttype, templates in TASK_TEMPLATES.items():
@@ -76,13 +76,13 @@ def task_skills(family: str, task: str) -> str:
     """The privileged skills for a task known only by its text (what a served policy "with skills" gets):
     the family's library rendered for the key the task text gives (household: the goal template's task
     type; shop: the product keyword; searchqa: none, i.e. the general skills and common mistakes)."""
-    from sdar.envs.base import env_class  # importing sdar.envs registers the families
+    from sdar_envs.base import env_class  # importing sdar_envs registers the families
 
     key = None
     if family == "household":
         key = _household_task_type(task)
     elif family == "shop":
-        from sdar.envs.shop.skills import skills_key_for
+        from sdar_envs.shop.skills import skills_key_for
 
         key = skills_key_for(task)
     library = env_class(family).skill_library()

@@ -21,11 +21,11 @@ class _Blank(dict):
 def hint_templates(family: str) -> dict[str, str]:
     """The family's `hint_template_key` -> template text."""
     if family == "household":
-        from sdar.envs.household.skills import HINT_TEMPLATES
+        from sdar_envs.household.skills import HINT_TEMPLATES
     elif family == "shop":
-        from sdar.envs.shop.skills import HINTS as HINT_TEMPLATES
+        from sdar_envs.shop.skills import HINTS as HINT_TEMPLATES
     elif family == "searchqa":
-        from sdar.envs.searchqa.skills import HINT_TEMPLATES
+        from sdar_envs.searchqa.skills import HINT_TEMPLATES
     else:
         raise ValueError(f"no hint templates for family {family!r}; choose household, shop or searchqa")
     return HINT_TEMPLATES

@@ -46,10 +46,10 @@ def seed_everything(seed: int) -> None:
 def make_env_factory(cfg: TrainConfig) -> Callable[[], Any]:
     """In-process environments by default; a client of a running server when env.url is set."""
     if cfg.env.url:
-        from sdar.envs.client import RemoteEnv
+        from sdar_envs.client import RemoteEnv
 
         return lambda: RemoteEnv(cfg.env.url, family=cfg.env.family)
-    from sdar.envs import make_env
+    from sdar_envs import make_env
 
     return lambda: make_env(cfg.env.family, **cfg.env.kwargs)
 

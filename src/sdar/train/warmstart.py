@@ -45,7 +45,7 @@ def warmstart_config(cfg: TrainConfig) -> TrainConfig:
     """
     if cfg.env.family != "household":
         return cfg
-    from sdar.envs.household.env import BACKEND_OPTIONS
+    from sdar_envs.household.env import BACKEND_OPTIONS
 
     foreign = {k for b, opts in BACKEND_OPTIONS.items() if b != "sim" for k in opts} - set(BACKEND_OPTIONS["sim"])
     kwargs = {k: v for k, v in cfg.env.kwargs.items() if k not in foreign}
@@ -63,7 +63,7 @@ def expert_turns(cfg: TrainConfig, episodes: int, seed: int) -> list[dict[str, A
     With `warmstart.noise` > 0 some turns execute a random admissible action instead (DART); those
     turns are not in the result, the expert's turns after them are.
     """
-    from sdar.envs import make_env
+    from sdar_envs import make_env
 
     cfg = warmstart_config(cfg)
     rng = random.Random(seed)

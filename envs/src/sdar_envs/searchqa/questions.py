@@ -1,0 +1,470 @@
+"""Templated questions over the world with gold answers, per type (single-hop, two-hop, comparison).
+
+Each question carries the hops a solver must search for (query, subject, fact); task ids are
+"searchqa/<type>/<index:06d>", deterministic from the world seed, and every 10th is a test task.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from sdar_envs.searchqa.world import World, build_world
+
+QUESTION_TYPES = ("single_hop", "two_hop", "comparison")
+SPLITS = ("train", "test")
+_TASK_ID = re.compile(r"^searchqa/(?P<qtype>[a-z_]+)/(?P<index>\d{6})$")
+
+
+@dataclass(frozen=True)
+class Hop:
+    """One fact a solver must retrieve.
+
+    query: a good search query for it (what the expert issues).
+    alt_query: a reformulation the expert tries when `query` did not surface the fact.
+    subject: names of the entity the fact is about (its article title first).
+    value: the fact itself with its aliases (first is canonical).
+    """
+
+    query: str
+    alt_query: str
+    subject: tuple[str, ...]
+    value: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Question:
+    """A question with its gold answers (first is canonical, the rest aliases) and its hops."""
+
+    task_id: str
+    qtype: str
+    template: str
+    text: str
+    answers: tuple[str, ...]
+    hops: tuple[Hop, ...]
+
+
+@dataclass(frozen=True)
+class QuestionSetConfig:
+    """How many questions to build.
+
+    per_type: questions per question type (templates interleaved so each is represented).
+    test_every: every n-th question of a type (index % n == 0) is a test task, the rest train.
+    """
+
+    per_type: int = 2000
+    test_every: int = 10
+
+
+# ---- aliases ----------------------------------------------------------------------------
+def _country(w: World, name: str) -> tuple[str, ...]:
+    return (name, w.countries[name].formal_name)
+
+
+def _city(w: World, name: str) -> tuple[str, ...]:
+    alias = w.cities[name].alias
+    return (name, alias) if alias else (name,)
+
+
+def _person(w: World, name: str) -> tuple[str, ...]:
+    full = w.people[name].full_name
+    return (name, full) if full != name else (name,)
+
+
+def _company(w: World, name: str) -> tuple[str, ...]:
+    return (name, w.companies[name].formal_name)
+
+
+def _river(name: str) -> tuple[str, ...]:
+    return (name, name.removesuffix(" River"))
+
+
+def _sea(name: str) -> tuple[str, ...]:
+    return (name, "Sea of " + name.removesuffix(" Sea"))
+
+
+# A template yields (template name, question text, answers, hops) for each instance.
+Candidate = tuple[str, str, tuple[str, ...], tuple[Hop, ...]]
+
+_CREATOR_ROLE = {
+    "novel": ("author", "wrote"),
+    "poetry collection": ("author", "wrote"),
+    "opera": ("composer", "composed"),
+    "painting": ("painter", "painted"),
+    "film": ("director", "directed"),
+}
+
+
+class _Bank:
+    """Candidates collected per template name."""
+
+    def __init__(self) -> None:
+        self.by: dict[str, list[Candidate]] = {}
+
+    def add(self, template: str, text: str, answers: tuple[str, ...], *hops: Hop) -> None:
+        self.by.setdefault(template, []).append((template, text, tuple(answers), hops))
+
+
+def _single_hop(w: World, rng: random.Random) -> dict[str, list[Candidate]]:
+    b = _Bank()
+    for k in w.countries.values():
+        country, capital = _country(w, k.name), _city(w, k.capital)
+        text = rng.choice(
+            (f"What is the capital of {k.name}?", f"Which city is the capital of {k.name}?")
+        )
+        b.add(
+            "capital_of",
+            text,
+            capital,
+            Hop(f"capital of {k.name}", f"{k.name} capital city", country, capital),
+        )
+        b.add(
+            "currency_of",
+            f"What is the currency of {k.name}?",
+            (k.currency, k.currency + "s"),
+            Hop(f"{k.name} currency", f"currency used in {k.name}", country, (k.currency,)),
+        )
+        if k.head_of_state:
+            leader = _person(w, k.head_of_state)
+            b.add(
+                "head_of_state",
+                f"Who is the head of state of {k.name}?",
+                leader,
+                Hop(f"{k.name} head of state", f"{k.name} leader politician", country, leader),
+            )
+    for c in w.cities.values():
+        text = rng.choice(
+            (f"In which country is {c.name} located?", f"{c.name} is a city in which country?")
+        )
+        country = _country(w, c.country)
+        b.add(
+            "city_country",
+            text,
+            country,
+            Hop(f"{c.name} city country", f"where is {c.name}", _city(w, c.name), country),
+        )
+    for p in w.people.values():
+        person, year, city = _person(w, p.name), (str(p.birth_year),), _city(w, p.birth_city)
+        text = rng.choice((f"In which year was {p.name} born?", f"When was {p.name} born?"))
+        b.add("birth_year", text, year, Hop(f"{p.name} born", f"{p.name} birth year", person, year))
+        b.add(
+            "birth_city",
+            f"In which city was {p.name} born?",
+            city,
+            Hop(f"{p.name} born in city", f"{p.name} birthplace", person, city),
+        )
+    for co in w.companies.values():
+        company, founder = _company(w, co.name), _person(w, co.founder)
+        text = rng.choice((f"Who founded {co.name}?", f"Who is the founder of {co.name}?"))
+        b.add(
+            "founder_of",
+            text,
+            founder,
+            Hop(f"{co.name} founded by", f"founder of {co.name}", company, founder),
+        )
+        b.add(
+            "founded_year",
+            f"In what year was {co.name} founded?",
+            (str(co.founded),),
+            Hop(
+                f"{co.name} founded in year",
+                f"{co.name} company history",
+                company,
+                (str(co.founded),),
+            ),
+        )
+        hq = _city(w, co.hq_city)
+        b.add(
+            "hq_city",
+            f"In which city is {co.name} headquartered?",
+            hq,
+            Hop(f"{co.name} headquarters", f"{co.name} headquartered in", company, hq),
+        )
+    for wk in w.works.values():
+        role, verb = _CREATOR_ROLE[wk.kind]
+        creator, year = _person(w, wk.creator), (str(wk.year),)
+        b.add(
+            "creator_of",
+            f"Who {verb} the {wk.kind} {wk.title}?",
+            creator,
+            Hop(f"{wk.title} {wk.kind}", f"{wk.kind} {wk.title} {role}", (wk.title,), creator),
+        )
+        b.add(
+            "work_year",
+            f"In what year was the {wk.kind} {wk.title} created?",
+            year,
+            Hop(f"{wk.title} {wk.kind}", f"{wk.title} year", (wk.title,), year),
+        )
+    for rv in w.rivers.values():
+        b.add(
+            "river_sea",
+            f"Into which sea does the {rv.name} flow?",
+            _sea(rv.sea),
+            Hop(f"{rv.name} flows into sea", f"{rv.name} mouth", _river(rv.name), _sea(rv.sea)),
+        )
+    return b.by
+
+
+def _two_hop(w: World, rng: random.Random) -> dict[str, list[Candidate]]:
+    b = _Bank()
+
+    def born(p: str, value: tuple[str, ...], alt: str) -> Hop:
+        return Hop(f"{p} born", f"{p} {alt}", _person(w, p), value)
+
+    for co in w.companies.values():
+        company, founder, k = (
+            _company(w, co.name),
+            _person(w, co.founder),
+            w.birth_country(co.founder),
+        )
+        b.add(
+            "founder_birth_country",
+            f"In which country was the founder of {co.name} born?",
+            _country(w, k.name),
+            Hop(f"{co.name} founded by", f"founder of {co.name}", company, founder),
+            born(co.founder, _country(w, k.name), "birthplace"),
+        )
+    for wk in w.works.values():
+        role, _ = _CREATOR_ROLE[wk.kind]
+        p = w.people[wk.creator]
+        b.add(
+            "creator_birth_year",
+            f"In what year was the {role} of the {wk.kind} {wk.title} born?",
+            (str(p.birth_year),),
+            Hop(
+                f"{wk.title} {wk.kind}",
+                f"{wk.kind} {wk.title} {role}",
+                (wk.title,),
+                _person(w, p.name),
+            ),
+            born(p.name, (str(p.birth_year),), "birth year"),
+        )
+    for p in w.people.values():
+        k, person = w.birth_country(p.name), _person(w, p.name)
+        b.add(
+            "birthplace_capital",
+            f"What is the capital of the country where {p.name} was born?",
+            _city(w, k.capital),
+            born(p.name, _country(w, k.name), "birthplace"),
+            Hop(
+                f"capital of {k.name}",
+                f"{k.name} capital city",
+                _country(w, k.name),
+                _city(w, k.capital),
+            ),
+        )
+        if p.company:
+            co = w.companies[p.company]
+            company, hq = _company(w, co.name), _city(w, co.hq_city)
+            b.add(
+                "founded_company_hq",
+                f"In which city is the company founded by {p.name} headquartered?",
+                hq,
+                Hop(f"{p.name} founded company", f"{p.name} founder", person, company),
+                Hop(f"{co.name} headquarters", f"{co.name} headquartered in", company, hq),
+            )
+        if p.university and not p.university.startswith("University of "):
+            u = w.universities[p.university]  # "University of <city>" would give the answer away
+            b.add(
+                "alma_mater_city",
+                f"In which city is the university that {p.name} attended?",
+                _city(w, u.city),
+                Hop(f"{p.name} studied at university", f"{p.name} graduated", person, (u.name,)),
+                Hop(f"{u.name}", f"{u.name} university city", (u.name,), _city(w, u.city)),
+            )
+    for c in w.cities.values():
+        k = w.countries[c.country]
+        b.add(
+            "city_currency",
+            f"What currency is used in the country where {c.name} is located?",
+            (k.currency, k.currency + "s"),
+            Hop(
+                f"{c.name} city country",
+                f"where is {c.name}",
+                _city(w, c.name),
+                _country(w, k.name),
+            ),
+            Hop(
+                f"{k.name} currency",
+                f"currency used in {k.name}",
+                _country(w, k.name),
+                (k.currency,),
+            ),
+        )
+    for k in w.countries.values():
+        country, cap = _country(w, k.name), w.cities[k.capital]
+        if len(cap.rivers) == 1:
+            river = _river(cap.rivers[0])
+            b.add(
+                "capital_river",
+                f"Which river flows through the capital of {k.name}?",
+                river,
+                Hop(f"capital of {k.name}", f"{k.name} capital city", country, _city(w, cap.name)),
+                Hop(f"{cap.name} river", f"river through {cap.name}", _city(w, cap.name), river),
+            )
+        if k.head_of_state:
+            p = w.people[k.head_of_state]
+            b.add(
+                "leader_birth_year",
+                f"In what year was the head of state of {k.name} born?",
+                (str(p.birth_year),),
+                Hop(
+                    f"{k.name} head of state",
+                    f"{k.name} leader politician",
+                    country,
+                    _person(w, p.name),
+                ),
+                born(p.name, (str(p.birth_year),), "birth year"),
+            )
+    return b.by
+
+
+def _comparison(w: World, rng: random.Random, per_template: int) -> dict[str, list[Candidate]]:
+    """Pairs with different values; which side wins is balanced by the pair's random order."""
+    year, km = str, "{:,}".format  # as the passages print them, so the fact can be found verbatim
+    specs: list[tuple[str, list[str], Callable, Callable, Callable, Callable, Callable]] = [
+        (
+            "company_older",
+            list(w.companies),
+            lambda n: w.companies[n].founded,
+            lambda a, b: f"Which company was founded first, {a} or {b}?",
+            lambda n: (f"{n} founded in year", f"{n} company history", _company(w, n)),
+            min,
+            year,
+        ),
+        (
+            "person_older",
+            list(w.people),
+            lambda n: w.people[n].birth_year,
+            lambda a, b: f"Who was born first, {a} or {b}?",
+            lambda n: (f"{n} born", f"{n} birth year", _person(w, n)),
+            min,
+            year,
+        ),
+        (
+            "river_longer",
+            list(w.rivers),
+            lambda n: w.rivers[n].length_km,
+            lambda a, b: f"Which river is longer, the {a} or the {b}?",
+            lambda n: (f"{n} length kilometres", f"{n} long", _river(n)),
+            max,
+            km,
+        ),
+        (
+            "country_larger_population",
+            list(w.countries),
+            lambda n: w.countries[n].population_m,
+            lambda a, b: f"Which country has the larger population, {a} or {b}?",
+            lambda n: (f"{n} population", f"{n} inhabitants million", _country(w, n)),
+            max,
+            str,
+        ),
+        (
+            "city_older",
+            list(w.cities),
+            lambda n: w.cities[n].founded,
+            lambda a, b: f"Which city was founded earlier, {a} or {b}?",
+            lambda n: (f"{n} founded", f"{n} city history", _city(w, n)),
+            min,
+            year,
+        ),
+    ]
+    t: dict[str, list[Candidate]] = {}
+    for name, pool, value, text, hop_of, pick, fmt in specs:
+        seen: set[frozenset[str]] = set()
+        out: list[Candidate] = []
+        for _ in range(per_template * 20):
+            if len(out) >= per_template:
+                break
+            a, b = rng.sample(pool, 2)
+            if value(a) == value(b) or frozenset((a, b)) in seen:
+                continue
+            seen.add(frozenset((a, b)))
+            winner = pick((a, b), key=value)
+            answers = hop_of(winner)[2]
+            hops = tuple(
+                Hop(q, alt, subj, (fmt(value(n)),)) for n in (a, b) for q, alt, subj in [hop_of(n)]
+            )
+            out.append((name, text(a, b), answers, hops))
+        t[name] = out
+    return t
+
+
+def _interleave(
+    by_template: dict[str, list[Candidate]], n: int, rng: random.Random
+) -> list[Candidate]:
+    """Up to `n` candidates taken round-robin over shuffled templates, so small templates are not drowned."""
+    pools = []
+    for name in sorted(by_template):
+        items = list(by_template[name])
+        rng.shuffle(items)
+        pools.append(iter(items))
+    out: list[Candidate] = []
+    seen: set[str] = set()
+    while pools and len(out) < n:
+        alive = []
+        for it in pools:
+            cand = next(it, None)
+            if cand is None:
+                continue
+            alive.append(it)
+            if cand[1] not in seen and len(out) < n:
+                seen.add(cand[1])
+                out.append(cand)
+        pools = alive
+    return out
+
+
+@functools.lru_cache(maxsize=4)
+def build_questions(
+    seed: int = 0, config: QuestionSetConfig = QuestionSetConfig()
+) -> dict[str, tuple[Question, ...]]:
+    """All questions of the world of `seed`, by type; the i-th question of a type has index i."""
+    w = build_world(seed)
+    rng = random.Random(f"sdar-searchqa-questions:{seed}")
+    raw = {
+        "single_hop": _single_hop(w, rng),
+        "two_hop": _two_hop(w, rng),
+        "comparison": _comparison(w, rng, per_template=config.per_type),
+    }
+    out: dict[str, tuple[Question, ...]] = {}
+    for qtype in QUESTION_TYPES:
+        chosen = _interleave(raw[qtype], config.per_type, rng)
+        rng.shuffle(chosen)  # else the round-robin order would tie templates to index % test_every
+        out[qtype] = tuple(
+            Question(f"searchqa/{qtype}/{i:06d}", qtype, tmpl, text, answers, hops)
+            for i, (tmpl, text, answers, hops) in enumerate(chosen)
+        )
+    return out
+
+
+def split_of(index: int, config: QuestionSetConfig = QuestionSetConfig()) -> str:
+    return "test" if index % config.test_every == 0 else "train"
+
+
+def parse_task_id(task_id: str) -> tuple[str, int]:
+    """("two_hop", 42) from "searchqa/two_hop/000042"; a clear error for anything else."""
+    m = _TASK_ID.match(task_id or "")
+    if not m or m["qtype"] not in QUESTION_TYPES:
+        raise ValueError(
+            f"bad searchqa task id {task_id!r}; expected 'searchqa/<type>/<6 digits>' with type one of "
+            f"{', '.join(QUESTION_TYPES)}, e.g. 'searchqa/two_hop/000042' (list them with task_ids(split))"
+        )
+    return m["qtype"], int(m["index"])
+
+
+def iter_split(
+    questions: dict[str, tuple[Question, ...]],
+    split: str,
+    config: QuestionSetConfig = QuestionSetConfig(),
+) -> Iterator[Question]:
+    """The questions of `split` ("train" or "test"), type by type, in index order."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown searchqa split {split!r}; choose one of {', '.join(SPLITS)}")
+    for qtype in QUESTION_TYPES:
+        for i, q in enumerate(questions[qtype]):
+            if split_of(i, config) == split:
+                yield q

@@ -1,0 +1,912 @@
+"""Serve any sdar TextEnv over HTTP and WebSocket with OpenEnv's server, one environment per session.
+
+Any OpenEnv client (ours in `sdar_envs.client`, TRL's, `GenericEnvClient`) drives it over `/ws`.
+
+How sessions work in openenv-core 0.3.0 and what this module adds
+-------------------------------------------------------------------
+OpenEnv's `HTTPEnvServer` gives every WebSocket connection to `/ws` its own environment instance
+(made by a factory) and its own one-thread executor; messages are {"type": "reset"|"step"|"state"|
+"close", "data": {...}} and replies {"type": "observation"|"state"|"error", "data": {...}}. The
+session id stays inside the server, the idle reaper checks only every max(TTL/4, 5 s), the "state"
+message takes no argument, the HTTP `/reset` and `/step` routes build a fresh environment per
+request (no multi-turn episode over plain HTTP), and the serializer drops `Observation.metadata`.
+So `SdarEnvServer` subclasses `HTTPEnvServer` (its session table, capacity check, executors and
+reaper are reused, not copied) and adds:
+  * every observation carries the step metadata as fields, plus `step` and `session_id`;
+  * a reaper with a configurable interval that remembers reclaimed sessions (410, not 404); a
+    reclaimed WebSocket stays open (OpenEnv cannot close it from the reaper) and its next message
+    gets an error saying the session was reclaimed and to reconnect;
+  * stateful HTTP sessions over the same session table (routes below), so curl, probes and
+    teachers without a WebSocket can play and read back;
+  * state(t): `GET /sessions/{id}/state?t=T` returns the exact observation of step T (the wire
+    payload reset/step returned), for WebSocket and HTTP sessions alike; without `t` it returns the
+    session state, which is also what the WebSocket "state" message returns (ids, step count,
+    and the observation text of every step);
+  * limits with clear errors: action length (413 / error message), session capacity (503), unknown
+    or reclaimed session (404 / 410), unknown task id at reset (404), malformed JSON (400), stepping
+    before reset or after the end (409).
+
+Sessions belong to whoever opened them. POST /sessions answers with a `session_token` (from
+`secrets.token_urlsafe`) that every /sessions/{id}/... route requires as `Authorization: Bearer
+<token>`; a WebSocket session is driven only by its connection, which can ask for its token
+({"type": "session"}) to let someone else (a teacher) read its state over HTTP. GET /sessions shows
+counts; with the operator token (env SDAR_ENV_OPERATOR_TOKEN, from a Secret) it lists every session,
+and DELETE /sessions/{id} with it closes any. One client address holds at most
+`max_sessions_per_client` sessions (429 beyond). Tokens are compared in constant time, never logged.
+
+Every bad input is a 4xx with a message, read within bounds (`sdar_envs.server_limits`): bodies over
+`max_body_bytes` are refused on Content-Length before reading and while reading chunked ones (413),
+slow request heads and bodies get 408 and lose their connection, JSON that is not UTF-8, nested
+deeper than 32 or holding integers of more than 64 digits is a 400, and a binary or non-object
+WebSocket frame gets an error message while the session goes on.
+
+OpenEnv's routes are registered in its "production" mode (no stateless `/reset` and `/step`, which
+fail on multi-turn environments); `/health` and `/schema` are OpenEnv's own, while `/ws`, `/mcp` and
+`/metadata` are replaced: OpenEnv's `/ws` ends a session on a binary frame and lets its "mcp"
+messages close any session, its `/mcp` reads any body and closes any session by id, and its
+`/metadata` builds a whole environment per request. Our routes: POST /sessions, GET /sessions,
+POST /sessions/{id}/reset {"task_id", "seed"}, POST /sessions/{id}/step {"action": {"message"}},
+GET /sessions/{id}/state [?t=], DELETE /sessions/{id}, GET /info, GET /tasks?split=, POST /mcp
+(openenv/session/create and openenv/session/close only: these environments have no MCP tools).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import errno
+import functools
+import hmac
+import importlib
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
+
+# first, so that openenv is imported without its Gradio web UI (see openenv_models)
+from sdar_envs.openenv_models import SdarAction, SdarObservation, SdarState, observation_from_step
+
+# isort: split
+from fastapi import FastAPI, HTTPException, Request, WebSocket, WebSocketDisconnect
+from fastapi.responses import JSONResponse
+from openenv.core.env_server.exceptions import EnvironmentFactoryError, SessionCapacityError
+from openenv.core.env_server.http_server import HTTPEnvServer
+from openenv.core.env_server.interfaces import Environment
+from openenv.core.env_server.mcp_types import JsonRpcErrorCode, JsonRpcRequest, JsonRpcResponse
+from openenv.core.env_server.serialization import deserialize_action, serialize_observation
+from openenv.core.env_server.types import (
+    ConcurrencyConfig,
+    EnvironmentMetadata,
+    ServerMode,
+    WSErrorCode,
+    WSErrorResponse,
+    WSObservationResponse,
+    WSResetMessage,
+    WSStateMessage,
+    WSStateResponse,
+    WSStepMessage,
+)
+from pydantic import ValidationError
+
+from sdar_envs import __version__
+from sdar_envs.base import TextEnv, make_env
+from sdar_envs.server_config import (
+    MIN_OPERATOR_TOKEN_CHARS,
+    OPERATOR_TOKEN_ENV,
+    ServerOptions,
+    add_serve_arguments,
+    options_from_args,
+)
+from sdar_envs.server_limits import (
+    MAX_TASK_ID_CHARS,
+    BadJSON,
+    RequestGuard,
+    guarded_h11_protocol,
+    loads_guarded,
+)
+
+log = logging.getLogger(__name__)
+
+
+# ---- errors a client can cause; each maps to one HTTP status --------------------------------
+class EnvRequestError(Exception):
+    """A request the environment refused; `status` is its HTTP status, `kind` a short name."""
+
+    status = 400
+    kind = "bad_request"
+
+
+class UnknownTaskError(EnvRequestError):
+    status = 404
+    kind = "unknown_task"
+
+
+class ResetError(EnvRequestError):
+    status = 400
+    kind = "bad_reset"
+
+
+class ActionTooLongError(EnvRequestError):
+    status = 413
+    kind = "action_too_long"
+
+
+class EpisodeStateError(EnvRequestError):
+    status = 409
+    kind = "episode_state"
+
+
+class StepNotFoundError(EnvRequestError):
+    status = 404
+    kind = "unknown_step"
+
+
+class SessionGoneError(EnvRequestError):
+    status = 410
+    kind = "session_gone"
+
+
+class SessionAuthError(EnvRequestError):
+    """No token where one is needed (401, with a WWW-Authenticate challenge)."""
+
+    status = 401
+    kind = "unauthorized"
+    headers: ClassVar[dict[str, str]] = {"WWW-Authenticate": 'Bearer realm="sdar-env"'}
+
+
+class SessionForbiddenError(EnvRequestError):
+    status = 403
+    kind = "forbidden"
+
+
+class TooManySessionsError(EnvRequestError):
+    status = 429
+    kind = "too_many_sessions"
+
+
+def build_text_env(family: str, env_kwargs: dict[str, Any] | None = None) -> TextEnv:
+    """A registered family by name, or any TextEnv factory given as 'module:attr'."""
+    kwargs = dict(env_kwargs or {})
+    if ":" not in family:
+        return make_env(family, **kwargs)
+    module_name, _, attr = family.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"cannot load environment factory {family!r}: {exc}; give 'package.module:ClassName'") from exc
+    env = factory(**kwargs)
+    if not isinstance(env, TextEnv):
+        raise TypeError(f"{family!r} built a {type(env).__name__}, not a sdar TextEnv")
+    return env
+
+
+# ---- the OpenEnv environment around a TextEnv -----------------------------------------------
+class SdarEnvironment(Environment[SdarAction, SdarObservation, SdarState]):
+    """One session's environment: a TextEnv plus the record of what each step returned."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True  # each session builds its own TextEnv; nothing is shared
+
+    def __init__(self, family: str, env_kwargs: dict[str, Any] | None = None, max_action_chars: int = 4096):
+        super().__init__()
+        self.family = family
+        self.max_action_chars = max_action_chars
+        self.env = build_text_env(family, env_kwargs)
+        self.session_id: str | None = None  # set by the server once the session exists
+        self._records: list[SdarObservation] = []
+        self._episode_id: str | None = None
+        self._task: str | None = None
+        self._task_id: str | None = None
+        self._gone: str | None = None  # why the session can no longer be used
+
+    # -- OpenEnv API ----------------------------------------------------------------------------
+    def reset(self, seed: int | None = None, episode_id: str | None = None, task_id: str | None = None, **kwargs: Any) -> SdarObservation:
+        self._check_usable()
+        if kwargs:
+            raise ResetError(f"unknown reset parameter(s) {sorted(kwargs)}; reset accepts task_id, seed, episode_id")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ResetError(f"seed must be an integer, got {seed!r}")
+        if task_id is not None and not isinstance(task_id, str):
+            raise ResetError(f"task_id must be a string, got {type(task_id).__name__}")
+        self._records = []  # a failed reset leaves no episode to step in
+        if task_id is not None and len(task_id) > MAX_TASK_ID_CHARS:
+            raise UnknownTaskError(
+                f"family {self.family!r} has no task id of {len(task_id)} characters (ids are at most {MAX_TASK_ID_CHARS}); "
+                "list task ids with GET /tasks?split=train|test"
+            )
+        try:
+            out = self.env.reset(task_id=task_id, seed=seed)
+        except (LookupError, ValueError, FileNotFoundError, OSError) as exc:
+            if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError) and exc.errno != errno.ENAMETOOLONG:
+                raise  # the engine's own I/O failed: a server error, not the client's
+            reason = exc.args[0] if exc.args else repr(exc)
+            if isinstance(exc, OSError):
+                reason = exc.strerror or reason
+            if task_id is not None:
+                raise UnknownTaskError(
+                    f"family {self.family!r} has no task {task_id!r} ({reason}); list task ids with GET /tasks?split=train|test"
+                ) from exc
+            raise ResetError(f"reset(seed={seed!r}) refused by family {self.family!r}: {reason}") from exc
+        md = out.metadata
+        self._task_id = str(md.get("task_id", task_id)) if md.get("task_id", task_id) is not None else None
+        self._task = md.get("task")
+        if self._task is None:
+            try:
+                self._task = self.env.task_text
+            except NotImplementedError:
+                self._task = None
+        self._episode_id = episode_id or f"{self.session_id}:{self._task_id}"
+        obs = observation_from_step(
+            out, step=0, session_id=self.session_id, family=self.family, task=self._task, task_id=self._task_id
+        )
+        self._records = [obs]
+        return obs
+
+    def step(self, action: SdarAction, timeout_s: float | None = None, **kwargs: Any) -> SdarObservation:
+        self._check_usable()
+        if not self._records:
+            raise EpisodeStateError("step before reset: this session has no episode; send a reset first")
+        if self._records[-1].done:
+            raise EpisodeStateError(
+                f"the episode on task {self._task_id!r} ended at step {len(self._records) - 1}; reset to start a new one"
+            )
+        message = action.message
+        if len(message) > self.max_action_chars:
+            raise ActionTooLongError(
+                f"action has {len(message)} characters, over this server's limit of {self.max_action_chars}; "
+                "send a shorter action or start the server with a larger --max-action-chars"
+            )
+        out = self.env.step(message)
+        obs = observation_from_step(
+            out, step=len(self._records), session_id=self.session_id, family=self.family, task=self._task, task_id=self._task_id
+        )
+        self._records.append(obs)
+        return obs
+
+    @property
+    def state(self) -> SdarState:
+        return SdarState(
+            episode_id=self._episode_id,
+            step_count=max(len(self._records) - 1, 0),
+            session_id=self.session_id,
+            family=self.family,
+            task_id=self._task_id,
+            task=self._task,
+            done=bool(self._records and self._records[-1].done),
+            observations=[r.text for r in self._records],
+        )
+
+    def observation_at(self, t: int) -> SdarObservation:
+        """Exactly what reset (t = 0) or the t-th step returned."""
+        if not self._records:
+            raise StepNotFoundError("this session has no episode yet; reset first")
+        if not 0 <= t < len(self._records):
+            raise StepNotFoundError(f"step {t} does not exist; this episode has steps 0..{len(self._records) - 1}")
+        return self._records[t]
+
+    def get_metadata(self) -> EnvironmentMetadata:
+        return family_metadata(self.family)
+
+    def expire(self, reason: str) -> None:
+        """Mark the session unusable (the reaper reclaimed it) before it is closed."""
+        self._gone = reason
+
+    def close(self) -> None:
+        if self._gone is None:
+            self._gone = "this session was closed; open a new session"
+        try:
+            self.env.close()
+        except Exception as exc:  # a failing engine close must not take the server down
+            log.warning("closing %s env failed: %s", self.family, exc)
+
+    def _check_usable(self) -> None:
+        if self._gone is not None:
+            raise SessionGoneError(self._gone)
+
+
+def family_metadata(family: str) -> EnvironmentMetadata:
+    return EnvironmentMetadata(
+        name=f"sdar-{family}",
+        description=f"sdar {family} text environment (actions: {{'message': str}}; reset: task_id, seed)",
+        version=__version__,
+    )
+
+
+@dataclass
+class SessionOwner:
+    """Who may use a session: its kind ("http" or "ws"), the client address that opened it, its token."""
+
+    kind: str
+    client: str
+    token: str
+
+
+def client_address(scope: Any) -> str:
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
+
+
+def bearer_token(request: Request) -> str | None:
+    scheme, _, value = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return value.strip() or None
+
+
+def same_token(given: str, expected: str) -> bool:
+    return hmac.compare_digest(given.encode("utf-8", "replace"), expected.encode("utf-8"))
+
+
+# ---- the server -----------------------------------------------------------------------------
+_MISSING = object()
+_WS_EXAMPLE = '{"type": "step", "data": {"message": "look"}}'
+
+
+class SdarEnvServer(HTTPEnvServer):
+    """OpenEnv's HTTPEnvServer with session ids in observations, a tunable reaper, HTTP sessions,
+    and sessions owned by whoever opened them."""
+
+    def __init__(self, options: ServerOptions, operator_token: str | None = None):
+        self.options = options
+        self._operator_token = operator_token
+        # built once up front: a bad family or kwargs fails here, before the port is served
+        self.probe = build_text_env(options.family, options.env_kwargs)
+        factory = functools.partial(
+            SdarEnvironment, family=options.family, env_kwargs=dict(options.env_kwargs), max_action_chars=options.max_action_chars
+        )
+        super().__init__(
+            factory,
+            SdarAction,
+            SdarObservation,
+            concurrency_config=ConcurrencyConfig(
+                max_concurrent_envs=options.max_sessions, session_timeout=options.session_ttl_s
+            ),
+        )
+        # reclaimed session ids, remembered so a late request gets 410 "expired" instead of 404
+        self._expired: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._owners: dict[str, SessionOwner] = {}
+        self._per_client: collections.Counter[str] = collections.Counter()
+        self.sessions_created = 0
+
+    # -- OpenEnv hooks ---------------------------------------------------------------------------
+    async def _create_session(self) -> tuple[str, Environment]:
+        session_id, env = await super()._create_session()
+        env.session_id = session_id  # type: ignore[attr-defined]
+        self.sessions_created += 1
+        return session_id, env
+
+    async def _destroy_session(self, session_id: str) -> None:
+        owner = self._owners.pop(session_id, None)
+        if owner is not None:
+            self._per_client[owner.client] -= 1
+            if self._per_client[owner.client] <= 0:
+                del self._per_client[owner.client]
+        await super()._destroy_session(session_id)
+
+    async def _reap_idle_sessions(self) -> None:
+        # OpenEnv's reaper, with our interval and a memory of what it reclaimed
+        ttl = self._session_idle_timeout_s
+        if ttl is None:
+            return
+        while True:
+            try:
+                await asyncio.sleep(self.options.reap_every_s)
+                now = time.time()
+                async with self._session_lock:
+                    stale = [sid for sid, info in self._session_info.items() if now - info.last_activity_at > ttl]
+                for sid in stale:
+                    async with self._session_lock:
+                        info = self._session_info.get(sid)
+                        if info is None or time.time() - info.last_activity_at <= ttl:
+                            continue
+                        env = self._sessions.get(sid)
+                    reason = (
+                        f"session {sid} was idle for more than {ttl:g} s and the server reclaimed it; "
+                        "open a new session (reconnect, or POST /sessions) and reset"
+                    )
+                    if isinstance(env, SdarEnvironment):
+                        env.expire(reason)
+                    self._remember_expired(sid, reason)
+                    await self._destroy_session(sid)
+            except asyncio.CancelledError:
+                break
+            except Exception as exc:  # keep reaping whatever one bad session does
+                log.warning("idle-session reaper error (will retry): %s", exc)
+
+    def _remember_expired(self, sid: str, reason: str) -> None:
+        self._expired[sid] = reason
+        while len(self._expired) > 10_000:
+            self._expired.popitem(last=False)
+
+    # -- ownership -------------------------------------------------------------------------------
+    async def open_session(self, client: str, kind: str) -> tuple[str, SdarEnvironment, str]:
+        """A new session owned by `client` (an address) over `kind` ("http" or "ws"), and its token."""
+        cap = self.options.max_sessions_per_client
+        held = self._per_client[client]
+        if cap and held >= cap:
+            raise TooManySessionsError(
+                f"this client ({client}) already holds {held} open sessions, this server's limit per client "
+                "(--max-sessions-per-client); close some (DELETE /sessions/{id}, or close WebSockets) first"
+            )
+        self._per_client[client] += 1  # counted before the first await, so parallel opens see it
+        try:
+            sid, env = await self._create_session()
+        except BaseException:
+            self._per_client[client] -= 1
+            if self._per_client[client] <= 0:
+                del self._per_client[client]
+            raise
+        token = secrets.token_urlsafe(32)
+        self._owners[sid] = SessionOwner(kind=kind, client=client, token=token)
+        return sid, env, token  # type: ignore[return-value]
+
+    def is_operator(self, token: str | None) -> bool:
+        return bool(token and self._operator_token and same_token(token, self._operator_token))
+
+    def _authorize(self, token: str | None, sid: str, action: str) -> SdarEnvironment:
+        """The session's env if `token` may `action` ("read", "play" or "close") on it."""
+        env = self._session_env(sid)
+        if token is None:
+            raise SessionAuthError(
+                "session routes need the session's token: send 'Authorization: Bearer <session_token>' with the "
+                "token POST /sessions returned (a WebSocket gets its own with {\"type\": \"session\"})"
+            )
+        owner = self._owners.get(sid)
+        if owner is not None and same_token(token, owner.token):
+            if action != "read" and owner.kind == "ws":
+                raise SessionForbiddenError(
+                    f"session {sid} belongs to its WebSocket connection; {action} it over that connection"
+                )
+            return env
+        if action in ("read", "close") and self.is_operator(token):
+            return env
+        raise SessionForbiddenError(f"that token does not open session {sid}")
+
+    # -- helpers for our routes ------------------------------------------------------------------
+    def _session_env(self, sid: str) -> SdarEnvironment:
+        env = self._sessions.get(sid, _MISSING)
+        if env is _MISSING:
+            if sid in self._expired:
+                raise SessionGoneError(self._expired[sid])
+            raise HTTPException(
+                404, f"unknown session {sid[:100]!r}; create one with POST /sessions (or open a WebSocket at /ws)"
+            )
+        if env is None:
+            raise HTTPException(409, f"session {sid!r} is still starting; retry in a moment")
+        return env  # type: ignore[return-value]
+
+    async def _call(self, sid: str, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        out = await self._run_in_session_executor(sid, func, *args, **kwargs)
+        self._update_session_activity(sid, increment_step=func.__name__ == "step")
+        return out
+
+    async def _json_body(self, request: Request, example: str) -> dict[str, Any]:
+        body = await request.body()  # RequestGuard has read it within max_body_bytes and body_timeout_s
+        if len(body) > self.options.max_body_bytes:
+            raise ActionTooLongError(f"request body has {len(body)} bytes, over this server's limit of {self.options.max_body_bytes}")
+        if not body.strip():
+            return {}
+        try:
+            data = loads_guarded(body)
+        except BadJSON as exc:
+            raise EnvRequestError(f"{exc}; send a JSON object like {example}") from None
+        if not isinstance(data, dict):
+            raise EnvRequestError(f"the body must be a JSON object like {example}, got {type(data).__name__}")
+        return data
+
+    def _capacity_error(self, exc: SessionCapacityError) -> HTTPException:
+        return HTTPException(
+            503,
+            f"server is at capacity ({exc.active_sessions}/{exc.max_sessions} sessions); close sessions "
+            "(DELETE /sessions/{id}, or close WebSockets) or restart with a larger --max-sessions",
+        )
+
+    def info(self) -> dict[str, Any]:
+        o = self.options
+        return {
+            "family": o.family,
+            "env_kwargs": o.env_kwargs,
+            "active_sessions": self.active_sessions,
+            "max_sessions": o.max_sessions,
+            "max_sessions_per_client": o.max_sessions_per_client,
+            "sessions_created": self.sessions_created,
+            "sessions_expired": len(self._expired),
+            "session_ttl_s": o.session_ttl_s,
+            "reap_interval_s": o.reap_every_s,
+            "max_action_chars": o.max_action_chars,
+            "max_body_bytes": o.max_body_bytes,
+            "header_timeout_s": o.header_timeout_s,
+            "body_timeout_s": o.body_timeout_s,
+            "operator_token": self._operator_token is not None,
+            "sdar_version": __version__,
+        }
+
+    def session_counts(self, client: str) -> dict[str, Any]:
+        kinds = collections.Counter(o.kind for o in self._owners.values())
+        return {
+            "active": len(self._sessions),
+            "max": self.options.max_sessions,
+            "http": kinds["http"],
+            "websocket": kinds["ws"],
+            "yours": self._per_client[client],
+            "max_per_client": self.options.max_sessions_per_client,
+        }
+
+    async def close_all(self) -> None:
+        for sid in list(self._sessions):
+            await self._destroy_session(sid)
+        try:
+            self.probe.close()
+        except Exception as exc:
+            log.warning("closing the probe env failed: %s", exc)
+
+    # -- the WebSocket session -----------------------------------------------------------------------
+    @staticmethod
+    def _ws_error(message: str, code: str, **extra: Any) -> str:
+        return WSErrorResponse(data={"message": message, "code": code, **extra}).model_dump_json()
+
+    async def serve_websocket(self, websocket: WebSocket) -> None:
+        """One session per connection, in OpenEnv's message protocol, plus {"type": "session"} (its
+        id and token). A frame the server cannot use gets an error message; the session goes on."""
+        await websocket.accept()
+        try:
+            sid, env, token = await self.open_session(client_address(websocket.scope), "ws")
+        except (SessionCapacityError, TooManySessionsError, EnvironmentFactoryError) as exc:
+            if isinstance(exc, SessionCapacityError):
+                reply = self._ws_error(
+                    str(exc), WSErrorCode.CAPACITY_REACHED, active_sessions=exc.active_sessions, max_sessions=exc.max_sessions
+                )
+            elif isinstance(exc, TooManySessionsError):
+                reply = self._ws_error(str(exc), "TOO_MANY_SESSIONS")
+            else:
+                reply = self._ws_error(f"could not build a {self.options.family} environment: {exc.__cause__ or exc}", WSErrorCode.FACTORY_ERROR)
+            with contextlib.suppress(Exception):
+                await websocket.send_text(reply)
+                await websocket.close()
+            return
+        disconnected = False
+        try:
+            while True:
+                message = await websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    disconnected = True
+                    break
+                reply = await self._ws_reply(sid, env, token, message)
+                if reply is None:
+                    break
+                await websocket.send_text(reply)
+        except WebSocketDisconnect:
+            disconnected = True
+        finally:
+            await self._destroy_session(sid)
+            if not disconnected:
+                with contextlib.suppress(Exception):
+                    await websocket.close()
+
+    async def _ws_reply(self, sid: str, env: SdarEnvironment, token: str, message: dict[str, Any]) -> str | None:
+        text = message.get("text")
+        if text is None:
+            return self._ws_error(f"binary frames are not understood; send JSON text like {_WS_EXAMPLE}", WSErrorCode.INVALID_JSON)
+        try:
+            data = loads_guarded(text)
+        except BadJSON as exc:
+            return self._ws_error(f"Invalid JSON: {exc}; send a message like {_WS_EXAMPLE}", WSErrorCode.INVALID_JSON)
+        if not isinstance(data, dict):
+            return self._ws_error(
+                f"a message is a JSON object like {_WS_EXAMPLE}, got {type(data).__name__}", WSErrorCode.VALIDATION_ERROR
+            )
+        kind = data.get("type")
+        try:
+            if kind == "reset":
+                obs = await self._call(sid, env.reset, **WSResetMessage(**data).data)
+                return WSObservationResponse(data=serialize_observation(obs)).model_dump_json()
+            if kind == "step":
+                action = deserialize_action(WSStepMessage(**data).data, SdarAction)
+                obs = await self._call(sid, env.step, action)
+                return WSObservationResponse(data=serialize_observation(obs)).model_dump_json()
+            if kind == "state":
+                WSStateMessage(**data)
+                return WSStateResponse(data=env.state.model_dump()).model_dump_json()
+            if kind == "close":
+                return None
+            if kind == "session":
+                return json.dumps({"type": "session", "data": {"session_id": sid, "session_token": token}})
+            if kind == "mcp":
+                return self._ws_error("this environment has no MCP tools; send reset, step and state messages", WSErrorCode.UNKNOWN_TYPE)
+            shown = kind if isinstance(kind, str) and len(kind) <= 40 else type(kind).__name__
+            return self._ws_error(
+                f"Unknown message type: {shown!r}; send reset, step, state, session or close", WSErrorCode.UNKNOWN_TYPE
+            )
+        except ValidationError as exc:
+            errors = exc.errors(include_url=False, include_context=False, include_input=False)
+            return self._ws_error("Invalid message", WSErrorCode.VALIDATION_ERROR, errors=errors)
+        except EnvRequestError as exc:
+            return self._ws_error(str(exc), WSErrorCode.EXECUTION_ERROR, error=exc.kind)
+        except TypeError as exc:  # e.g. reset data with a key that is not a keyword
+            return self._ws_error(f"Invalid message: {exc}", WSErrorCode.VALIDATION_ERROR)
+        except Exception as exc:
+            log.warning("session %s: %s failed: %r", sid, kind, exc)
+            return self._ws_error(str(exc), WSErrorCode.EXECUTION_ERROR)
+
+    # -- POST /mcp: OpenEnv's session lifecycle methods, with tokens ---------------------------------
+    async def mcp(self, request: Request) -> JSONResponse:
+        def answer(status: int, rpc: JsonRpcResponse) -> JSONResponse:
+            return JSONResponse(rpc.model_dump(), status_code=status)
+
+        data = await self._json_body(request, '{"jsonrpc": "2.0", "method": "openenv/session/create", "id": 1}')
+        try:
+            rpc = JsonRpcRequest(**data)
+        except ValidationError as exc:
+            errors = exc.errors(include_url=False, include_context=False, include_input=False)
+            return answer(400, JsonRpcResponse.error_response(JsonRpcErrorCode.INVALID_REQUEST, f"Invalid request: {errors}"))
+        rid, params = rpc.id, rpc.params
+        if rpc.method == "openenv/session/create":
+            try:
+                sid, _env, token = await self.open_session(client_address(request.scope), "http")
+            except TooManySessionsError as exc:
+                return answer(429, JsonRpcResponse.error_response(JsonRpcErrorCode.SERVER_ERROR, str(exc), request_id=rid))
+            except SessionCapacityError as exc:
+                return answer(503, JsonRpcResponse.error_response(JsonRpcErrorCode.SERVER_ERROR, str(exc), request_id=rid))
+            return answer(200, JsonRpcResponse.success({"session_id": sid, "session_token": token}, request_id=rid))
+        if rpc.method == "openenv/session/close":
+            sid = params.get("session_id")
+            if not isinstance(sid, str) or not sid:
+                return answer(400, JsonRpcResponse.error_response(JsonRpcErrorCode.INVALID_PARAMS, "params need 'session_id'", request_id=rid))
+            given = params.get("session_token")
+            token = given if isinstance(given, str) and given else bearer_token(request)
+            try:
+                self._authorize(token, sid, "close")
+            except (EnvRequestError, HTTPException) as exc:
+                status = exc.status if isinstance(exc, EnvRequestError) else exc.status_code
+                detail = str(exc) if isinstance(exc, EnvRequestError) else str(exc.detail)
+                return answer(status, JsonRpcResponse.error_response(JsonRpcErrorCode.INVALID_PARAMS, detail, request_id=rid))
+            await self._destroy_session(sid)
+            return answer(200, JsonRpcResponse.success({"session_id": sid, "closed": True}, request_id=rid))
+        if rpc.method in ("tools/list", "tools/call"):
+            message = f"the {self.options.family} environment has no MCP tools; play it over /ws or /sessions"
+            return answer(404, JsonRpcResponse.error_response(JsonRpcErrorCode.METHOD_NOT_FOUND, message, request_id=rid))
+        return answer(
+            404,
+            JsonRpcResponse.error_response(
+                JsonRpcErrorCode.METHOD_NOT_FOUND,
+                f"Method not found: {rpc.method[:80]!r}; this server has openenv/session/create and openenv/session/close",
+                request_id=rid,
+            ),
+        )
+
+    # -- routes ------------------------------------------------------------------------------------
+    def add_session_routes(self, app: FastAPI) -> None:
+        """Stateful HTTP sessions, state(t), /info, /tasks, and our /ws, /mcp and /metadata."""
+
+        @app.exception_handler(EnvRequestError)
+        async def _env_error(_request: Request, exc: EnvRequestError) -> JSONResponse:
+            return JSONResponse({"detail": str(exc), "error": exc.kind}, status_code=exc.status, headers=getattr(exc, "headers", None))
+
+        @app.websocket("/ws")
+        async def websocket_session(websocket: WebSocket) -> None:
+            await self.serve_websocket(websocket)
+
+        @app.post("/mcp", tags=["Sessions"], summary="JSON-RPC: openenv/session/create, openenv/session/close")
+        async def mcp(request: Request) -> JSONResponse:
+            return await self.mcp(request)
+
+        @app.get("/metadata", response_model=EnvironmentMetadata, tags=["Environment Info"], summary="Environment metadata")
+        async def metadata() -> EnvironmentMetadata:
+            return family_metadata(self.options.family)
+
+        @app.get("/info", tags=["Environment Info"], summary="Family, limits and session counts")
+        async def info() -> dict[str, Any]:
+            return self.info()
+
+        @app.get("/tasks", tags=["Environment Info"], summary="Task ids of a split")
+        async def tasks(split: str = "test") -> dict[str, Any]:
+            try:
+                ids = await asyncio.get_running_loop().run_in_executor(self._executor, self.probe.task_ids, split)
+            except NotImplementedError as exc:
+                raise HTTPException(404, f"family {self.options.family!r} has no fixed task list ({exc}); reset with a seed instead") from None
+            except (KeyError, ValueError) as exc:
+                raise HTTPException(400, f"cannot list split {split[:100]!r}: {exc.args[0] if exc.args else exc}") from None
+            return {"family": self.options.family, "split": split, "task_ids": list(ids)}
+
+        @app.get("/sessions", tags=["Sessions"], summary="Session counts; every session with the operator token")
+        async def list_sessions(request: Request) -> dict[str, Any]:
+            out = self.session_counts(client_address(request.scope))
+            token = bearer_token(request)
+            if token is None:
+                return out
+            if not self.is_operator(token):
+                raise SessionForbiddenError(
+                    "that is not this server's operator token"
+                    + ("" if self._operator_token else f" (none is set: start the server with {OPERATOR_TOKEN_ENV})")
+                )
+            out["sessions"] = [
+                {**info.model_dump(), "kind": self._owners[sid].kind, "client": self._owners[sid].client}
+                for sid, info in list(self._session_info.items())
+                if sid in self._owners
+            ]
+            return out
+
+        @app.post("/sessions", status_code=201, tags=["Sessions"], summary="Open a session; keep its session_token")
+        async def create_session(request: Request) -> dict[str, Any]:
+            await self._json_body(request, "{}")  # nothing to configure yet; a bad body is still refused
+            try:
+                sid, _env, token = await self.open_session(client_address(request.scope), "http")
+            except SessionCapacityError as exc:
+                raise self._capacity_error(exc) from None
+            except EnvironmentFactoryError as exc:
+                raise HTTPException(500, f"could not build a {self.options.family} environment: {exc.__cause__ or exc}") from None
+            return {"session_id": sid, "session_token": token, "family": self.options.family}
+
+        @app.post("/sessions/{sid}/reset", tags=["Sessions"], summary="Start an episode: {task_id, seed}")
+        async def reset(sid: str, request: Request) -> dict[str, Any]:
+            env = self._authorize(bearer_token(request), sid, "play")
+            data = await self._json_body(request, '{"task_id": "...", "seed": 0}')
+            obs = await self._call(sid, env.reset, **data)
+            return serialize_observation(obs)
+
+        @app.post("/sessions/{sid}/step", tags=["Sessions"], summary='Act: {"action": {"message": str}}')
+        async def step(sid: str, request: Request) -> dict[str, Any]:
+            env = self._authorize(bearer_token(request), sid, "play")
+            example = '{"action": {"message": "look"}}'
+            data = await self._json_body(request, example)
+            if set(data) != {"action"} or not isinstance(data["action"], dict):
+                raise EnvRequestError(f"the body must be {example}, got keys {sorted(data)[:10]}")
+            try:
+                action = deserialize_action(data["action"], SdarAction)
+            except ValidationError as exc:
+                raise HTTPException(422, exc.errors(include_url=False, include_context=False, include_input=False)) from None
+            obs = await self._call(sid, env.step, action)
+            return serialize_observation(obs)
+
+        @app.get("/sessions/{sid}/state", tags=["Sessions"], summary="State, or the exact observation of step t")
+        async def state(sid: str, request: Request, t: int | None = None) -> dict[str, Any]:
+            env = self._authorize(bearer_token(request), sid, "read")
+            if t is None:
+                return env.state.model_dump()
+            return serialize_observation(env.observation_at(t))
+
+        @app.delete("/sessions/{sid}", tags=["Sessions"], summary="Close a session and its environment")
+        async def close(sid: str, request: Request) -> dict[str, Any]:
+            self._authorize(bearer_token(request), sid, "close")
+            await self._destroy_session(sid)
+            return {"session_id": sid, "closed": True}
+
+        async def _shutdown() -> None:
+            await self.close_all()
+
+        app.router.on_shutdown.append(_shutdown)
+
+
+class _QuietWebSocketClose:
+    """ASGI middleware: a WebSocketDisconnect raised after the client left is noise, not an error,
+    so it ends here."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "websocket":
+            return await self.app(scope, receive, send)
+        try:
+            await self.app(scope, receive, send)
+        except WebSocketDisconnect:
+            pass
+
+
+def operator_token_from_env() -> str | None:
+    """The operator token from SDAR_ENV_OPERATOR_TOKEN (None when unset or empty)."""
+    token = os.environ.get(OPERATOR_TOKEN_ENV, "").strip()
+    if not token:
+        return None
+    if len(token) < MIN_OPERATOR_TOKEN_CHARS:
+        raise ValueError(
+            f"{OPERATOR_TOKEN_ENV} has {len(token)} characters; use at least {MIN_OPERATOR_TOKEN_CHARS}, "
+            "e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+        )
+    return token
+
+
+# OpenEnv routes this module serves itself (see the module docstring)
+_REPLACED_ROUTES = frozenset({"/ws", "/mcp", "/metadata"})
+
+
+def create_env_app(options: ServerOptions, operator_token: str | None = None) -> FastAPI:
+    """The FastAPI app serving `options.family`: OpenEnv's routes plus sdar's session routes.
+
+    operator_token: the token that lists and closes every session (default: $SDAR_ENV_OPERATOR_TOKEN).
+    """
+    if operator_token is None:
+        operator_token = operator_token_from_env()
+    elif len(operator_token) < MIN_OPERATOR_TOKEN_CHARS:
+        raise ValueError(f"the operator token needs at least {MIN_OPERATOR_TOKEN_CHARS} characters")
+    server = SdarEnvServer(options, operator_token=operator_token)
+    app = FastAPI(
+        title=f"sdar environment server: {options.family}",
+        version=__version__,
+        description=__doc__,
+    )
+    server.register_routes(app, mode=ServerMode.PRODUCTION)
+    app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) not in _REPLACED_ROUTES]
+    server.add_session_routes(app)
+    app.add_middleware(_QuietWebSocketClose)
+    app.add_middleware(RequestGuard, max_body_bytes=options.max_body_bytes, body_timeout_s=options.body_timeout_s)
+    app.state.sdar_server = server
+    return app
+
+
+def uvicorn_config(app: FastAPI, options: ServerOptions) -> Any:
+    import uvicorn
+
+    return uvicorn.Config(
+        app,
+        host=options.host,
+        port=options.port,
+        log_level=options.log_level,
+        # h11 with a deadline on request heads (uvicorn has none); bodies are bounded by RequestGuard
+        http=guarded_h11_protocol(options.header_timeout_s),
+        h11_max_incomplete_event_size=16 * 1024,  # request line + headers
+        timeout_keep_alive=options.keep_alive_s,
+        # connections (WebSockets included) beyond this get 503 instead of memory
+        limit_concurrency=4 * options.max_sessions + 256,
+        # the per-client session limit counts the peer address; a forwarded header must not move it
+        proxy_headers=False,
+        # the transport limit only stops absurd frames; the action limit gives the clear error
+        ws_max_size=max(1 << 20, options.max_body_bytes),
+        ws_per_message_deflate=False,  # loopback and cluster-local traffic: CPU matters more than bytes
+        timeout_graceful_shutdown=3,
+        access_log=options.log_level == "debug",
+    )
+
+
+def run_server(options: ServerOptions, sock: socket.socket | None = None) -> None:
+    """Serve until interrupted; `sock` is an already bound socket (background servers pass one)."""
+    import uvicorn
+
+    app = create_env_app(options)
+    server = uvicorn.Server(uvicorn_config(app, options))
+    server.run(sockets=[sock] if sock is not None else None)
+
+
+# ---- command line (also what background servers run) -----------------------------------------
+def _exit_with_parent(parent_pid: int, every_s: float = 0.5) -> None:
+    """Stop gracefully once `parent_pid` is no longer our parent, so no server outlives its starter.
+
+    A polling thread, not prctl(PR_SET_PDEATHSIG): that fires when the starting *thread* ends and
+    needs a preexec_fn, which is unsafe in a parent that runs threads.
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(every_s)
+        os.kill(os.getpid(), signal.SIGTERM)  # uvicorn's graceful shutdown closes every session
+
+    threading.Thread(target=watch, name="sdar-parent-watch", daemon=True).start()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sdar_envs.server", description="Serve one sdar environment family.")
+    add_serve_arguments(parser)
+    parser.add_argument("--fd", type=int, default=None, help="serve on this already bound socket (used by serve_in_background)")
+    parser.add_argument("--parent-pid", type=int, default=None, help="stop when this process is gone (used by serve_in_background)")
+    args = parser.parse_args(argv)
+    if args.parent_pid is not None:
+        _exit_with_parent(args.parent_pid)
+    options = options_from_args(args)
+    sock = socket.socket(fileno=args.fd) if args.fd is not None else None
+    logging.basicConfig(level=options.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    print(f"serving {options.family} with {json.dumps(asdict(options))}", file=sys.stderr, flush=True)
+    run_server(options, sock)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""The shop's pages as WebShop's text observations ("simple" mode: visible strings joined by " [SEP] ").
+
+Each renderer returns the observation and the page's clickables, lower-cased as WebShop's
+`get_available_actions` lists them ("back to search", "next >", "b0abc12345", "blue", "buy now").
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from sdar_envs.shop.reward import Product
+
+SEP = " [SEP] "
+PAGE_SIZE = 10  # WebShop's PRODUCT_WINDOW: results per page
+
+# button texts, as on WebShop's pages
+BACK_TO_SEARCH = "Back to Search"
+NEXT_PAGE = "Next >"
+PREV_PAGE = "< Prev"
+BUY_NOW = "Buy Now"
+SUB_PAGES = ("Description", "Features", "Reviews")
+SEARCH_TEMPLATE = "search[<query>]"  # listed on the search page: the query is free text
+
+
+@dataclass
+class Session:
+    """Where the shopper is (the state WebShop keeps per session).
+
+    page: "search", "results", "item", "sub" (Description/Features/Reviews) or "done".
+    keywords: the last search query.
+    results: ASINs the last search returned, best first.
+    page_no: the results page (1-based).
+    asin: the product open on the item page.
+    options: option name -> selected value on the item page.
+    sub: which sub page is open ("description", "features", "reviews").
+    """
+
+    page: str = "search"
+    keywords: str | None = None
+    results: list[str] = field(default_factory=list)
+    page_no: int = 1
+    asin: str | None = None
+    options: dict[str, str] = field(default_factory=dict)
+    sub: str | None = None
+
+    @property
+    def num_pages(self) -> int:
+        return max(1, -(-len(self.results) // PAGE_SIZE))
+
+
+def search_page(instruction: str) -> tuple[str, list[str]]:
+    return SEP.join(["WebShop", "Instruction:", instruction, "Search"]), []
+
+
+def results_page(
+    instruction: str, s: Session, products: dict[str, Product]
+) -> tuple[str, list[str]]:
+    parts = [
+        "Instruction:",
+        instruction,
+        BACK_TO_SEARCH,
+        f"Page {s.page_no} (Total results: {len(s.results)})",
+    ]
+    clicks = [BACK_TO_SEARCH.lower()]
+    if s.page_no > 1:
+        parts.append(PREV_PAGE)
+        clicks.append(PREV_PAGE.lower())
+    if s.page_no * PAGE_SIZE < len(s.results):
+        parts.append(NEXT_PAGE)
+        clicks.append(NEXT_PAGE.lower())
+    for asin in s.results[(s.page_no - 1) * PAGE_SIZE : s.page_no * PAGE_SIZE]:
+        p = products[asin]
+        parts += [p.asin, p.title, p.price_tag]
+        clicks.append(p.asin.lower())
+    return SEP.join(parts), clicks
+
+
+def item_page(instruction: str, s: Session, p: Product) -> tuple[str, list[str]]:
+    parts = ["Instruction:", instruction, BACK_TO_SEARCH, PREV_PAGE]
+    clicks = [BACK_TO_SEARCH.lower(), PREV_PAGE.lower()]
+    for name, values in p.options.items():
+        parts.append(name)
+        parts += values
+        clicks += values
+    parts += [p.title, f"Price: {p.price_tag}", f"Rating: {p.rating}", *SUB_PAGES, BUY_NOW]
+    clicks += [x.lower() for x in SUB_PAGES] + [BUY_NOW.lower()]
+    return SEP.join(parts), clicks
+
+
+def sub_page(instruction: str, s: Session, p: Product) -> tuple[str, list[str]]:
+    parts = ["Instruction:", instruction, BACK_TO_SEARCH, PREV_PAGE]
+    if s.sub == "description":
+        parts.append(p.description)
+    elif s.sub == "features":
+        parts += p.bullet_points or ["No Features"]
+    else:
+        if not p.reviews:
+            parts.append("No reviews found")
+        for r in p.reviews:
+            parts += [f'"{r["title"]}"', str(r["score"]), r["body"]]
+    return SEP.join(parts), [BACK_TO_SEARCH.lower(), PREV_PAGE.lower()]
+
+
+def done_page(asin: str, options: dict[str, str], reward: float) -> tuple[str, list[str]]:
+    parts = [
+        "Thank you for shopping with us!",
+        "Purchased",
+        "asin",
+        asin,
+        "options",
+        json.dumps(options),
+        "Your score (min 0.0, max 1.0)",
+        f"{reward:.4g}",
+    ]
+    return SEP.join(parts), []
+
+
+def render(
+    s: Session, instruction: str, products: dict[str, Product], reward: float = 0.0
+) -> tuple[str, list[str]]:
+    """The observation and clickables of the page `s` is on."""
+    if s.page == "search":
+        return search_page(instruction)
+    if s.page == "results":
+        return results_page(instruction, s, products)
+    if s.page == "item":
+        return item_page(instruction, s, products[s.asin])
+    if s.page == "sub":
+        return sub_page(instruction, s, products[s.asin])
+    if s.page == "done":
+        return done_page(s.asin, s.options, reward)
+    raise ValueError(f"unknown shop page {s.page!r}; expected search, results, item, sub or done")
