@@ -171,7 +171,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     w.set_defaults(func=_cmd_warmstart)
     e = sub.add_parser("eval", help="success of the student and of the privileged teacher on the eval tasks")
     e.add_argument("--config", required=True)
-    e.add_argument("--checkpoint", help="a checkpoint store (dir or s3:// URI) to evaluate instead of the warm start")
+    e.add_argument("--checkpoint", help="evaluate these weights instead of the warm start: a run's output "
+                   "directory, its checkpoints/ or an s3:// checkpoint URI (the newest complete checkpoint's "
+                   "trainable weights only)")
     e.add_argument("--set", action="append", type=parse_set, metavar="KEY=VALUE", help=SET_HELP)
     e.add_argument("--backend", choices=("sim", "alfworld"),
                    help="household: play the eval tasks on this backend (alfworld: the official games in "
