@@ -146,8 +146,9 @@ def run_arm(config: str, arm: str, steps: int, overrides: dict, console) -> dict
 
         real_grouped = sc.grouped_prefix_logprobs  # the reference pass (the teacher's is counted at teacher.score)
 
-        def grouped(*a, **k):
-            rows_scored.append(len(a[1]))
+        def grouped(*a, **k):  # the update's own forwards (grad=True) are not scoring passes here either
+            if not k.get("grad"):
+                rows_scored.append(len(a[1]))
             return real_grouped(*a, **k)
 
         sc.grouped_prefix_logprobs = grouped
@@ -159,9 +160,9 @@ def run_arm(config: str, arm: str, steps: int, overrides: dict, console) -> dict
         trainer.collect = collect
 
         def teacher_score(real):
-            def score(model, trajs, *a, **k):
-                rows_scored.append(sum(len(t.turns) for t in trajs))
-                return real(model, trajs, *a, **k)
+            def score(model, batch, *a, **k):  # a TurnBatch (the trainer) or trajectories
+                rows_scored.append(len(batch) if hasattr(batch, "turns") else sum(len(t.turns) for t in batch))
+                return real(model, batch, *a, **k)
             return score
 
         trainer.teacher.score = teacher_score(trainer.teacher.score)
