@@ -43,19 +43,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_config(args.config, {**overrides, "tracking": False, "output_dir": tmp})
         ensure_warm_start(cfg)  # builds (and times) the warm start, or loads the cached one
-        trainer = build_runtime(cfg, train=False)
+        runtime = build_runtime(cfg, train=False)
         build_s = time.perf_counter() - t0
-        tok = trainer.tokenizer
+        tok = runtime.tokenizer
         eos = tok.convert_tokens_to_ids("<|im_end|>")
         turns = expert_turns(cfg, args.probe_episodes, seed=cfg.seed + 777)
         prompts, tries = [], []
         for x in turns:
             limit = cfg.teacher_max_prompt_tokens if x["privileged"] else cfg.rollout.max_prompt_tokens
-            ids, _ = fit_prompt_ids(tok, trainer.builder, x["view"], limit, skills=x["skills"] if x["privileged"] else None,
-                                    placement=trainer.rollout_cfg.privileged_placement)
+            ids, _ = fit_prompt_ids(tok, runtime.builder, x["view"], limit, skills=x["skills"] if x["privileged"] else None,
+                                    placement=runtime.rollout_cfg.privileged_placement)
             prompts.append(ids)
             tries.append(action_trie(tok, cfg.env.family, x["view"].admissible_actions, eos) if cfg.rollout.constrained else None)
-        gens = trainer.backend.generate(prompts, max_new_tokens=cfg.rollout.max_response_tokens, temperature=0.0,
+        gens = runtime.backend.generate(prompts, max_new_tokens=cfg.rollout.max_response_tokens, temperature=0.0,
                                         tries=tries if cfg.rollout.constrained else None)
         acc: dict[str, list[bool]] = collections.defaultdict(list)
         for g, x in zip(gens, turns):
@@ -71,10 +71,10 @@ def main() -> None:
             ok = g.text == f"<action>{a}</action>"
             acc[f"{who}/{kind}"].append(ok)
             acc[who].append(ok)
-        student = trainer.evaluate()
-        teacher = trainer.evaluate(privileged=True)
-        gap = trainer.teacher_gap(student.trajectories)
-    n = len(trainer.eval_tasks)
+        student = runtime.evaluate()
+        teacher = runtime.evaluate(privileged=True)
+        gap = runtime.teacher_gap(student.trajectories)
+    n = len(runtime.eval_tasks)
     out = {
         "build_s": round(build_s, 1),
         "greedy_accuracy": {k: [round(sum(v) / len(v), 3), len(v)] for k, v in sorted(acc.items())},
@@ -83,7 +83,7 @@ def main() -> None:
         "teacher_minus_student": teacher.success - student.success, "gap": gap, "eval_tasks": n,
         "student_per_type": {k: round(v["success"], 3) for k, v in student.per_type.items()},
         "teacher_per_type": {k: round(v["success"], 3) for k, v in teacher.per_type.items()},
-        "device": str(trainer.device), "overrides": overrides, "total_s": round(time.perf_counter() - t0, 1),
+        "device": str(runtime.device), "overrides": overrides, "total_s": round(time.perf_counter() - t0, 1),
     }
     print(json.dumps(out, indent=1))
     print(f"student {student.success:.3f}  teacher {teacher.success:.3f}  (+{100 * (teacher.success - student.success):.1f} points)"

@@ -117,7 +117,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     ensure_warm_start(cfg, console)
     # evaluation only: the train split is never read (a data tree may hold just the eval split)
-    rt = build_runtime(cfg, console=console, train=False)
+    rt = build_runtime(cfg, train=False)
     types = Counter(task_type_of(cfg.env.family, t) or "?" for t in rt.eval_tasks)
     where = "the given task list" if cfg.eval_task_ids else f"split {cfg.env.eval_split!r} ({cfg.eval_task_order})"
     backend = cfg.env.kwargs.get("backend") if cfg.env.family == "household" else None

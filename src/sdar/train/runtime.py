@@ -139,7 +139,7 @@ class Runtime:
         return step
 
 
-def build_runtime(cfg: TrainConfig, *, policy=None, env_factory: Callable[[], Any] | None = None, console=None,
+def build_runtime(cfg: TrainConfig, *, policy=None, env_factory: Callable[[], Any] | None = None,
                   train: bool = True, device: torch.device | None = None) -> Runtime:
     """The runtime of `cfg`. policy: an `sdar.models.Policy` (default: loaded from cfg.model; the tiny model's
     warm start must exist, see `sdar.train.warmstart.ensure_warm_start`). train=False: evaluation only, the

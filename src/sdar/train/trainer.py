@@ -67,7 +67,7 @@ class Trainer:
         self.dist = distributed.init_from_env()  # rank 0 of 1 unless started by torchrun
         self.out = cfg.resolved_output_dir()
         self.out.mkdir(parents=True, exist_ok=True)
-        rt = runtime or build_runtime(cfg, policy=policy, env_factory=env_factory, console=self.console, train=train,
+        rt = runtime or build_runtime(cfg, policy=policy, env_factory=env_factory, train=train,
                                       device=self.dist.device if self.dist.enabled else None)
         self.runtime = rt
         # the runtime's parts under the names the loop below reads
