@@ -13,12 +13,15 @@ import typing
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from sdar.algos.arm_config import ARMS, OVERRIDABLE, ArmConfig, get_arm
 from sdar.replay.config import ReplayConfig
+
+if TYPE_CHECKING:  # annotations only: loading a config never imports torch
+    import torch
 
 
 # choices checked at load (TrainConfig.validate); the code that uses them imports them from here, so
@@ -347,7 +350,7 @@ class TrainConfig:
     def resolved_output_dir(self) -> Path:
         return Path(self.output_dir.format(experiment=self.experiment, arm=self.arm, seed=self.seed))
 
-    def resolved_device(self) -> "torch.device":
+    def resolved_device(self) -> torch.device:
         """`device` as a torch.device; `auto` picks CUDA when available."""
         import torch
 

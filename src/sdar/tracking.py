@@ -553,7 +553,7 @@ def close_crashed_runs(experiment: str, tags: Mapping[str, str], *, tracking_uri
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         return []
-    query = " and ".join([f"attributes.status = 'RUNNING'"] + [f"tags.`{k}` = '{v}'" for k, v in tags.items()])
+    query = " and ".join(["attributes.status = 'RUNNING'"] + [f"tags.`{k}` = '{v}'" for k, v in tags.items()])
     runs = client.search_runs([exp.experiment_id], filter_string=query)
     for run in runs:
         client.set_terminated(run.info.run_id, status=status)
