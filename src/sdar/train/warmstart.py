@@ -196,8 +196,12 @@ def sft(model, examples: list[tuple[list[int], list[int], list | None]], *, pad_
             batches = [order[k : k + batch_size] for k in range(0, len(order), batch_size)]
             for b in torch.randperm(len(batches), generator=g).tolist():
                 rows = [examples[i] for i in batches[b]]
+                # one padded forward per batch: the batches are length-sorted already (3% padding), and regrouping
+                # changes float summation order, which over ~600 updates moved a demo-size warm start from 17.5% to
+                # 4.2% of 120 held-out tasks; this keeps the warm start every README figure was measured with
                 scored = response_logprobs(model, [p for p, _, _ in rows], [r for _, r, _ in rows], pad_id=pad_id,
-                                           grad=True, allowed=[a for _, _, a in rows], prompt_lm=prompt_lm > 0)
+                                           grad=True, allowed=[a for _, _, a in rows], prompt_lm=prompt_lm > 0,
+                                           length_buckets=False)
                 loss = -(scored.logp * scored.mask).sum() / scored.mask.sum().clamp(min=1.0)
                 if prompt_lm > 0 and scored.prompt_tokens:
                     # language modelling on the prompts (observations, memory, lists) from the
