@@ -171,16 +171,20 @@ def length_groups(lengths: list[int], max_rows: int, slack: float = 0.2) -> list
 
 
 def _regrouped(groups: list[list[int]], n: int, score) -> ScoredBatch:
-    """`score(rows)` for every group, put back in row order (differentiable: index_select and cat)."""
-    parts = [score(rows) for rows in groups]
+    """`score(rows)` for every group, put back in row order."""
+    return _in_row_order(groups, [score(rows) for rows in groups], n)
+
+
+def _in_row_order(groups: list[list[int]], parts: list[ScoredBatch], n: int) -> ScoredBatch:
+    """Per-group results (`parts[k]` scores rows `groups[k]`) as one batch of the `n` rows in their order: each
+    part padded to the longest response, concatenated and permuted back (differentiable: pad, cat, index)."""
     T = max(p.logp.shape[1] for p in parts)
 
     def cat(xs):
         return torch.cat([torch.nn.functional.pad(x, (0, T - x.shape[1])) for x in xs])
 
-    order = [i for rows in groups for i in rows]
     inv = torch.empty(n, dtype=torch.long)
-    inv[torch.tensor(order)] = torch.arange(n)
+    inv[torch.tensor([i for rows in groups for i in rows])] = torch.arange(n)
     inv = inv.to(parts[0].logp.device)
     ent = None if parts[0].entropy is None else cat([p.entropy for p in parts])[inv]
     prompt_sum = None
@@ -272,15 +276,10 @@ def shared_prefix_logprobs(model, prefix: list[int], prompts: list[list[int]], r
                 idx[j, :r] = torch.arange(p0, p0 + r)
                 m[j, :r] = 1
             idx, m = idx.to(device), m.to(device)
-            parts.append((lp.gather(1, idx) * m, ent.gather(1, idx) * m if with_entropy else None, m))
+            parts.append(ScoredBatch(logp=lp.gather(1, idx) * m, mask=m,
+                                     entropy=ent.gather(1, idx) * m if with_entropy else None))
             del out, logits, cache
-    order = [i for rows in groups for i in rows]
-    inv = torch.empty(n, dtype=torch.long)
-    inv[torch.tensor(order)] = torch.arange(n)
-    inv = inv.to(device)
-    return ScoredBatch(logp=torch.cat([p[0] for p in parts])[inv],
-                       entropy=torch.cat([p[1] for p in parts])[inv] if with_entropy else None,
-                       mask=torch.cat([p[2] for p in parts])[inv])
+    return _in_row_order(groups, parts, n)
 
 
 def grouped_prefix_logprobs(model, prompts: list[list[int]], responses: list[list[int]], groups: list, *,
@@ -323,14 +322,4 @@ def grouped_prefix_logprobs(model, prompts: list[list[int]], responses: list[lis
     if not parts:
         z = torch.zeros(0, T, device=device)
         return ScoredBatch(logp=z, entropy=z if with_entropy else None, mask=z)
-
-    def cat(xs):  # every part padded to T, then put back in row order (differentiable)
-        return torch.cat([torch.nn.functional.pad(x, (0, T - x.shape[1])) for x in xs])
-
-    order = [i for rows, _ in parts for i in rows]
-    inv = torch.empty(n, dtype=torch.long)
-    inv[torch.tensor(order)] = torch.arange(n)
-    inv = inv.to(device)
-    return ScoredBatch(logp=cat([p.logp for _, p in parts])[inv],
-                       entropy=cat([p.entropy for _, p in parts])[inv] if with_entropy else None,
-                       mask=cat([p.mask for _, p in parts])[inv])
+    return _in_row_order([rows for rows, _ in parts], [p for _, p in parts], n)

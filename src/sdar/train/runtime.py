@@ -128,15 +128,20 @@ class Runtime:
         with tempfile.TemporaryDirectory() as tmp:
             store.get_dir(rel, tmp)
             weights = torch.load(Path(tmp) / WEIGHTS_FILE, weights_only=True)
-        named = dict(self.model.named_parameters())
-        unknown = [k for k in weights if k not in named]
-        if unknown:
-            raise ValueError(f"the checkpoint at {store.uri_for(rel)} does not match the model (unknown parameters "
-                             f"{unknown[:3]}): was it trained from another model or LoRA setting?")
-        with torch.no_grad():
-            for k, v in weights.items():
-                named[k].copy_(v)
+        load_trainable(self.model, weights, store.uri_for(rel))
         return step
+
+
+def load_trainable(model, weights: dict[str, torch.Tensor], where: str) -> None:
+    """Copy a checkpoint's trainable weights (name -> tensor) into `model`; a name the model lacks is an error."""
+    named = dict(model.named_parameters())
+    unknown = [k for k in weights if k not in named]
+    if unknown:
+        raise ValueError(f"the checkpoint at {where} does not match the model (unknown parameters {unknown[:3]}): "
+                         "was it trained from another model or LoRA setting?")
+    with torch.no_grad():
+        for k, v in weights.items():
+            named[k].copy_(v)
 
 
 def build_runtime(cfg: TrainConfig, *, policy=None, env_factory: Callable[[], Any] | None = None,

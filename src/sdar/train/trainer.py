@@ -33,6 +33,7 @@ from sdar.train.runtime import (  # noqa: F401 - make_env_factory, seed_everythi
     WEIGHTS_FILE,
     Runtime,
     build_runtime,
+    load_trainable,
     make_env_factory,
     masked_mean as _masked_mean,
     seed_everything,
@@ -592,13 +593,7 @@ class Trainer:
         if state.get("arm") != self.arm.name:
             raise ValueError(f"checkpoint at {store.uri_for(rel)} is of arm {state.get('arm')!r}, not "
                              f"{self.arm.name!r}; use another output_dir/checkpoint_uri")
-        named = dict(self.model.named_parameters())
-        missing = [k for k in weights if k not in named]
-        if missing:
-            raise ValueError(f"checkpoint does not match the model (unknown parameters {missing[:3]}...)")
-        with torch.no_grad():
-            for k, v in weights.items():
-                named[k].copy_(v)
+        load_trainable(self.model, weights, store.uri_for(rel))
         self.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])
