@@ -60,7 +60,8 @@ def main() -> None:
         acc: dict[str, list[bool]] = collections.defaultdict(list)
         for g, x in zip(gens, turns):
             a = x["action"]
-            kind = a.split()[0]
+            kind = re.match(r"\W*([a-z]+)", a.lower())  # the verb: go/take (household), search/click (shop)
+            kind = kind.group(1) if kind else "other"
             if kind == "go":
                 mem = x["view"].memory or ""
                 m = re.search(r"Search next: go to ([^.]+)\.", mem)
