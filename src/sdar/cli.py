@@ -15,6 +15,7 @@ _COMMAND_MODULES = (
     "sdar.replay.cli",
     "sdar.pipeline_cli",
     "sdar.sizing.cli",
+    "sdar.study.cli",
     "sdar.config_cli",
     "sdar.demo",
 )

@@ -1,0 +1,281 @@
+"""What a study's results show: success per family, arm and eval step with 95% intervals over seeds
+and tasks, paired differences between arms, curves per step, and the naive arm's gap drift.
+
+Intervals are bootstrap percentiles that resample seeds and, within the resampled seeds, tasks
+(the same task draw for every seed and both arms of a difference: the runs of one family play the
+same held-out tasks, and the arms of one seed share a warm start and an evaluation seed). With one
+seed the interval covers task sampling only, and the table says so through its seed count.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PAPER_NAIVE_GAP = (-0.13, -0.21)  # the paper's naive GRPO+OPSD teacher-student gap, early -> late (ALGORITHM.md)
+CURVES = (  # (history key, panel title): the per-step figures, one line per arm, a band over seeds
+    ("success", "rollout success (train tasks)"),
+    ("teacher/gap_free_tokens", "teacher - student log-prob gap (free tokens)"),
+    ("sdar/gate_mean", "gate mean (free tokens)"),
+    ("sdar/pos_gap_frac", "share of free tokens with gap > 0"),
+    ("loss/entropy", "policy entropy (free tokens)"),
+    ("invalid_action_rate", "invalid action rate (turns)"),
+)
+BOOTSTRAP = 2000
+
+
+@dataclass
+class Runs:
+    """A study's results as read from its directory: warm starts and runs, keyed (family, seed[, arm])."""
+
+    name: str
+    spec: dict[str, Any]
+    warm: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
+    runs: dict[tuple[str, int, str], dict[str, Any]] = field(default_factory=dict)
+
+    def families(self) -> list[str]:
+        return list(dict.fromkeys([f for f, _ in self.warm] + [f for f, _, _ in self.runs]))
+
+    def arms(self, family: str) -> list[str]:
+        return list(dict.fromkeys(a for f, _, a in self.runs if f == family))
+
+    def seeds(self, family: str, arm: str | None = None) -> list[int]:
+        return sorted({s for f, s, a in self.runs if f == family and (arm is None or a == arm)})
+
+
+def load_results(directory: str | Path) -> Runs:
+    """Every finished warm-start and run JSON under `directory` (<results>/<study>)."""
+    d = Path(directory)
+    spec_file = d / "spec.json"
+    if not spec_file.is_file():
+        raise FileNotFoundError(f"{d} holds no study results (no spec.json); run `sdar study run --spec ...` first")
+    out = Runs(name=d.name, spec=json.loads(spec_file.read_text()))
+    for f in sorted(d.glob("*/seed*/*.json")):
+        rec = json.loads(f.read_text())
+        if f.name == "warmstart.json":
+            out.warm[(rec["family"], int(rec["seed"]))] = rec
+        else:
+            out.runs[(rec["family"], int(rec["seed"]), rec["arm"])] = rec
+    return out
+
+
+def outcome_matrix(records: list[dict[str, Any]], tasks: list[str]) -> np.ndarray:
+    """[seeds, tasks] of 0/1 outcomes; `records` hold `tasks` mappings (task id -> 0/1)."""
+    return np.array([[rec["tasks"][t] for t in tasks] for rec in records], dtype=float)
+
+
+def common_tasks(records: list[dict[str, Any]]) -> list[str]:
+    """The task ids every record played, in the first record's order; an error if they differ."""
+    if not records:
+        return []
+    first = list(records[0]["tasks"])
+    for rec in records[1:]:
+        if set(rec["tasks"]) != set(first):
+            raise ValueError("evaluations of one family played different held-out tasks; a study's runs must share "
+                             "eval_tasks and env.eval_split (run them again with one config per family)")
+    return first
+
+
+def bootstrap_mean(m: np.ndarray, n: int = BOOTSTRAP, seed: int = 0) -> tuple[float, float, float]:
+    """Mean of the [seeds, tasks] matrix `m` and its 95% percentile interval, resampling seeds and tasks."""
+    if m.size == 0:
+        return (math.nan, math.nan, math.nan)
+    rng = np.random.default_rng(seed)
+    s, t = m.shape
+    rows = rng.integers(0, s, size=(n, s))
+    cols = rng.integers(0, t, size=(n, t))
+    # mean over the resampled rows and columns: (1/st) * sum_i sum_j m[rows_i, cols_j]
+    stats = np.array([m[np.ix_(r, c)].mean() for r, c in zip(rows, cols)])
+    lo, hi = np.percentile(stats, [2.5, 97.5])
+    return float(m.mean()), float(lo), float(hi)
+
+
+def paired_difference(a: np.ndarray, b: np.ndarray, n: int = BOOTSTRAP, seed: int = 0) -> tuple[float, float, float]:
+    """Mean of a - b ([seeds, tasks], paired by seed and task) with its bootstrap 95% interval."""
+    if a.shape != b.shape:
+        raise ValueError(f"paired outcomes must have one shape, got {a.shape} and {b.shape}")
+    return bootstrap_mean(a - b, n, seed)
+
+
+def _fmt(x: float, digits: int = 3) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def _ci(mean: float, lo: float, hi: float, sign: bool = False) -> str:
+    f = "+.3f" if sign else ".3f"
+    return "-" if math.isnan(mean) else f"{mean:{f}} [{lo:{f}}, {hi:{f}}]"
+
+
+def success_rows(r: Runs, family: str) -> list[dict[str, Any]]:
+    """One row per (arm, eval step) and the warm start's student and teacher at step 0."""
+    rows = []
+    seeds = sorted({s for f, s in r.warm if f == family})
+    for who in ("student", "teacher"):
+        recs = [r.warm[(family, s)][who] for s in seeds]
+        if recs:
+            tasks = common_tasks(recs)
+            rows.append({"arm": f"warm start ({who})", "step": 0, "seeds": len(recs), "tasks": len(tasks),
+                         "ci": bootstrap_mean(outcome_matrix(recs, tasks)),
+                         "per_seed": [rec["success"] for rec in recs]})
+    steps = sorted({int(k) for (f, _, _), rec in r.runs.items() if f == family for k in rec["evals"]})
+    for arm in r.arms(family):
+        for step in steps:
+            recs = [r.runs[(family, s, arm)]["evals"][str(step)] for s in r.seeds(family, arm)
+                    if str(step) in r.runs[(family, s, arm)]["evals"]]
+            if not recs:
+                continue
+            tasks = common_tasks(recs)
+            rows.append({"arm": arm, "step": step, "seeds": len(recs), "tasks": len(tasks),
+                         "ci": bootstrap_mean(outcome_matrix(recs, tasks)),
+                         "per_seed": [rec["success"] for rec in recs]})
+    return rows
+
+
+def difference_rows(r: Runs, family: str, pairs: tuple[tuple[str, str], ...] = (
+        ("sdar", "grpo"), ("sdar", "grpo_opsd"), ("grpo_opsd", "grpo"))) -> list[dict[str, Any]]:
+    """Paired differences a - b at every eval step both arms reached, over the seeds both ran."""
+    rows = []
+    for a, b in list(pairs) + [(arm, "grpo") for arm in r.arms(family)
+                                if arm not in ("grpo", "sdar", "grpo_opsd")]:
+        seeds = sorted(set(r.seeds(family, a)) & set(r.seeds(family, b)))
+        if not seeds:
+            continue
+        steps = sorted(set.intersection(*[{int(k) for k in r.runs[(family, s, arm)]["evals"]}
+                                          for s in seeds for arm in (a, b)]))
+        for step in steps:
+            ra = [r.runs[(family, s, a)]["evals"][str(step)] for s in seeds]
+            rb = [r.runs[(family, s, b)]["evals"][str(step)] for s in seeds]
+            tasks = common_tasks(ra + rb)
+            rows.append({"a": a, "b": b, "step": step, "seeds": len(seeds), "tasks": len(tasks),
+                         "ci": paired_difference(outcome_matrix(ra, tasks), outcome_matrix(rb, tasks))})
+    return rows
+
+
+def gap_drift(r: Runs, family: str, arm: str = "grpo_opsd", window: int = 5) -> dict[str, Any] | None:
+    """Mean free-token gap of the first and last `window` steps of `arm` (over seeds), with the paper's figure."""
+    hists = [r.runs[(family, s, arm)].get("history", []) for s in r.seeds(family, arm)]
+    hists = [[h["teacher/gap_free_tokens"] for h in hist if "teacher/gap_free_tokens" in h] for hist in hists]
+    hists = [h for h in hists if len(h) >= window]
+    if not hists:
+        return None
+    first = float(np.mean([np.mean(h[:window]) for h in hists]))
+    last = float(np.mean([np.mean(h[-window:]) for h in hists]))
+    return {"arm": arm, "seeds": len(hists), "first": first, "last": last, "paper": PAPER_NAIVE_GAP}
+
+
+def wall_times(r: Runs, family: str) -> dict[str, Any]:
+    """Compute spent: wall seconds per run (mean, total) and the warm starts' evaluation."""
+    runs = [rec.get("wall_s", {}).get("total") for (f, _, _), rec in r.runs.items() if f == family]
+    runs = [x for x in runs if x is not None]
+    warm = [rec.get("wall_s", {}) for (f, _), rec in r.warm.items() if f == family]
+    return {"runs": len(runs), "mean_run_s": float(np.mean(runs)) if runs else math.nan,
+            "total_run_s": float(np.sum(runs)) if runs else 0.0,
+            "warm_eval_s": float(np.sum([w.get("eval", 0.0) for w in warm])),
+            "warm_build_s": float(np.sum([w.get("warm_start_build_or_load", 0.0) for w in warm]))}
+
+
+def plot_curves(r: Runs, family: str, path: str | Path) -> Path | None:
+    """One PNG per family: the CURVES panels, a line per arm (mean over seeds) with a min-max band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = r.arms(family)
+    if not arms:
+        return None
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    for ax, (key, title) in zip(axes.flat, CURVES):
+        for arm in arms:
+            series = defaultdict(list)
+            for s in r.seeds(family, arm):
+                for h in r.runs[(family, s, arm)].get("history", []):
+                    if key in h and h[key] is not None and not math.isnan(h[key]):
+                        series[h["step"] + 1].append(h[key])
+            if not series:
+                continue
+            x = sorted(series)
+            mean = [np.mean(series[i]) for i in x]
+            ax.plot(x, mean, label=f"{arm} ({len(r.seeds(family, arm))} seeds)")
+            ax.fill_between(x, [min(series[i]) for i in x], [max(series[i]) for i in x], alpha=0.2)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    axes.flat[0].legend(fontsize=8)
+    fig.suptitle(f"{r.name}: {family} (mean over seeds, band = min..max)")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def report_markdown(r: Runs, figures: dict[str, str] | None = None) -> str:
+    """The study's tables as markdown (what `sdar study report` writes into docs/results.md)."""
+    lines = [f"Study `{r.name}`: {r.spec.get('steps')} RL steps per run, evaluated at steps "
+             f"{', '.join(map(str, r.spec.get('eval_steps', [])))}. Intervals: bootstrap 95% over seeds and tasks "
+             f"({BOOTSTRAP} resamples); differences paired by seed and task.", ""]
+    for family in r.families():
+        lines += [f"### {family}", "", "| arm | step | seeds | tasks | success [95% CI] | per seed |",
+                  "|---|---:|---:|---:|---|---|"]
+        for row in success_rows(r, family):
+            lines.append(f"| {row['arm']} | {row['step']} | {row['seeds']} | {row['tasks']} | {_ci(*row['ci'])} | "
+                         + ", ".join(_fmt(x) for x in row["per_seed"]) + " |")
+        diffs = difference_rows(r, family)
+        if diffs:
+            lines += ["", "| difference | step | seeds | tasks | mean [95% CI] |", "|---|---:|---:|---:|---|"]
+            for d in diffs:
+                lines.append(f"| {d['a']} - {d['b']} | {d['step']} | {d['seeds']} | {d['tasks']} | "
+                             f"{_ci(*d['ci'], sign=True)} |")
+        drift = gap_drift(r, family)
+        if drift:
+            lines += ["", f"Naive arm's free-token gap, first 5 -> last 5 steps ({drift['seeds']} seeds): "
+                          f"{drift['first']:+.3f} -> {drift['last']:+.3f} (paper: {drift['paper'][0]:+.2f} -> "
+                          f"{drift['paper'][1]:+.2f})."]
+        w = wall_times(r, family)
+        lines += ["", f"Compute: {w['runs']} runs, {_fmt(w['mean_run_s'] / 60, 1)} min per run on average "
+                      f"(train + evaluations), {_fmt(w['total_run_s'] / 3600, 2)} h in all; warm-start evaluations "
+                      f"{_fmt(w['warm_eval_s'] / 60, 1)} min."]
+        if figures and family in figures:
+            lines += ["", f"![{family} curves]({figures[family]})"]
+        lines.append("")
+    return "\n".join(lines)
+
+
+BEGIN, END = "<!-- study:{name}:begin -->", "<!-- study:{name}:end -->"
+
+
+def write_report(results_dir: str | Path, doc: str | Path, figure_dir: str | Path | None = None) -> str:
+    """Regenerate the study's block in `doc` (between its markers, the rest kept) and its figures."""
+    r = load_results(results_dir)
+    doc = Path(doc)
+    figure_dir = Path(figure_dir or Path(results_dir) / "figures")
+    figures = {}
+    for family in r.families():
+        png = plot_curves(r, family, figure_dir / f"{family}.png")
+        if png is not None:
+            figures[family] = _relative(png, doc.parent)
+    block = report_markdown(r, figures)
+    begin, end = BEGIN.format(name=r.name), END.format(name=r.name)
+    text = doc.read_text() if doc.is_file() else f"# Results\n\n{begin}\n{end}\n"
+    if begin not in text or end not in text:
+        text = text.rstrip("\n") + f"\n\n{begin}\n{end}\n"
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    text = f"{head}{begin}\n{block}\n{end}{tail}"
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    doc.write_text(text)
+    return block
+
+
+def _relative(path: str | Path, start: str | Path) -> str:
+    import os
+
+    return os.path.relpath(Path(path).resolve(), Path(start).resolve())

@@ -1,0 +1,113 @@
+"""`sdar study run|status|report`: the evidence study as one resumable command (see sdar.study.runner)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+DEFAULT_RESULTS = "docs/results"
+DEFAULT_DOC = "docs/results.md"
+
+
+def _default_work() -> str:
+    from sdar.models.cache import cache_root
+
+    return str(cache_root() / "study")
+
+
+def _only(spec: str | None):
+    """`family=household,arm=sdar,seed=0` -> a cell filter (each key optional, values split by '+')."""
+    if not spec:
+        return None
+    want: dict[str, set[str]] = {}
+    for part in spec.split(","):
+        key, _, value = part.partition("=")
+        if key not in ("family", "arm", "seed") or not value:
+            raise SystemExit(f"--only {spec!r}: give key=value pairs with keys family, arm, seed "
+                             "(e.g. family=household,seed=0+1)")
+        want[key] = set(value.split("+"))
+    return lambda c: all(str(getattr(c, k)) in v for k, v in want.items())
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from sdar.study.analysis import write_report
+    from sdar.study.runner import StaleResult, StudyRunner
+    from sdar.study.spec import load_spec
+
+    console = Console(stderr=True)
+    spec = load_spec(args.spec)
+    runner = StudyRunner(spec, args.results, args.work or _default_work(), console=console, commit=args.commit,
+                         redo_stale=args.redo_stale)
+    try:
+        trained = runner.run(only=_only(args.only), max_runs=args.max_runs)
+    except StaleResult as exc:
+        console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
+        return 2
+    console.print(f"{len(trained)} run(s) trained now; results in {runner.results}")
+    if args.report:
+        write_report(runner.results, args.report)
+        console.print(f"report written to {args.report}")
+        runner._commit([Path(args.report), runner.results / "figures"], f"study {spec.name}: report")
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from sdar.study.runner import StudyRunner
+    from sdar.study.spec import load_spec
+
+    runner = StudyRunner(load_spec(args.spec), args.results, args.work or _default_work())
+    rows = runner.status()
+    table = Table(title=f"study {runner.spec.name}: {sum(r['state'] == 'done' for r in rows)}/{len(rows)} runs done")
+    for col in ("run", "state", "evaluated at", "wall min"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["cell"], r["state"], ",".join(map(str, r["evaluated"])) or "-",
+                      f"{r['wall_s'] / 60:.1f}" if r["wall_s"] else "-")
+    Console().print(table)
+    if args.json:
+        print(json.dumps(rows))
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from sdar.study.analysis import write_report
+
+    results = Path(args.results) / args.study if args.study else Path(args.results)
+    block = write_report(results, args.doc)
+    print(block)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("study", help="arms x seeds x families as one resumable job, and its analysis")
+    s = p.add_subparsers(dest="study_command", metavar="STUDY_COMMAND")
+    r = s.add_parser("run", help="train and evaluate every pending run of a study spec (finished runs are skipped)")
+    r.add_argument("--spec", required=True, help="study spec YAML, e.g. configs/study/evidence.yaml")
+    r.add_argument("--results", default=DEFAULT_RESULTS, help="results root (JSON per run, meant to be committed)")
+    r.add_argument("--work", default=None, help="checkpoints and MLflow store (default: <sdar cache>/study)")
+    r.add_argument("--only", help="run a subset: family=household,arm=sdar+grpo,seed=0")
+    r.add_argument("--max-runs", type=int, help="stop after training this many runs")
+    r.add_argument("--commit", action="store_true", help="git-commit each result file as it is written")
+    r.add_argument("--redo-stale", action="store_true",
+                   help="re-run results made under another config instead of stopping with an error")
+    r.add_argument("--report", nargs="?", const=DEFAULT_DOC, default=None,
+                   help=f"regenerate the study's block of this markdown file at the end (default {DEFAULT_DOC})")
+    r.set_defaults(func=_cmd_run)
+    st = s.add_parser("status", help="which runs of a study are done, partial or pending")
+    st.add_argument("--spec", required=True)
+    st.add_argument("--results", default=DEFAULT_RESULTS)
+    st.add_argument("--work", default=None)
+    st.add_argument("--json", action="store_true", help="also print the rows as JSON")
+    st.set_defaults(func=_cmd_status)
+    rep = s.add_parser("report", help="tables (bootstrap CIs, paired differences) and curves from a study's results")
+    rep.add_argument("--results", default=DEFAULT_RESULTS, help="results root, or a study's directory")
+    rep.add_argument("--study", help="the study's name (its directory under --results)")
+    rep.add_argument("--doc", default=DEFAULT_DOC, help="markdown file whose study block is regenerated")
+    rep.set_defaults(func=_cmd_report)
+    p.set_defaults(func=lambda args: p.print_help() or 0)

@@ -1,0 +1,296 @@
+"""Run a study's cells, resumably: a finished cell is skipped, an interrupted one resumes.
+
+Layout (results are small JSON, meant to be committed; the work directory holds checkpoints and MLflow):
+
+    <results>/<study>/spec.json                      the spec this directory's results came from
+    <results>/<study>/<family>/seed<s>/warmstart.json the warm start at step 0: student and teacher, per task
+    <results>/<study>/<family>/seed<s>/<arm>.json     one run: evaluations at eval_steps (per task), history
+    <work>/<study>/<family>/seed<s>/<arm>/            the run's output directory (checkpoints, final policy)
+    <work>/<study>/mlflow.db                          MLflow: experiment study-<name>, a parent run per study,
+                                                      a child run per cell (unless MLFLOW_TRACKING_URI is set)
+
+A cell is trained in segments, one per eval step: the trainer runs to the segment's end (resuming
+from its newest checkpoint: a killed run loses at most `checkpoint_every` steps), the policy is
+evaluated on the family's held-out tasks with per-task outcomes kept (the paired analysis needs
+them), the partial record is saved, then the next segment resumes from the checkpoint. Every run of a
+family plays the same held-out tasks (`sdar.eval.tasks`), with the same evaluation sampling seed per
+seed, so differences between arms are paired by seed and task.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+from sdar.study.spec import Cell, StudySpec
+
+# the per-step metrics a result keeps (the analysis's curves); the full history stays in MLflow
+HISTORY_KEYS = (
+    "step", "success", "reward", "invalid_action_rate", "loss/entropy", "loss/kl", "sdar/gap_mean",
+    "teacher/gap_free_tokens", "teacher/gap_all_tokens", "sdar/gate_mean", "sdar/pos_gap_frac",
+    "tokens/forced_frac", "hint/error_site_rate", "time/step_s",
+)
+RESULT_VERSION = 1
+# settings that do not change what a run computes: a result made under other values is still valid
+_NOT_IDENTITY = ("steps", "output_dir", "experiment", "parent_run_id", "tracking", "checkpoint_uri", "eval_every",
+                 "checkpoint_every", "console")
+
+
+class StaleResult(RuntimeError):
+    """A committed result was made under another config than the spec now gives."""
+
+
+def cell_config(spec: StudySpec, cell: Cell, work: Path, steps: int | None = None, parent_run_id: str | None = None):
+    """The TrainConfig of `cell`: the family's config, the study's overrides, the cell's arm and seed."""
+    from sdar.config import load_config
+
+    overrides = {**spec.overrides_for(cell.family), "arm": cell.arm, "seed": cell.seed,
+                 "steps": steps or spec.steps, "eval_every": 0, "experiment": f"study-{spec.name}",
+                 "output_dir": str(work / cell.family / f"seed{cell.seed}" / cell.arm)}
+    if parent_run_id:
+        overrides["parent_run_id"] = parent_run_id
+    return load_config(spec.configs[cell.family], overrides)
+
+
+def config_fingerprint(cfg) -> str:
+    """A hash of everything in `cfg` that shapes a run's numbers (not where it writes or how long it runs)."""
+    d = {k: v for k, v in cfg.to_dict().items() if k not in _NOT_IDENTITY}
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def eval_record(result, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """An EvalResult as JSON, with the outcome of every task (1 = won) in the order played."""
+    return {**result.to_dict(), "tasks": {t.task_id: int(bool(t.won)) for t in result.trajectories}, **(extra or {})}
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
+class StudyRunner:
+    """Runs the cells of `spec` into `results` (JSON) using `work` (checkpoints, MLflow)."""
+
+    def __init__(self, spec: StudySpec, results: str | Path, work: str | Path, console=None,
+                 commit: bool = False, redo_stale: bool = False) -> None:
+        from rich.console import Console
+
+        self.spec = spec
+        self.results = Path(results) / spec.name
+        self.work = Path(work).expanduser().resolve() / spec.name
+        self.console = console or Console(stderr=True)
+        self.commit = commit
+        self.redo_stale = redo_stale
+        self.parent_run_id: str | None = None
+
+    # ---- paths ----------------------------------------------------------------------------
+    def result_path(self, cell: Cell) -> Path:
+        return self.results / cell.family / f"seed{cell.seed}" / f"{cell.arm}.json"
+
+    def warmstart_path(self, family: str, seed: int) -> Path:
+        return self.results / family / f"seed{seed}" / "warmstart.json"
+
+    def partial_path(self, cell: Cell) -> Path:
+        return self.work / cell.family / f"seed{cell.seed}" / f"{cell.arm}.partial.json"
+
+    # ---- state ----------------------------------------------------------------------------
+    def status(self) -> list[dict[str, Any]]:
+        """Each cell: done / partial (evaluated steps so far) / pending, with its wall time when done."""
+        out = []
+        for cell in self.spec.cells():
+            done = _read_json(self.result_path(cell))
+            part = _read_json(self.partial_path(cell))
+            state = "done" if done and self._complete(done) else "partial" if (done or part) else "pending"
+            rec = done or part or {}
+            out.append({"cell": cell.name, "state": state, "evaluated": sorted(int(s) for s in rec.get("evals", {})),
+                        "wall_s": rec.get("wall_s", {}).get("total")})
+        return out
+
+    def _complete(self, rec: dict[str, Any]) -> bool:
+        return all(str(s) in rec.get("evals", {}) for s in self.spec.eval_steps)
+
+    def _check_fresh(self, path: Path, rec: dict[str, Any], fingerprint: str) -> bool:
+        """True when `rec` was made under the current config; raises (or, with redo_stale, returns False) if not."""
+        if rec.get("fingerprint") == fingerprint and rec.get("version") == RESULT_VERSION:
+            return True
+        if self.redo_stale:
+            self.console.print(f"{path}: made under another config; running it again (--redo-stale)")
+            return False
+        raise StaleResult(
+            f"{path} was made under another config (fingerprint {rec.get('fingerprint')}, now {fingerprint}): the "
+            "family's config, the study's set/family_set or the code's result format changed since. Run with "
+            "--redo-stale to replace it, or give the study another name to keep both")
+
+    # ---- MLflow -----------------------------------------------------------------------------
+    def _open_parent(self) -> None:
+        from sdar.tracking import Tracker, default_tracking_uri, prepare_sqlite_store
+
+        if not os.environ.get("MLFLOW_TRACKING_URI"):
+            os.environ["MLFLOW_TRACKING_URI"] = prepare_sqlite_store(self.work / "mlflow.db")
+        state_path = self.work / "parent_run.json"
+        state = _read_json(state_path) or {}
+        uri = default_tracking_uri()
+        resume = state.get("run_id") if state.get("tracking_uri") == uri else None
+        tracker = Tracker(f"study-{self.spec.name}", run_name=f"study-{self.spec.name}", resume_run_id=resume,
+                          tags={"sdar.kind": "study", "sdar.study": self.spec.name}).start()
+        if resume is None and tracker.enabled:
+            tracker.log_params({"spec": self.spec.path, "steps": self.spec.steps,
+                                "eval_steps": ",".join(map(str, self.spec.eval_steps)),
+                                "cells": len(self.spec.cells())})
+        self.parent_run_id = tracker.run_id
+        self._parent = tracker
+        if tracker.run_id:
+            _write_json(state_path, {"run_id": tracker.run_id, "tracking_uri": uri})
+
+    def _close_parent(self, status: str) -> None:
+        parent = getattr(self, "_parent", None)
+        if parent is not None:
+            parent.end(status)
+
+    # ---- the study --------------------------------------------------------------------------
+    def run(self, only: Callable[[Cell], bool] | None = None, max_runs: int | None = None) -> list[Cell]:
+        """Run every pending cell (those `only` accepts), at most `max_runs`; returns the cells trained now."""
+        self.work.mkdir(parents=True, exist_ok=True)
+        _write_json(self.results / "spec.json", {"study": self.spec.name, "spec_path": self.spec.path,
+                                                 "steps": self.spec.steps, "eval_steps": self.spec.eval_steps,
+                                                 "configs": self.spec.configs, "matrices": self.spec.matrices,
+                                                 "set": self.spec.overrides, "family_set": self.spec.family_overrides})
+        cells = [c for c in self.spec.cells() if only is None or only(c)]
+        self._open_parent()
+        trained: list[Cell] = []
+        status = "FAILED"
+        try:
+            for cell in cells:
+                if max_runs is not None and len(trained) >= max_runs:
+                    break
+                self.ensure_warm_start_eval(cell.family, cell.seed)
+                if self.run_cell(cell):
+                    trained.append(cell)
+            status = "FINISHED"
+        finally:
+            self._close_parent(status)
+        return trained
+
+    def ensure_warm_start_eval(self, family: str, seed: int) -> dict[str, Any]:
+        """The step-0 point of a (family, seed): the warm start's student and teacher on the held-out tasks."""
+        from sdar.train.runtime import build_runtime
+        from sdar.train.warmstart import ensure_warm_start
+
+        path = self.warmstart_path(family, seed)
+        cfg = cell_config(self.spec, Cell(family, "grpo", seed), self.work)
+        fingerprint = config_fingerprint(replace(cfg, arm="grpo"))
+        rec = _read_json(path)
+        if rec is not None and self._check_fresh(path, rec, fingerprint):
+            return rec
+        t0 = time.perf_counter()
+        ensure_warm_start(cfg, self.console)
+        t_build = time.perf_counter() - t0
+        rt = build_runtime(cfg, train=False)
+        self.console.print(f"[{family} seed {seed}] evaluating the warm start on {len(rt.eval_tasks)} held-out tasks")
+        t1 = time.perf_counter()
+        student = rt.evaluate()
+        teacher = rt.evaluate(privileged=True)
+        gap = rt.teacher_gap(student.trajectories)
+        rec = {"version": RESULT_VERSION, "study": self.spec.name, "family": family, "seed": seed,
+               "fingerprint": fingerprint, "step": 0, "student": eval_record(student),
+               "teacher": eval_record(teacher), "teacher_gap_free_tokens": gap,
+               "wall_s": {"warm_start_build_or_load": round(t_build, 1), "eval": round(time.perf_counter() - t1, 1)},
+               "machine": machine()}
+        _write_json(path, rec)
+        self.console.print(f"[{family} seed {seed}] warm start: student {student.success:.3f}, teacher "
+                           f"{teacher.success:.3f} ({student.n} tasks)")
+        self._commit([path, self.results / "spec.json"], f"study {self.spec.name}: {family} seed {seed} warm start")
+        return rec
+
+    def run_cell(self, cell: Cell) -> bool:
+        """Train and evaluate one cell to the study's steps; False when it was already done."""
+        from sdar.train import Trainer
+        from sdar.train.warmstart import ensure_warm_start
+
+        path, partial = self.result_path(cell), self.partial_path(cell)
+        cfg = cell_config(self.spec, cell, self.work, parent_run_id=self.parent_run_id)
+        fingerprint = config_fingerprint(cfg)
+        rec = _read_json(path)
+        if rec is not None and self._check_fresh(path, rec, fingerprint) and self._complete(rec):
+            return False
+        part = _read_json(partial)
+        if part is not None and part.get("fingerprint") != fingerprint:
+            part = None  # another config's partial run: start over
+        rec = part or {"version": RESULT_VERSION, "study": self.spec.name, "family": cell.family, "arm": cell.arm,
+                       "seed": cell.seed, "fingerprint": fingerprint, "steps": self.spec.steps, "evals": {},
+                       "wall_s": {"train": 0.0, "eval": 0.0}, "machine": machine()}
+        ensure_warm_start(cfg, self.console)
+        history: list[dict[str, Any]] = []
+        for target in self.spec.eval_steps:
+            if str(target) in rec["evals"]:
+                continue
+            self.console.print(f"[{cell.name}] training to step {target}")
+            t0 = time.perf_counter()
+            trainer = Trainer(replace(cfg, steps=target), console=self.console)
+            summary = trainer.run()
+            rec["wall_s"]["train"] += time.perf_counter() - t0
+            rec["run_id"] = summary.get("run_id")
+            history = summary["history"]
+            t1 = time.perf_counter()
+            ev = trainer.evaluate()
+            rec["wall_s"]["eval"] += time.perf_counter() - t1
+            rec["evals"][str(target)] = eval_record(ev, {"step": target})
+            self._log_eval(rec.get("run_id"), ev, target)
+            _write_json(partial, rec)
+            self.console.print(f"[{cell.name}] step {target}: held-out success {ev.success:.3f} "
+                               f"[{ev.ci95[0]:.3f}, {ev.ci95[1]:.3f}] on {ev.n} tasks")
+            del trainer
+        if not history:  # every eval step was recorded by an earlier invocation: read the history back
+            hist_file = Path(cfg.resolved_output_dir()) / "history.json"
+            history = json.loads(hist_file.read_text()) if hist_file.is_file() else []
+        rec["history"] = [{k: h[k] for k in HISTORY_KEYS if k in h} for h in history]
+        rec["wall_s"] = {k: round(v, 1) for k, v in rec["wall_s"].items() if k != "total"}
+        rec["wall_s"]["total"] = round(rec["wall_s"]["train"] + rec["wall_s"]["eval"], 1)
+        _write_json(path, rec)
+        partial.unlink(missing_ok=True)
+        self._commit([path], f"study {self.spec.name}: {cell.name} ({self.spec.steps} steps)")
+        return True
+
+    def _log_eval(self, run_id: str | None, ev, step: int) -> None:
+        """The held-out evaluation into the cell's MLflow run (at the step it was taken)."""
+        if not run_id:
+            return
+        from sdar.tracking import Tracker
+
+        with Tracker(f"study-{self.spec.name}", resume_run_id=run_id) as t:
+            t.log_metrics(ev.metrics("study_eval"), step=step - 1)
+
+    def _commit(self, paths: list[Path], message: str) -> None:
+        """git-commit these result files alone (with --commit): results land as they arrive."""
+        if not self.commit:
+            return
+        files = [str(Path(p).resolve()) for p in paths if p.exists()]
+        git = ["git", "-C", str(self.results.resolve())]  # the repository that holds the results
+        for attempt in range(5):  # another git process (an editor, a helper) may hold the index lock
+            add = subprocess.run([*git, "add", "--", *files], capture_output=True, text=True)
+            done = add.returncode == 0 and subprocess.run(
+                [*git, "commit", "-q", "-m", message, "--", *files], capture_output=True, text=True).returncode in (0, 1)
+            if done:
+                return
+            time.sleep(2 + 3 * attempt)
+        self.console.print(f"[yellow]could not commit {files}: {add.stderr.strip()}[/yellow]")

@@ -1,0 +1,135 @@
+"""`sdar study`: the spec, the resumable runner (real trainer, tiny model) and the analysis."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from sdar.study import parse_spec
+from sdar.study.analysis import bootstrap_mean, load_results, paired_difference, success_rows, write_report
+from sdar.storage import checkpoint_path
+from sdar.study.runner import StaleResult, StudyRunner
+from sdar.tracking import find_runs
+
+from tests.train.conftest import SMALL
+
+SPEC = {"study": "t", "steps": 2, "eval_steps": [1, 2], "configs": {"household": "configs/household-tiny.yaml"},
+        "matrices": [{"families": ["household"], "arms": ["grpo", "sdar"], "seeds": [0]}],
+        "set": {**SMALL, "steps": None}}
+SPEC["set"].pop("steps")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"bogus": 1}, "unknown key"),
+    ({"eval_steps": [1, 3]}, "must lie in 1..2"),
+    ({"eval_steps": [1]}, "end at steps=2"),
+    ({"matrices": [{"families": ["shop"], "arms": ["grpo"], "seeds": [0]}]}, "no entry under configs"),
+    ({"matrices": [{"families": ["household"], "arms": ["gpro"], "seeds": [0]}]}, "unknown arms ['gpro']"),
+    ({"matrices": [{"families": ["household"], "arms": ["grpo"]}]}, "exactly the keys"),
+    ({"set": {"seed": 3}}, "'seed' is set by the study itself"),
+    ({"study": "a/b"}, "plain directory name"),
+])
+def test_spec_errors_name_the_problem(change, message):
+    with pytest.raises(ValueError, match=None) as exc:
+        parse_spec({**SPEC, **change})
+    assert message in str(exc.value)
+
+
+def test_cells_group_the_arms_of_one_warm_start():
+    spec = parse_spec({**SPEC, "configs": {"household": "x.yaml", "shop": "y.yaml"}, "matrices": [
+        {"families": ["shop", "household"], "arms": ["sdar", "grpo"], "seeds": [1, 0]},
+        {"families": ["household"], "arms": ["grpo", "composer"], "seeds": [0]}]})
+    names = [c.name for c in spec.cells()]
+    assert names == ["household/seed0/sdar", "household/seed0/grpo", "household/seed0/composer",
+                     "household/seed1/sdar", "household/seed1/grpo", "shop/seed0/sdar", "shop/seed0/grpo",
+                     "shop/seed1/sdar", "shop/seed1/grpo"]
+    assert spec.warm_starts() == [("household", 0), ("household", 1), ("shop", 0), ("shop", 1)]
+
+
+def test_bootstrap_collapses_on_a_constant_and_matches_the_normal_interval():
+    assert bootstrap_mean(np.full((3, 50), 0.25)) == (0.25, 0.25, 0.25)
+    rng = np.random.default_rng(1)
+    m = (rng.random((1, 400)) < 0.3).astype(float)  # one seed: the interval is over tasks only
+    mean, lo, hi = bootstrap_mean(m)
+    half = 1.96 * np.sqrt(mean * (1 - mean) / m.size)
+    assert mean == m.mean()
+    assert abs((hi - lo) / 2 - half) < 0.15 * half
+    # seeds that disagree widen the interval beyond the task-only one
+    m2 = np.vstack([m, np.clip(m + (rng.random((1, 400)) < 0.4), 0, 1)])
+    _, lo2, hi2 = bootstrap_mean(m2)
+    assert hi2 - lo2 > hi - lo
+
+
+def test_paired_difference_mean_interval_and_shapes():
+    a = np.zeros((2, 10))
+    a[:, :3] = 1.0
+    b = np.zeros((2, 10))
+    mean, lo, hi = paired_difference(a, b)
+    assert mean == pytest.approx(0.3) and 0.0 <= lo < 0.3 < hi <= 0.8
+    assert paired_difference(a, a) == (0.0, 0.0, 0.0)  # pairing removes the shared task difficulty
+    with pytest.raises(ValueError, match="one shape"):
+        paired_difference(a, b[:1])
+
+
+def test_study_runs_resumes_skips_and_reports(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    spec = parse_spec(SPEC, "test-spec")
+    results, work = tmp_path / "results", tmp_path / "work"
+    runner = StudyRunner(spec, results, work)
+    assert [c.name for c in runner.run()] == ["household/seed0/grpo", "household/seed0/sdar"]
+
+    warm = json.loads((results / "t/household/seed0/warmstart.json").read_text())
+    assert set(warm) >= {"student", "teacher", "teacher_gap_free_tokens", "fingerprint"}
+    assert len(warm["student"]["tasks"]) == SMALL["eval_tasks"]
+    sdar = json.loads((results / "t/household/seed0/sdar.json").read_text())
+    assert sorted(sdar["evals"]) == ["1", "2"] and [h["step"] for h in sdar["history"]] == [0, 1]
+    tasks = sdar["evals"]["2"]["tasks"]
+    assert list(tasks) == list(warm["student"]["tasks"])  # every run plays the same held-out tasks
+    assert sdar["evals"]["2"]["success"] == sum(tasks.values()) / len(tasks)
+    assert sdar["wall_s"]["total"] == pytest.approx(sdar["wall_s"]["train"] + sdar["wall_s"]["eval"], abs=0.11)
+
+    # MLflow: one experiment, a parent run for the study, a child run per cell with its held-out evaluations
+    runs = find_runs("study-t")
+    parent = [r for r in runs if r.tags.get("sdar.kind") == "study"]
+    assert len(parent) == 1
+    children = [r for r in runs if r.parent_run_id == parent[0].run_id]
+    assert sorted(r.run_name for r in children) == ["grpo-seed0", "sdar-seed0"]
+    assert all("study_eval/success" in r.metrics for r in children)
+
+    # a second invocation trains nothing
+    assert StudyRunner(spec, results, work).run() == []
+    assert [r["state"] for r in StudyRunner(spec, results, work).status()] == ["done", "done"]
+
+    # interrupted after its first segment: the result file gone, the partial record and checkpoint kept
+    partial = work / "t/household/seed0/sdar.partial.json"
+    rec = dict(sdar)
+    rec["evals"] = {"1": sdar["evals"]["1"]}
+    rec.pop("history")
+    partial.write_text(json.dumps(rec))
+    (results / "t/household/seed0/sdar.json").unlink()
+    ckpts = work / "t/household/seed0/sdar/checkpoints"
+    assert (ckpts / checkpoint_path(1)).is_dir() and (ckpts / checkpoint_path(2)).is_dir()
+    shutil.rmtree(ckpts / checkpoint_path(2))  # the kill came before step 2's checkpoint: resume from step 1
+    assert StudyRunner(spec, results, work).status()[1]["state"] == "partial"
+    assert [c.name for c in StudyRunner(spec, results, work).run()] == ["household/seed0/sdar"]
+    again = json.loads((results / "t/household/seed0/sdar.json").read_text())
+    assert again["evals"]["2"]["tasks"] == sdar["evals"]["2"]["tasks"]  # the resumed run lands where it did
+    assert [h["step"] for h in again["history"]] == [0, 1]
+    assert not partial.exists()
+
+    # another config under the same study name: refused, naming the fix
+    changed = parse_spec({**SPEC, "set": {**SPEC["set"], "lr": 5e-4}}, "test-spec")
+    with pytest.raises(StaleResult, match="--redo-stale"):
+        StudyRunner(changed, results, work).run()
+
+    doc = tmp_path / "results.md"
+    doc.write_text("# Results\n\nhand-written text\n")
+    block = write_report(results / "t", doc)
+    text = doc.read_text()
+    assert "hand-written text" in text and "| sdar | 2 | 1 |" in block and "| sdar - grpo | 2 | 1 |" in block
+    assert (results / "t/figures/household.png").is_file()
+    rows = success_rows(load_results(results / "t"), "household")
+    assert [r["arm"] for r in rows][:2] == ["warm start (student)", "warm start (teacher)"]
+    write_report(results / "t", doc)  # regenerating replaces the block, keeps the rest
+    assert doc.read_text().count("<!-- study:t:begin -->") == 1 and "hand-written text" in doc.read_text()
