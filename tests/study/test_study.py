@@ -6,12 +6,17 @@ import shutil
 import numpy as np
 import pytest
 
-from sdar.study import parse_spec
-from sdar.study.analysis import bootstrap_mean, load_results, paired_difference, success_rows, write_report
 from sdar.storage import checkpoint_path
+from sdar.study import parse_spec
+from sdar.study.analysis import (
+    bootstrap_mean,
+    load_results,
+    paired_difference,
+    success_rows,
+    write_report,
+)
 from sdar.study.runner import StaleResult, StudyRunner
 from sdar.tracking import find_runs
-
 from tests.train.conftest import SMALL
 
 SPEC = {"study": "t", "steps": 2, "eval_steps": [1, 2], "configs": {"household": "configs/household-tiny.yaml"},

@@ -219,9 +219,10 @@ def plot_curves(r: Runs, family: str, path: str | Path) -> Path | None:
 
 def report_markdown(r: Runs, figures: dict[str, str] | None = None) -> str:
     """The study's tables as markdown (what `sdar study report` writes into docs/results.md)."""
-    lines = [f"Study `{r.name}`: {r.spec.get('steps')} RL steps per run, evaluated at steps "
+    intro = (f"Study `{r.name}`: {r.spec.get('steps')} RL steps per run, evaluated at steps "
              f"{', '.join(map(str, r.spec.get('eval_steps', [])))}. Intervals: bootstrap 95% over seeds and tasks "
-             f"({BOOTSTRAP} resamples); differences paired by seed and task.", ""]
+             f"({BOOTSTRAP} resamples); differences paired by seed and task.")
+    lines = [intro, ""]
     for family in r.families():
         lines += [f"### {family}", "", "| arm | step | seeds | tasks | success [95% CI] | per seed |",
                   "|---|---:|---:|---:|---|---|"]
@@ -236,13 +237,15 @@ def report_markdown(r: Runs, figures: dict[str, str] | None = None) -> str:
                              f"{_ci(*d['ci'], sign=True)} |")
         drift = gap_drift(r, family)
         if drift:
-            lines += ["", f"Naive arm's free-token gap, first 5 -> last 5 steps ({drift['seeds']} seeds): "
-                          f"{drift['first']:+.3f} -> {drift['last']:+.3f} (paper: {drift['paper'][0]:+.2f} -> "
-                          f"{drift['paper'][1]:+.2f})."]
+            text = (f"Naive arm's free-token gap, first 5 -> last 5 steps ({drift['seeds']} seeds): "
+                    f"{drift['first']:+.3f} -> {drift['last']:+.3f} (paper: {drift['paper'][0]:+.2f} -> "
+                    f"{drift['paper'][1]:+.2f}).")
+            lines += ["", text]
         w = wall_times(r, family)
-        lines += ["", f"Compute: {w['runs']} runs, {_fmt(w['mean_run_s'] / 60, 1)} min per run on average "
-                      f"(train + evaluations), {_fmt(w['total_run_s'] / 3600, 2)} h in all; warm-start evaluations "
-                      f"{_fmt(w['warm_eval_s'] / 60, 1)} min."]
+        text = (f"Compute: {w['runs']} runs, {_fmt(w['mean_run_s'] / 60, 1)} min per run on average "
+                f"(train + evaluations), {_fmt(w['total_run_s'] / 3600, 2)} h in all; warm-start evaluations "
+                f"{_fmt(w['warm_eval_s'] / 60, 1)} min.")
+        lines += ["", text]
         if figures and family in figures:
             lines += ["", f"![{family} curves]({figures[family]})"]
         lines.append("")

@@ -25,9 +25,10 @@ import os
 import platform
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from sdar.study.spec import Cell, StudySpec
 
@@ -287,9 +288,9 @@ class StudyRunner:
         files = [str(Path(p).resolve()) for p in paths if p.exists()]
         git = ["git", "-C", str(self.results.resolve())]  # the repository that holds the results
         for attempt in range(5):  # another git process (an editor, a helper) may hold the index lock
-            add = subprocess.run([*git, "add", "--", *files], capture_output=True, text=True)
+            add = subprocess.run([*git, "add", "--", *files], capture_output=True, text=True, check=False)
             done = add.returncode == 0 and subprocess.run(
-                [*git, "commit", "-q", "-m", message, "--", *files], capture_output=True, text=True).returncode in (0, 1)
+                [*git, "commit", "-q", "-m", message, "--", *files], capture_output=True, text=True, check=False).returncode in (0, 1)
             if done:
                 return
             time.sleep(2 + 3 * attempt)
