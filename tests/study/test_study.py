@@ -138,3 +138,44 @@ def test_study_runs_resumes_skips_and_reports(tmp_path, monkeypatch):
     assert [r["arm"] for r in rows][:2] == ["warm start (student)", "warm start (teacher)"]
     write_report(results / "t", doc)  # regenerating replaces the block, keeps the rest
     assert doc.read_text().count("<!-- study:t:begin -->") == 1 and "hand-written text" in doc.read_text()
+
+
+def _traj(won, actions, refused=()):
+    from sdar.agent.rollout import Trajectory, Turn
+
+    turns = [Turn(view=None, prompt_ids=[], response_ids=[], response_text="", action=a, valid=True,
+                  env_valid=i not in refused, reward=0.0) for i, a in enumerate(actions)]
+    return Trajectory(task_id="t", task_type="x", group=0, skills="", turns=turns, won=won)
+
+
+def test_failure_modes_place_each_failed_episode_at_its_furthest_stage():
+    from sdar.study.runner import failure_modes
+
+    trajs = [_traj(True, ["take apple 1 from table 1", "move apple 1 to fridge 1"]),
+             _traj(False, ["go to table 1", "open drawer 1"], refused=(1,)),
+             _traj(False, ["go to table 1", "take apple 1 from table 1"]),
+             _traj(False, ["take mug 1 from shelf 1", "move mug 1 to table 1"]),
+             _traj(False, ["go to shelf 1", "go to desk 1"])]
+    f = failure_modes(trajs)
+    assert f == {"failed": 4, "never_took": 2, "took_never_placed": 1, "placed_not_won": 1,
+                 "refused_turn_share": 1 / 8}
+    assert failure_modes([])["failed"] == 0 and failure_modes([])["refused_turn_share"] == 0.0
+
+
+@pytest.mark.skipif(not __import__("os").environ.get("SDAR_ALFWORLD_DATA"), reason="needs SDAR_ALFWORLD_DATA")
+def test_transfer_plays_the_real_engine_and_lands_in_the_report(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    spec = parse_spec({**SPEC, "steps": 1, "eval_steps": [1],
+                       "matrices": [{"families": ["household"], "arms": ["grpo"], "seeds": [0]}]}, "test-spec")
+    results, work = tmp_path / "results", tmp_path / "work"
+    runner = StudyRunner(spec, results, work)
+    runner.run()
+    written = runner.transfer(games=3)
+    assert [p.name for p in written] == ["warmstart.transfer.json", "grpo.transfer.json"]
+    rec = json.loads(written[1].read_text())
+    assert rec["backend"] == "alfworld" and rec["split"] == "valid_seen" and rec["step"] == 1
+    assert len(rec["student"]["tasks"]) == 3 and len(rec["teacher"]["tasks"]) == 3
+    assert rec["student"]["failures"]["failed"] == 3 - sum(rec["student"]["tasks"].values())
+    assert runner.transfer(games=3) == []  # kept, not played again
+    block = write_report(results / "t", tmp_path / "results.md")
+    assert "On the real engine (alfworld valid_seen" in block and "| warm start | 1 | 3 |" in block

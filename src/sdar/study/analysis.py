@@ -38,6 +38,7 @@ class Runs:
     spec: dict[str, Any]
     warm: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
     runs: dict[tuple[str, int, str], dict[str, Any]] = field(default_factory=dict)
+    transfer: dict[tuple[str, int, str], dict[str, Any]] = field(default_factory=dict)  # (family, seed, who)
 
     def families(self) -> list[str]:
         return list(dict.fromkeys([f for f, _ in self.warm] + [f for f, _, _ in self.runs]))
@@ -58,7 +59,9 @@ def load_results(directory: str | Path) -> Runs:
     out = Runs(name=d.name, spec=json.loads(spec_file.read_text()))
     for f in sorted(d.glob("*/seed*/*.json")):
         rec = json.loads(f.read_text())
-        if f.name == "warmstart.json":
+        if f.name.endswith(".transfer.json"):
+            out.transfer[(rec["family"], int(rec["seed"]), rec["who"])] = rec
+        elif f.name == "warmstart.json":
             out.warm[(rec["family"], int(rec["seed"]))] = rec
         else:
             out.runs[(rec["family"], int(rec["seed"]), rec["arm"])] = rec
@@ -241,6 +244,7 @@ def report_markdown(r: Runs, figures: dict[str, str] | None = None) -> str:
                     f"{drift['first']:+.3f} -> {drift['last']:+.3f} (paper: {drift['paper'][0]:+.2f} -> "
                     f"{drift['paper'][1]:+.2f}).")
             lines += ["", text]
+        lines += transfer_lines(r, family)
         w = wall_times(r, family)
         text = (f"Compute: {w['runs']} runs, {_fmt(w['mean_run_s'] / 60, 1)} min per run on average "
                 f"(train + evaluations), {_fmt(w['total_run_s'] / 3600, 2)} h in all; warm-start evaluations "
@@ -250,6 +254,38 @@ def report_markdown(r: Runs, figures: dict[str, str] | None = None) -> str:
             lines += ["", f"![{family} curves]({figures[family]})"]
         lines.append("")
     return "\n".join(lines)
+
+
+def transfer_lines(r: Runs, family: str) -> list[str]:
+    """The real-engine evaluation (study transfer) as a table: pooled over seeds, per task type, failures."""
+    whos = list(dict.fromkeys(w for f, _, w in r.transfer if f == family))
+    if not whos:
+        return []
+    any_rec = next(rec for (f, _, _), rec in r.transfer.items() if f == family)
+    types = sorted({t for (f, _, _), rec in r.transfer.items() if f == family for t in rec["student"]["per_type"]})
+    lines = ["", f"On the real engine ({any_rec['backend']} {any_rec['split']}, every game; pooled over seeds):", "",
+             "| policy | seeds | games | student [95% CI] | teacher | " + " | ".join(types)
+             + " | failed: never took / took, never placed / placed, lost | refused turns |",
+             "|---|---:|---:|---|---|" + "---:|" * len(types) + "---|---:|"]
+    for who in whos:
+        recs = [rec for (f, _, w), rec in sorted(r.transfer.items()) if f == family and w == who]
+        tasks = common_tasks([rec["student"] for rec in recs])
+        student = bootstrap_mean(outcome_matrix([rec["student"] for rec in recs], tasks))
+        teacher = float(np.mean([rec["teacher"]["success"] for rec in recs]))
+        per_type = []
+        for t in types:
+            wins = sum(rec["student"]["per_type"].get(t, {}).get("success", 0) * rec["student"]["per_type"].get(t, {})
+                       .get("n", 0) for rec in recs)
+            n = sum(rec["student"]["per_type"].get(t, {}).get("n", 0) for rec in recs)
+            per_type.append(_fmt(wins / n if n else math.nan, 2))
+        fails = {k: sum(rec["student"]["failures"][k] for rec in recs)
+                 for k in ("failed", "never_took", "took_never_placed", "placed_not_won")}
+        refused = float(np.mean([rec["student"]["failures"]["refused_turn_share"] for rec in recs]))
+        name = "warm start" if who == "warmstart" else who
+        lines.append(f"| {name} | {len(recs)} | {len(tasks)} | {_ci(*student)} | {_fmt(teacher)} | "
+                     + " | ".join(per_type) + f" | {fails['never_took']} / {fails['took_never_placed']} / "
+                     f"{fails['placed_not_won']} of {fails['failed']} | {_fmt(refused, 2)} |")
+    return lines
 
 
 BEGIN, END = "<!-- study:{name}:begin -->", "<!-- study:{name}:end -->"

@@ -54,6 +54,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_transfer(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from sdar.study.runner import StudyRunner
+    from sdar.study.spec import load_spec
+
+    console = Console(stderr=True)
+    runner = StudyRunner(load_spec(args.spec), args.results, args.work or _default_work(), console=console,
+                         commit=args.commit)
+    written = runner.transfer(backend=args.backend, split=args.split, only=_only(args.only), games=args.games)
+    console.print(f"{len(written)} evaluation(s) on {args.backend} {args.split} written under {runner.results}")
+    return 0
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -99,6 +113,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--report", nargs="?", const=DEFAULT_DOC, default=None,
                    help=f"regenerate the study's block of this markdown file at the end (default {DEFAULT_DOC})")
     r.set_defaults(func=_cmd_run)
+    t = s.add_parser("transfer", help="household: the warm starts and finished runs on the real ALFWorld games "
+                     "(all of a split, student and teacher, per task type, where episodes fail)")
+    t.add_argument("--spec", required=True)
+    t.add_argument("--results", default=DEFAULT_RESULTS)
+    t.add_argument("--work", default=None)
+    t.add_argument("--backend", default="alfworld", help="the household backend to evaluate on")
+    t.add_argument("--split", default="valid_seen", help="its split (all of its games are played)")
+    t.add_argument("--only", help="a subset of runs: family=household,arm=sdar,seed=0")
+    t.add_argument("--games", type=int, help="play only this many games (stratified over task types; default all)")
+    t.add_argument("--commit", action="store_true", help="git-commit each result file as it is written")
+    t.set_defaults(func=_cmd_transfer)
     st = s.add_parser("status", help="which runs of a study are done, partial or pending")
     st.add_argument("--spec", required=True)
     st.add_argument("--results", default=DEFAULT_RESULTS)

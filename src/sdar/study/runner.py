@@ -71,6 +71,23 @@ def eval_record(result, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     return {**result.to_dict(), "tasks": {t.task_id: int(bool(t.won)) for t in result.trajectories}, **(extra or {})}
 
 
+def failure_modes(trajectories) -> dict[str, Any]:
+    """Where household episodes fail, from their actions: never took an object (searching), took one but
+    never put one down (carrying), put one down and still lost (placed wrong, or the task's other steps
+    missing: clean/heat/cool/light, a second object); with the share of failed turns the env refused."""
+    failed = [t for t in trajectories if not t.won]
+    stages = {"never_took": 0, "took_never_placed": 0, "placed_not_won": 0}
+    refused = turns = 0
+    for t in failed:
+        actions = [x.action or "" for x in t.turns]
+        took = any(a.startswith("take ") for a in actions)
+        placed = any(a.startswith(("put ", "move ")) for a in actions)
+        stages["placed_not_won" if placed else "took_never_placed" if took else "never_took"] += 1
+        refused += sum(not (x.valid and x.env_valid) for x in t.turns)
+        turns += len(t.turns)
+    return {"failed": len(failed), **stages, "refused_turn_share": refused / turns if turns else 0.0}
+
+
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
@@ -271,6 +288,57 @@ class StudyRunner:
         partial.unlink(missing_ok=True)
         self._commit([path], f"study {self.spec.name}: {cell.name} ({self.spec.steps} steps)")
         return True
+
+    # ---- transfer to the real engine (household) ------------------------------------------------
+    def transfer_path(self, family: str, seed: int, who: str) -> Path:
+        return self.results / family / f"seed{seed}" / f"{who}.transfer.json"
+
+    def transfer(self, backend: str = "alfworld", split: str = "valid_seen",
+                 only: Callable[[Cell], bool] | None = None, games: int | None = None) -> list[Path]:
+        """Evaluate the household warm starts and every finished household run's final policy on the real
+        engine's `split` (all of its games, or the first `games` stratified over task types), student and
+        teacher, per task type and with where episodes fail. Runs whose checkpoints are gone from the work
+        directory are reported and skipped; finished evaluations are kept."""
+        written = []
+        for family, seed in self.spec.warm_starts():
+            if family != "household":
+                continue
+            cells = [c for c in self.spec.cells() if c.family == family and c.seed == seed and (only is None or only(c))]
+            for who, cell in [("warmstart", Cell(family, "grpo", seed))] + [(c.arm, c) for c in cells]:
+                path = self.transfer_path(family, seed, who)
+                done = _read_json(self.result_path(cell)) if who != "warmstart" else {}
+                if path.is_file() or done is None or (who != "warmstart" and not self._complete(done)):
+                    continue
+                out = None if who == "warmstart" else self.work / family / f"seed{seed}" / cell.arm
+                if out is not None and not (out / "checkpoints").is_dir():
+                    self.console.print(f"[yellow]{cell.name}: no checkpoints in {out}; not evaluated on {backend}[/yellow]")
+                    continue
+                rec = self._transfer_one(cell, out, backend, split, games)
+                rec["who"] = who
+                _write_json(path, rec)
+                written.append(path)
+                self._commit([path], f"study {self.spec.name}: {family} seed {seed} {who} on {backend} {split}")
+        return written
+
+    def _transfer_one(self, cell: Cell, out: Path | None, backend: str, split: str,
+                      games: int | None) -> dict[str, Any]:
+        from sdar.train.runtime import build_runtime
+        from sdar.train.warmstart import ensure_warm_start
+
+        cfg = cell_config(self.spec, cell, self.work)
+        cfg = replace(cfg, eval_tasks=games or 10**6, eval_task_ids=[], tracking=False,
+                      env=replace(cfg.env, eval_split=split, kwargs={**cfg.env.kwargs, "backend": backend}))
+        ensure_warm_start(cfg, self.console)
+        rt = build_runtime(cfg, train=False)
+        step = rt.load_weights(str(out)) if out is not None else 0
+        self.console.print(f"[{cell.family} seed {cell.seed}] {cell.arm if out else 'warm start'} (step {step}) on "
+                           f"{len(rt.eval_tasks)} {backend} {split} games")
+        t0 = time.perf_counter()
+        student, teacher = rt.evaluate(), rt.evaluate(privileged=True)
+        return {"version": RESULT_VERSION, "family": cell.family, "seed": cell.seed, "step": step, "backend": backend,
+                "split": split, "student": {**eval_record(student), "failures": failure_modes(student.trajectories)},
+                "teacher": {**eval_record(teacher), "failures": failure_modes(teacher.trajectories)},
+                "wall_s": round(time.perf_counter() - t0, 1)}
 
     def _log_eval(self, run_id: str | None, ev, step: int) -> None:
         """The held-out evaluation into the cell's MLflow run (at the step it was taken)."""
