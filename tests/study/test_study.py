@@ -123,8 +123,15 @@ def test_study_runs_resumes_skips_and_reports(tmp_path, monkeypatch):
     assert [h["step"] for h in again["history"]] == [0, 1]
     assert not partial.exists()
 
+    # the study grows to 3 steps: each run goes on from its checkpoint; the earlier evaluations are kept
+    longer = parse_spec({**SPEC, "steps": 3, "eval_steps": [1, 2, 3]}, "test-spec")
+    assert [c.name for c in StudyRunner(longer, results, work).run()] == ["household/seed0/grpo", "household/seed0/sdar"]
+    grown = json.loads((results / "t/household/seed0/sdar.json").read_text())
+    assert sorted(grown["evals"]) == ["1", "2", "3"] and grown["evals"]["2"] == again["evals"]["2"]
+    assert grown["steps"] == 3 and [h["step"] for h in grown["history"]] == [0, 1, 2]
+
     # another config under the same study name: refused, naming the fix
-    changed = parse_spec({**SPEC, "set": {**SPEC["set"], "lr": 5e-4}}, "test-spec")
+    changed = parse_spec({**SPEC, "steps": 3, "eval_steps": [1, 2, 3], "set": {**SPEC["set"], "lr": 5e-4}}, "test-spec")
     with pytest.raises(StaleResult, match="--redo-stale"):
         StudyRunner(changed, results, work).run()
 
@@ -138,6 +145,11 @@ def test_study_runs_resumes_skips_and_reports(tmp_path, monkeypatch):
     assert [r["arm"] for r in rows][:2] == ["warm start (student)", "warm start (teacher)"]
     write_report(results / "t", doc)  # regenerating replaces the block, keeps the rest
     assert doc.read_text().count("<!-- study:t:begin -->") == 1 and "hand-written text" in doc.read_text()
+
+    # a lost result whose checkpoints are past its first eval step: an error, not a mislabelled evaluation
+    (results / "t/household/seed0/grpo.json").unlink()
+    with pytest.raises(StaleResult, match="past eval step 1"):
+        StudyRunner(longer, results, work).run()
 
 
 def _traj(won, actions, refused=()):

@@ -248,13 +248,16 @@ class StudyRunner:
         path, partial = self.result_path(cell), self.partial_path(cell)
         cfg = cell_config(self.spec, cell, self.work, parent_run_id=self.parent_run_id)
         fingerprint = config_fingerprint(cfg)
-        rec = _read_json(path)
-        if rec is not None and self._check_fresh(path, rec, fingerprint) and self._complete(rec):
+        done = _read_json(path)
+        if done is not None and not self._check_fresh(path, done, fingerprint):
+            done = None  # --redo-stale: made under another config, run again
+        if done is not None and self._complete(done):
             return False
         part = _read_json(partial)
         if part is not None and part.get("fingerprint") != fingerprint:
             part = None  # another config's partial run: start over
-        rec = part or {"version": RESULT_VERSION, "study": self.spec.name, "family": cell.family, "arm": cell.arm,
+        # a finished run of a shorter study (steps raised since) goes on from its evaluations and checkpoint
+        rec = part or done or {"version": RESULT_VERSION, "study": self.spec.name, "family": cell.family, "arm": cell.arm,
                        "seed": cell.seed, "fingerprint": fingerprint, "steps": self.spec.steps, "evals": {},
                        "wall_s": {"train": 0.0, "eval": 0.0}, "machine": machine()}
         ensure_warm_start(cfg, self.console)
@@ -266,6 +269,11 @@ class StudyRunner:
             t0 = time.perf_counter()
             trainer = Trainer(replace(cfg, steps=target), console=self.console)
             summary = trainer.run()
+            if trainer.step != target:  # its checkpoint is past this eval step: evaluating would mislabel it
+                raise StaleResult(
+                    f"{cell.name}: the run's newest checkpoint is at step {trainer.step}, past eval step {target} that "
+                    f"{path} lacks; delete {cfg.resolved_output_dir()} (or run with another study name) to train "
+                    "it again")
             rec["wall_s"]["train"] += time.perf_counter() - t0
             rec["run_id"] = summary.get("run_id")
             history = summary["history"]
@@ -281,6 +289,7 @@ class StudyRunner:
         if not history:  # every eval step was recorded by an earlier invocation: read the history back
             hist_file = Path(cfg.resolved_output_dir()) / "history.json"
             history = json.loads(hist_file.read_text()) if hist_file.is_file() else []
+        rec["steps"] = self.spec.steps
         rec["history"] = [{k: h[k] for k in HISTORY_KEYS if k in h} for h in history]
         rec["wall_s"] = {k: round(v, 1) for k, v in rec["wall_s"].items() if k != "total"}
         rec["wall_s"]["total"] = round(rec["wall_s"]["train"] + rec["wall_s"]["eval"], 1)
