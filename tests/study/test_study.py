@@ -191,3 +191,23 @@ def test_transfer_plays_the_real_engine_and_lands_in_the_report(tmp_path, monkey
     assert runner.transfer(games=3) == []  # kept, not played again
     block = write_report(results / "t", tmp_path / "results.md")
     assert "On the real engine (alfworld valid_seen" in block and "| warm start | 1 | 3 |" in block
+
+
+def test_cli_status_and_only_filter(tmp_path, capsys):
+    from sdar.cli import main
+    from sdar.study.cli import _only
+    from sdar.study.spec import Cell
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("study: s\nsteps: 4\neval_steps: [2, 4]\nconfigs: {household: configs/household-tiny.yaml}\n"
+                    "matrices: [{families: [household], arms: [grpo, sdar], seeds: [0, 1]}]\n")
+    assert main(["study", "status", "--spec", str(spec), "--results", str(tmp_path / "r"),
+                 "--work", str(tmp_path / "w"), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [(r["cell"], r["state"]) for r in rows] == [
+        ("household/seed0/grpo", "pending"), ("household/seed0/sdar", "pending"),
+        ("household/seed1/grpo", "pending"), ("household/seed1/sdar", "pending")]
+    keep = _only("arm=sdar,seed=0+1")
+    assert [keep(Cell("household", a, s)) for a, s in (("sdar", 0), ("sdar", 1), ("grpo", 0))] == [True, True, False]
+    with pytest.raises(SystemExit, match="keys family, arm, seed"):
+        _only("step=3")
