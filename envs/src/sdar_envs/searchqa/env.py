@@ -13,7 +13,9 @@ from typing import Any
 
 from sdar_envs.base import EnvStep, TextEnv
 from sdar_envs.searchqa.corpus import BACKENDS, Passage
+from sdar_envs.searchqa.candidates import candidate_builder
 from sdar_envs.searchqa.expert import expert_action as _expert_action
+from sdar_envs.searchqa.expert import uninformed_expert_action as _uninformed_expert_action
 from sdar_envs.searchqa.progress import NO_PROGRESS_HINTS, answer_marker, search_marker
 from sdar_envs.searchqa.questions import (
     QUESTION_TYPES,
@@ -57,6 +59,10 @@ class SearchQAConfig:
     max_turns: actions per episode before it ends with reward 0 (paper: 4).
     questions_per_type: questions per type (single_hop, two_hop, comparison).
     test_every: every n-th question of a type is a test task.
+    candidate_actions: list admissible actions (candidate searches and answers built from the question
+        and the retrieved passages, candidates.py) so constrained decoding applies; a laptop-scale
+        deviation from Search-R1 (free text, no list) for a tiny model that cannot spell queries or
+        copy answers reliably. Off by default: the metadata's list stays empty.
     """
 
     backend: str = "synthetic"
@@ -65,6 +71,7 @@ class SearchQAConfig:
     max_turns: int = 4
     questions_per_type: int = 2000
     test_every: int = 10
+    candidate_actions: bool = False
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -215,10 +222,35 @@ class SearchQAEnv(TextEnv):
         return self._done
 
     def expert_action(self) -> str:
+        """The skills-following expert (it knows the hop plan; see expert.py)."""
+        return self._ask(_expert_action)
+
+    def skilled_expert_action(self) -> str:
+        """The privileged teacher's expert: it does what the question type's skills text says
+        (decompose a two-hop question through the bridge entity, search both sides of a comparison)."""
+        return self._ask(_expert_action)
+
+    def uninformed_expert_action(self) -> str:
+        """The student's expert: it makes the mistakes the skills text warns against (searches the whole
+        question, answers a two-hop question with the bridge entity and a comparison with its first
+        entity). The warm start's edge for the teacher is exactly this difference: the skills state
+        the decomposition and the comparison rule, which the student's prompt does not."""
+        return self._ask(_uninformed_expert_action)
+
+    def admissible_actions(self) -> list[str]:
+        """The candidate actions of this turn (`candidate_actions`), else [] (free text)."""
+        if not self.config.candidate_actions or self._done:
+            return []
+        c = self.config
+        builder = candidate_builder(c.world_seed, c.questions_per_type, c.test_every)
+        return builder.actions(self._current(), self._retrieved)
+
+    def _ask(self, expert) -> str:
         if self._done:
             raise RuntimeError("the episode is over; call reset() before asking the expert")
-        return _expert_action(
-            self._current(), self._queries, self._retrieved, self.config.max_turns - self._turn
+        allowed = set(self.admissible_actions()) if self.config.candidate_actions else None
+        return expert(
+            self._current(), self._queries, self._retrieved, self.config.max_turns - self._turn, allowed
         )
 
     def skills_key(self) -> str | None:
@@ -240,7 +272,7 @@ class SearchQAEnv(TextEnv):
     ) -> dict[str, Any]:
         return {
             "won": bool(won),
-            "admissible_actions": [],
+            "admissible_actions": self.admissible_actions(),
             "task_type": self._current().qtype,
             "valid_action": bool(valid),
             "error_kind": error,
