@@ -28,7 +28,7 @@ from sdar_envs.searchqa.questions import (
 )
 from sdar_envs.searchqa.retrieval import BM25Index, format_information, get_index
 from sdar_envs.searchqa.scoring import exact_match, f1_score
-from sdar_envs.searchqa.skills import SEARCHQA_SKILLS
+from sdar_envs.searchqa.skills import SEARCHQA_SKILLS, compact_skills
 from sdar_envs.skills import SkillLibrary
 
 # The two action forms (the environment has no admissible-action list: queries are free text).
@@ -63,6 +63,8 @@ class SearchQAConfig:
         and the retrieved passages, candidates.py) so constrained decoding applies; a laptop-scale
         deviation from Search-R1 (free text, no list) for a tiny model that cannot spell queries or
         copy answers reliably. Off by default: the metadata's list stays empty.
+    compact_skills: the privileged text is the question type's skills and mistakes only (skills.py
+        `compact_skills`), no general skills: a short teacher prompt for a tiny model. Off by default.
     """
 
     backend: str = "synthetic"
@@ -72,6 +74,7 @@ class SearchQAConfig:
     questions_per_type: int = 2000
     test_every: int = 10
     candidate_actions: bool = False
+    compact_skills: bool = False
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -256,6 +259,11 @@ class SearchQAEnv(TextEnv):
     def skills_key(self) -> str | None:
         # rule-based retrieval, as in the reference code: the question type
         return self._current().qtype
+
+    def privileged_skills(self) -> str:
+        if self.config.compact_skills:
+            return compact_skills(self.skills_key())
+        return super().privileged_skills()
 
     @classmethod
     def skill_library(cls) -> SkillLibrary:
