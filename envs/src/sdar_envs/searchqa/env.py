@@ -15,6 +15,7 @@ from sdar_envs.base import EnvStep, TextEnv
 from sdar_envs.searchqa.corpus import BACKENDS, Passage
 from sdar_envs.searchqa.candidates import candidate_builder
 from sdar_envs.searchqa.expert import expert_action as _expert_action
+from sdar_envs.searchqa.expert import skilled_expert_action as _skilled_expert_action
 from sdar_envs.searchqa.expert import uninformed_expert_action as _uninformed_expert_action
 from sdar_envs.searchqa.progress import NO_PROGRESS_HINTS, answer_marker, search_marker
 from sdar_envs.searchqa.questions import (
@@ -230,8 +231,9 @@ class SearchQAEnv(TextEnv):
 
     def skilled_expert_action(self) -> str:
         """The privileged teacher's expert: it does what the question type's skills text says
-        (decompose a two-hop question through the bridge entity, search both sides of a comparison)."""
-        return self._ask(_expert_action)
+        (decompose a two-hop question through the bridge entity, search both sides of a comparison),
+        after the student's first move (a search of the whole question); see expert.py."""
+        return self._ask(_skilled_expert_action)
 
     def uninformed_expert_action(self) -> str:
         """The student's expert: it makes the mistakes the skills text warns against (searches the whole

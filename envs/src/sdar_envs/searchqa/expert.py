@@ -67,6 +67,26 @@ def expert_action(
     return search or f"<answer>{UNKNOWN_ANSWER}</answer>"
 
 
+def skilled_expert_action(
+    question: Question,
+    queries: Sequence[str],
+    retrieved: Sequence[Sequence[Passage]],
+    turns_left: int,
+    allowed: Collection[str] | None = None,
+) -> str:
+    """The privileged teacher's expert: the same first search as the student's expert (the whole
+    question, which retrieves the first hop's fact about as well as its keyword query), then what the
+    skills text says (`expert_action`): a second query naming the bridge entity, the other side of a
+    comparison, the asked fact as the answer. Sharing the first move keeps the skills' edge where the
+    skills text is: decomposition and comparison, not query wording. Arguments as `expert_action`.
+    """
+    if not queries and turns_left > 1:
+        first = _next_search(queries, (question_query(question),), allowed)
+        if first is not None:
+            return first
+    return expert_action(question, queries, retrieved, turns_left, allowed)
+
+
 def question_query(question: Question) -> str:
     """The whole question as a query (the uninformed expert's first search): the text without its "?"."""
     return question.text.rstrip("?").strip()
