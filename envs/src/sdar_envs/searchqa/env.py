@@ -64,6 +64,8 @@ class SearchQAConfig:
         and the retrieved passages, candidates.py) so constrained decoding applies; a laptop-scale
         deviation from Search-R1 (free text, no list) for a tiny model that cannot spell queries or
         copy answers reliably. Off by default: the metadata's list stays empty.
+    question_types: the question types whose tasks `task_ids` lists (default: all three); a laptop-scale
+        experiment may leave out a type its model cannot learn at all (the tiny model's comparisons).
     compact_skills: the privileged text is the question type's skills and mistakes only (skills.py
         `compact_skills`), no general skills: a short teacher prompt for a tiny model. Off by default.
     """
@@ -76,12 +78,20 @@ class SearchQAConfig:
     test_every: int = 10
     candidate_actions: bool = False
     compact_skills: bool = False
+    question_types: tuple[str, ...] = QUESTION_TYPES
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(
                 f"unknown searchqa backend {self.backend!r}; choose one of {', '.join(BACKENDS)}"
             )
+        types = (self.question_types,) if isinstance(self.question_types, str) else tuple(self.question_types)
+        unknown = [t for t in types if t not in QUESTION_TYPES]
+        if unknown or not types:
+            raise ValueError(
+                f"searchqa question_types {list(types)} must be a non-empty subset of {', '.join(QUESTION_TYPES)}"
+            )
+        object.__setattr__(self, "question_types", types)
         for name in ("top_k", "max_turns", "questions_per_type", "test_every"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"searchqa {name} must be >= 1, got {getattr(self, name)}")
@@ -136,7 +146,11 @@ class SearchQAEnv(TextEnv):
 
     # ---- protocol ---------------------------------------------------------------------
     def task_ids(self, split: str = "test") -> list[str]:
-        return [q.task_id for q in iter_split(self.questions, split, self._qcfg)]
+        return [
+            q.task_id
+            for q in iter_split(self.questions, split, self._qcfg)
+            if q.qtype in self.config.question_types
+        ]
 
     def _reset(self, task_id: str | None, seed: int | None) -> EnvStep:
         if task_id is None:
