@@ -128,6 +128,19 @@ def test_entities_are_found_as_whole_names():
     assert b.entities_in(f"Text about {person}x.") == []
 
 
+# ---- question types ------------------------------------------------------------------------
+def test_question_types_filter_the_task_lists_and_default_to_all(env):
+    two = SearchQAEnv(question_types=["single_hop", "two_hop"])
+    assert {parse_task_id(t)[0] for t in env.task_ids("test")} == {"single_hop", "two_hop", "comparison"}
+    assert {parse_task_id(t)[0] for t in two.task_ids("train")} == {"single_hop", "two_hop"}
+    assert set(two.task_ids("test")) < set(env.task_ids("test"))
+
+
+def test_unknown_question_type_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match="question_types .* subset of single_hop, two_hop, comparison"):
+        SearchQAEnv(question_types=["three_hop"])
+
+
 # ---- compact skills ------------------------------------------------------------------------
 def test_compact_skills_keep_the_type_plan_and_drop_the_general_lines():
     default, compact = SearchQAEnv(), SearchQAEnv(compact_skills=True)
