@@ -33,6 +33,7 @@ def main() -> None:
     import yaml
 
     from sdar.agent.constrained import action_trie
+    from sdar.agent.parsing import format_action
     from sdar.agent.prompts import fit_prompt_ids
     from sdar.config import load_config
     from sdar.train.runtime import build_runtime
@@ -69,7 +70,7 @@ def main() -> None:
                 kind = ("go-search" if m and m.group(1) == a[len("go to "):] else
                         "go-next" if n and n.group(1) == a[len("go to "):] else "go-other")
             who = "teacher" if x["privileged"] else "student"
-            ok = g.text == f"<action>{a}</action>"
+            ok = g.text == format_action(cfg.env.family, a)  # search-QA actions carry their own tags
             acc[f"{who}/{kind}"].append(ok)
             acc[who].append(ok)
         student = runtime.evaluate()

@@ -3,8 +3,10 @@
 The tokenizer is trained on environment text, the Qwen2-architecture model is built from
 the repo's config, and it imitates expert turns rendered with exactly the rollout's prompts.
 A share of the examples carries the privileged skills with the action of an expert that
-follows exactly those skills (household: it searches the listed receptacle types first), the
-rest has no skills and the uninformed expert's action (household: listing-order search), so
+follows exactly those skills (household: it searches the listed receptacle types first; search-QA:
+it decomposes two-hop questions and searches both sides of a comparison), the rest has no skills and
+the uninformed expert's action (household: listing-order search; search-QA: one search of the whole
+question, then the bridge entity or the first-named entity as the answer), so
 the skills-conditioned teacher can start out better than the student, as SDAR assumes. An
 optional language-modelling term on the prompt tokens (`warmstart.prompt_lm_weight`) speeds
 up learning to read the prompt. The result is cached by a hash of everything that shapes it.

@@ -13,7 +13,10 @@ from typing import Any
 
 from sdar_envs.base import EnvStep, TextEnv
 from sdar_envs.searchqa.corpus import BACKENDS, Passage
+from sdar_envs.searchqa.candidates import candidate_builder
 from sdar_envs.searchqa.expert import expert_action as _expert_action
+from sdar_envs.searchqa.expert import skilled_expert_action as _skilled_expert_action
+from sdar_envs.searchqa.expert import uninformed_expert_action as _uninformed_expert_action
 from sdar_envs.searchqa.progress import NO_PROGRESS_HINTS, answer_marker, search_marker
 from sdar_envs.searchqa.questions import (
     QUESTION_TYPES,
@@ -26,7 +29,7 @@ from sdar_envs.searchqa.questions import (
 )
 from sdar_envs.searchqa.retrieval import BM25Index, format_information, get_index
 from sdar_envs.searchqa.scoring import exact_match, f1_score
-from sdar_envs.searchqa.skills import SEARCHQA_SKILLS
+from sdar_envs.searchqa.skills import SEARCHQA_SKILLS, compact_skills
 from sdar_envs.skills import SkillLibrary
 
 # The two action forms (the environment has no admissible-action list: queries are free text).
@@ -57,6 +60,14 @@ class SearchQAConfig:
     max_turns: actions per episode before it ends with reward 0 (paper: 4).
     questions_per_type: questions per type (single_hop, two_hop, comparison).
     test_every: every n-th question of a type is a test task.
+    candidate_actions: list admissible actions (candidate searches and answers built from the question
+        and the retrieved passages, candidates.py) so constrained decoding applies; a laptop-scale
+        deviation from Search-R1 (free text, no list) for a tiny model that cannot spell queries or
+        copy answers reliably. Off by default: the metadata's list stays empty.
+    question_types: the question types whose tasks `task_ids` lists (default: all three); a laptop-scale
+        experiment may leave out a type its model cannot learn at all (the tiny model's comparisons).
+    compact_skills: the privileged text is the question type's skills and mistakes only (skills.py
+        `compact_skills`), no general skills: a short teacher prompt for a tiny model. Off by default.
     """
 
     backend: str = "synthetic"
@@ -65,12 +76,22 @@ class SearchQAConfig:
     max_turns: int = 4
     questions_per_type: int = 2000
     test_every: int = 10
+    candidate_actions: bool = False
+    compact_skills: bool = False
+    question_types: tuple[str, ...] = QUESTION_TYPES
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(
                 f"unknown searchqa backend {self.backend!r}; choose one of {', '.join(BACKENDS)}"
             )
+        types = (self.question_types,) if isinstance(self.question_types, str) else tuple(self.question_types)
+        unknown = [t for t in types if t not in QUESTION_TYPES]
+        if unknown or not types:
+            raise ValueError(
+                f"searchqa question_types {list(types)} must be a non-empty subset of {', '.join(QUESTION_TYPES)}"
+            )
+        object.__setattr__(self, "question_types", types)
         for name in ("top_k", "max_turns", "questions_per_type", "test_every"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"searchqa {name} must be >= 1, got {getattr(self, name)}")
@@ -125,7 +146,11 @@ class SearchQAEnv(TextEnv):
 
     # ---- protocol ---------------------------------------------------------------------
     def task_ids(self, split: str = "test") -> list[str]:
-        return [q.task_id for q in iter_split(self.questions, split, self._qcfg)]
+        return [
+            q.task_id
+            for q in iter_split(self.questions, split, self._qcfg)
+            if q.qtype in self.config.question_types
+        ]
 
     def _reset(self, task_id: str | None, seed: int | None) -> EnvStep:
         if task_id is None:
@@ -215,15 +240,46 @@ class SearchQAEnv(TextEnv):
         return self._done
 
     def expert_action(self) -> str:
+        """The skills-following expert (it knows the hop plan; see expert.py)."""
+        return self._ask(_expert_action)
+
+    def skilled_expert_action(self) -> str:
+        """The privileged teacher's expert: it does what the question type's skills text says
+        (decompose a two-hop question through the bridge entity, search both sides of a comparison),
+        after the student's first move (a search of the whole question); see expert.py."""
+        return self._ask(_skilled_expert_action)
+
+    def uninformed_expert_action(self) -> str:
+        """The student's expert: it makes the mistakes the skills text warns against (searches the whole
+        question, answers a two-hop question with the bridge entity and a comparison with its first
+        entity). The warm start's edge for the teacher is exactly this difference: the skills state
+        the decomposition and the comparison rule, which the student's prompt does not."""
+        return self._ask(_uninformed_expert_action)
+
+    def admissible_actions(self) -> list[str]:
+        """The candidate actions of this turn (`candidate_actions`), else [] (free text)."""
+        if not self.config.candidate_actions or self._done:
+            return []
+        c = self.config
+        builder = candidate_builder(c.world_seed, c.questions_per_type, c.test_every)
+        return builder.actions(self._current(), self._retrieved)
+
+    def _ask(self, expert) -> str:
         if self._done:
             raise RuntimeError("the episode is over; call reset() before asking the expert")
-        return _expert_action(
-            self._current(), self._queries, self._retrieved, self.config.max_turns - self._turn
+        allowed = set(self.admissible_actions()) if self.config.candidate_actions else None
+        return expert(
+            self._current(), self._queries, self._retrieved, self.config.max_turns - self._turn, allowed
         )
 
     def skills_key(self) -> str | None:
         # rule-based retrieval, as in the reference code: the question type
         return self._current().qtype
+
+    def privileged_skills(self) -> str:
+        if self.config.compact_skills:
+            return compact_skills(self.skills_key())
+        return super().privileged_skills()
 
     @classmethod
     def skill_library(cls) -> SkillLibrary:
@@ -240,7 +296,7 @@ class SearchQAEnv(TextEnv):
     ) -> dict[str, Any]:
         return {
             "won": bool(won),
-            "admissible_actions": [],
+            "admissible_actions": self.admissible_actions(),
             "task_type": self._current().qtype,
             "valid_action": bool(valid),
             "error_kind": error,

@@ -6,7 +6,7 @@ seen in retrieved passages, so its exact match measures the retrieval, not an or
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,16 +29,33 @@ def hop_found(hop: Hop, retrieved: Iterable[Sequence[Passage]]) -> bool:
     return any(supports(p, hop) for docs in retrieved for p in docs)
 
 
+def _next_search(
+    queries: Sequence[str], options: Iterable[str], allowed: Collection[str] | None
+) -> str | None:
+    """The first of `options` not issued yet (and admissible, when there is a list), as a search action."""
+    issued = {q.strip().lower() for q in queries}
+    for query in options:
+        action = f"<search>{query}</search>"
+        if query.strip().lower() not in issued and (allowed is None or action in allowed):
+            return action
+    return None
+
+
 def expert_action(
     question: Question,
     queries: Sequence[str],
     retrieved: Sequence[Sequence[Passage]],
     turns_left: int,
+    allowed: Collection[str] | None = None,
 ) -> str:
     """The expert's next action given the searches of this episode so far.
 
+    It follows the skills text (skills.py): one keyword query per hop (entity + relation; a two-hop
+    question's second query names the bridge entity found by the first), each compared entity
+    searched separately, and the answer is the question's fact, once every hop was retrieved.
     queries / retrieved: the queries issued and the passages each returned, in order.
     turns_left: actions left in the episode including this one (the last one must answer).
+    allowed: the admissible actions when the env lists them (`candidate_actions`), else None.
     """
     pending = [h for h in question.hops if not hop_found(h, retrieved)]
     if not pending:
@@ -46,11 +63,72 @@ def expert_action(
     if turns_left <= 1:
         return f"<answer>{UNKNOWN_ANSWER}</answer>"
     hop = pending[0]
-    issued = {q.strip().lower() for q in queries}
-    for query in (hop.query, hop.alt_query, f"{hop.subject[0]} {hop.query}"):
-        if query.strip().lower() not in issued:
-            return f"<search>{query}</search>"
-    return f"<answer>{UNKNOWN_ANSWER}</answer>"
+    search = _next_search(queries, (hop.query, hop.alt_query, f"{hop.subject[0]} {hop.query}"), allowed)
+    return search or f"<answer>{UNKNOWN_ANSWER}</answer>"
+
+
+def skilled_expert_action(
+    question: Question,
+    queries: Sequence[str],
+    retrieved: Sequence[Sequence[Passage]],
+    turns_left: int,
+    allowed: Collection[str] | None = None,
+) -> str:
+    """The privileged teacher's expert: the same first search as the student's expert (the whole
+    question, which retrieves the first hop's fact about as well as its keyword query), then what the
+    skills text says (`expert_action`): a second query naming the bridge entity, the other side of a
+    comparison, the asked fact as the answer. Sharing the first move keeps the skills' edge where the
+    skills text is: decomposition and comparison, not query wording. Arguments as `expert_action`.
+    """
+    if not queries and turns_left > 1:
+        first = _next_search(queries, (question_query(question),), allowed)
+        if first is not None:
+            return first
+    return expert_action(question, queries, retrieved, turns_left, allowed)
+
+
+def question_query(question: Question) -> str:
+    """The whole question as a query (the uninformed expert's first search): the text without its "?"."""
+    return question.text.rstrip("?").strip()
+
+
+def uninformed_answer(question: Question) -> str:
+    """What a solver that does not decompose answers once its first hop's fact is in view.
+
+    single_hop: the fact (correct). two_hop: the bridge entity, i.e. the first hop's value (always
+    wrong: the question asks a fact about it). comparison: the first entity the question names
+    (right only when it wins, about half the time).
+    """
+    first = question.hops[0]
+    if question.qtype == "comparison":
+        return first.subject[0]
+    if question.qtype == "two_hop":
+        return first.value[0]
+    return question.answers[0]
+
+
+def uninformed_expert_action(
+    question: Question,
+    queries: Sequence[str],
+    retrieved: Sequence[Sequence[Passage]],
+    turns_left: int,
+    allowed: Collection[str] | None = None,
+) -> str:
+    """The student's expert: the mistakes the skills text warns against (skills.py), made consistently.
+
+    It searches the whole question first (not an entity + relation query), reformulates with the first
+    hop's keyword queries only while that hop's fact is not retrieved, and answers as soon as it is:
+    with the bridge entity on a two-hop question, with the first-named entity on a comparison
+    (`uninformed_answer`). Single-hop questions it solves like the skilled expert. Arguments as
+    `expert_action`.
+    """
+    first = question.hops[0]
+    if hop_found(first, retrieved):
+        return f"<answer>{uninformed_answer(question)}</answer>"
+    if turns_left <= 1:
+        return f"<answer>{UNKNOWN_ANSWER}</answer>"
+    search = _next_search(queries, (question_query(question), first.query, first.alt_query), allowed)
+    return search or f"<answer>{UNKNOWN_ANSWER}</answer>"
 
 
 @dataclass
