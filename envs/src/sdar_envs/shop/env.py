@@ -53,6 +53,10 @@ class ShopConfig:
         accepted). A laptop-scale deviation from WebShop, off by default: constrained decoding
         (rollout.constrained) can then search; it cannot fill a free-text slot.
     page_size: results per page (WebShop: 10); fewer keep a small model's prompt short.
+    compact_pages: only the search page shows the instruction (the agent's prompt states the task on
+        every turn); off by default, as WebShop repeats it on every page.
+    compact_skills: the privileged text is the general skills alone (no category skills, no common
+        mistakes), for a small model's teacher prompt; off by default.
     """
 
     backend: str = "generated"
@@ -64,6 +68,8 @@ class ShopConfig:
     require_options: bool = False
     suggest_queries: bool = False
     page_size: int = PAGE_SIZE
+    compact_pages: bool = False
+    compact_skills: bool = False
 
 
 class ShopEnv(TextEnv):
@@ -188,6 +194,14 @@ class ShopEnv(TextEnv):
     def skill_library(cls) -> SkillLibrary:
         return shop_skill_library()
 
+    def privileged_skills(self) -> str:
+        """The category's skills; with compact_skills only the general ones (a short teacher prompt)."""
+        key = None if self.config.compact_skills else self.skills_key()
+        text = self.skill_library().render(key)
+        if self.config.compact_skills:  # render(None) still lists the mistakes that apply to every key
+            text = text.split("\nCommon mistakes to avoid:")[0]
+        return text
+
     # ---- internals --------------------------------------------------------------------------
     def _require_goal(self) -> Goal:
         if self._goal is None:
@@ -203,7 +217,12 @@ class ShopEnv(TextEnv):
 
     def _render(self, reward: float = 0.0) -> str:
         obs, self._clicks = render(
-            self._session, self._goal.instruction_text, self.world.by_asin, reward, self._suggestions()
+            self._session,
+            self._goal.instruction_text,
+            self.world.by_asin,
+            reward,
+            self._suggestions(),
+            compact=self.config.compact_pages,
         )
         return obs
 

@@ -57,6 +57,12 @@ class Session:
         return self.results[(self.page_no - 1) * self.page_size : self.page_no * self.page_size]
 
 
+def _head(instruction: str | None) -> list[str]:
+    """The instruction block that heads every page but the search page; None (ShopConfig.compact_pages)
+    leaves it out."""
+    return [] if instruction is None else ["Instruction:", instruction]
+
+
 def search_page(instruction: str, suggestions: list[str] | None = None) -> tuple[str, list[str]]:
     """The search box; with `suggestions` (ShopConfig.suggest_queries) also a list of ready queries."""
     parts = ["WebShop", "Instruction:", instruction, "Search"]
@@ -69,8 +75,7 @@ def results_page(
     instruction: str, s: Session, products: dict[str, Product]
 ) -> tuple[str, list[str]]:
     parts = [
-        "Instruction:",
-        instruction,
+        *_head(instruction),
         BACK_TO_SEARCH,
         f"Page {s.page_no} (Total results: {len(s.results)})",
     ]
@@ -89,7 +94,7 @@ def results_page(
 
 
 def item_page(instruction: str, s: Session, p: Product) -> tuple[str, list[str]]:
-    parts = ["Instruction:", instruction, BACK_TO_SEARCH, PREV_PAGE]
+    parts = [*_head(instruction), BACK_TO_SEARCH, PREV_PAGE]
     clicks = [BACK_TO_SEARCH.lower(), PREV_PAGE.lower()]
     for name, values in p.options.items():
         parts.append(name)
@@ -101,7 +106,7 @@ def item_page(instruction: str, s: Session, p: Product) -> tuple[str, list[str]]
 
 
 def sub_page(instruction: str, s: Session, p: Product) -> tuple[str, list[str]]:
-    parts = ["Instruction:", instruction, BACK_TO_SEARCH, PREV_PAGE]
+    parts = [*_head(instruction), BACK_TO_SEARCH, PREV_PAGE]
     if s.sub == "description":
         parts.append(p.description)
     elif s.sub == "features":
@@ -134,10 +139,14 @@ def render(
     products: dict[str, Product],
     reward: float = 0.0,
     suggestions: list[str] | None = None,
+    compact: bool = False,
 ) -> tuple[str, list[str]]:
-    """The observation and clickables of the page `s` is on (`suggestions`: see `search_page`)."""
+    """The observation and clickables of the page `s` is on (`suggestions`: see `search_page`);
+    `compact` leaves the instruction out of every page but the search page."""
     if s.page == "search":
         return search_page(instruction, suggestions)
+    if compact:
+        instruction = None
     if s.page == "results":
         return results_page(instruction, s, products)
     if s.page == "item":
