@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from sdar_envs import make_env
 from sdar_envs.shop import ShopEnv
 from sdar_envs.shop.expert import expert_query, skilled_query, suggested_queries
