@@ -16,7 +16,7 @@ from typing import Any
 from sdar_envs.base import EnvStep, TextEnv
 from sdar_envs.shop import expert as _expert
 from sdar_envs.shop.goals import SPLITS, ShopWorld, build_world
-from sdar_envs.shop.pages import SEARCH_TEMPLATE, Session, render
+from sdar_envs.shop.pages import PAGE_SIZE, SEARCH_TEMPLATE, Session, render
 from sdar_envs.shop.progress import ShopProgress
 from sdar_envs.shop.reward import Goal, get_reward
 from sdar_envs.shop.skills import shop_skill_library, skills_key_for
@@ -47,6 +47,16 @@ class ShopConfig:
     horizon: actions per episode before it ends unbought (15 in the SDAR paper for WebShop).
     require_options: refuse "buy now" until every option is selected (error "shop/select_options").
         WebShop allows the purchase and scores it lower, hence False.
+    suggest_queries: the search page lists ready queries (`expert.suggested_queries`: the product
+        noun, attributes + noun, attributes + noun + option values) and the admissible actions are
+        those searches instead of the free-text template "search[<query>]" (any query is still
+        accepted). A laptop-scale deviation from WebShop, off by default: constrained decoding
+        (rollout.constrained) can then search; it cannot fill a free-text slot.
+    page_size: results per page (WebShop: 10); fewer keep a small model's prompt short.
+    compact_pages: only the search page shows the instruction (the agent's prompt states the task on
+        every turn); off by default, as WebShop repeats it on every page.
+    compact_skills: the privileged text is the general skills alone (no category skills, no common
+        mistakes), for a small model's teacher prompt; off by default.
     """
 
     backend: str = "generated"
@@ -56,6 +66,10 @@ class ShopConfig:
     test_products: int = 250
     horizon: int = 15
     require_options: bool = False
+    suggest_queries: bool = False
+    page_size: int = PAGE_SIZE
+    compact_pages: bool = False
+    compact_skills: bool = False
 
 
 class ShopEnv(TextEnv):
@@ -77,6 +91,10 @@ class ShopEnv(TextEnv):
             )
         if self.config.horizon < 1:
             raise ValueError(f"horizon={self.config.horizon} must be >= 1 (the paper uses 15)")
+        if self.config.page_size < 1:
+            raise ValueError(
+                f"page_size={self.config.page_size} must be >= 1 (WebShop shows {PAGE_SIZE})"
+            )
         self.backend_name = self.config.backend
         self.world: ShopWorld = build_world(
             self.config.seed,
@@ -87,11 +105,13 @@ class ShopEnv(TextEnv):
         self._rng = random.Random()
         self._goal: Goal | None = None
         self._progress: ShopProgress | None = None
-        self._session = Session()
+        self._session = self._new_session()
         self._clicks: list[str] = []
         self._done = False
         self._won = False
         self._steps = 0
+        self._episodes = 0
+        self._uninformed_query = ""
 
     # ---- TextEnv ----------------------------------------------------------------------------
     def _reset(self, task_id: str | None, seed: int | None) -> EnvStep:
@@ -101,9 +121,13 @@ class ShopEnv(TextEnv):
         self._goal = self.world.goal(task_id)
         self._progress = ShopProgress(self._goal, self.world.by_asin)
         self._task_id = task_id
-        self._session = Session()
+        self._session = self._new_session()
         self._done = self._won = False
         self._steps = 0
+        self._episodes += 1
+        # the uninformed shopper's query: one suggested query drawn per episode, reproducibly
+        draw = random.Random(f"shop-uninformed/{task_id}/{self._episodes}")
+        self._uninformed_query = draw.choice(_expert.suggested_queries(self._goal))
         obs = self._render()
         meta = self._meta(valid=True)
         meta.update(task=self._goal.instruction_text, task_id=task_id)
@@ -147,6 +171,26 @@ class ShopEnv(TextEnv):
     def expert_action(self) -> str:
         return _expert.expert_action(self.world, self._require_goal(), self._session)
 
+    def uninformed_expert_action(self) -> str:
+        """The next action of a shopper without the skills: it cannot tell which query this store's
+        search ranks well, so it searches with one of the suggested queries drawn at random per
+        episode (`expert.suggested_queries`), then opens the first result without comparing prices
+        and buys it with the instruction's options. The warm start imitates it in prompts without
+        skills; it wins 56% of the test goals (configs/shop-tiny.yaml's setting)."""
+        goal = self._require_goal()
+        query = self._uninformed_query
+        return _expert.shopper_action(self.world, goal, self._session, query, check_price=False)
+
+    def skilled_expert_action(self) -> str:
+        """The next action of a shopper that does what the skills text says: search with the
+        attributes, noun and option values (`expert.skilled_query`), open the first result priced
+        under the ceiling, click the options, buy. Its edge over the uninformed shopper is the
+        skills' search rule, a fact about this store's search engine (it indexes option values) that
+        the student's prompt does not carry; it wins 99% of the test goals (the uninformed one 56%)."""
+        goal = self._require_goal()
+        query = _expert.skilled_query(goal)
+        return _expert.shopper_action(self.world, goal, self._session, query, check_price=True)
+
     def skills_key(self) -> str | None:
         return skills_key_for(self._require_goal().instruction_text)
 
@@ -154,22 +198,45 @@ class ShopEnv(TextEnv):
     def skill_library(cls) -> SkillLibrary:
         return shop_skill_library()
 
+    def privileged_skills(self) -> str:
+        """The category's skills; with compact_skills only the general ones (a short teacher prompt)."""
+        key = None if self.config.compact_skills else self.skills_key()
+        text = self.skill_library().render(key)
+        if self.config.compact_skills:  # render(None) still lists the mistakes of every key
+            text = text.split("\nCommon mistakes to avoid:")[0]
+        return text
+
     # ---- internals --------------------------------------------------------------------------
     def _require_goal(self) -> Goal:
         if self._goal is None:
             raise RuntimeError("no shop episode yet; call reset() first")
         return self._goal
 
+    def _new_session(self) -> Session:
+        return Session(page_size=self.config.page_size)
+
+    def _suggestions(self) -> list[str] | None:
+        """The search page's ready queries (ShopConfig.suggest_queries), None when off."""
+        return _expert.suggested_queries(self._goal) if self.config.suggest_queries else None
+
     def _render(self, reward: float = 0.0) -> str:
         obs, self._clicks = render(
-            self._session, self._goal.instruction_text, self.world.by_asin, reward
+            self._session,
+            self._goal.instruction_text,
+            self.world.by_asin,
+            reward,
+            self._suggestions(),
+            compact=self.config.compact_pages,
         )
         return obs
 
     def _admissible(self) -> list[str]:
         if self._done:
             return []
-        extra = [SEARCH_TEMPLATE] if self._session.page == "search" else []
+        extra = []
+        if self._session.page == "search":
+            suggestions = self._suggestions()
+            extra = [f"search[{q}]" for q in suggestions] if suggestions else [SEARCH_TEMPLATE]
         return extra + [f"click[{c}]" for c in self._clicks]
 
     def _meta(self, valid: bool, error: tuple | None = None) -> dict[str, Any]:
@@ -213,14 +280,19 @@ class ShopEnv(TextEnv):
                 return ("search_unavailable", "shop/back_to_search")
             if not arg or (arg.startswith("<") and arg.endswith(">")):
                 return ("empty_query", "shop/empty_query")
-            self._session = Session(page="results", keywords=arg, results=self.world.search(arg))
+            self._session = Session(
+                page="results",
+                keywords=arg,
+                results=self.world.search(arg),
+                page_size=self.config.page_size,
+            )
             return None
         if s.page == "search":
             return ("search_first", "shop/search_first")
         if arg not in self._clicks:
             return ("not_clickable", "shop/not_clickable")
         if arg == "back to search":
-            self._session = Session()
+            self._session = self._new_session()
         elif s.page == "results":
             if arg == "next >":
                 s.page_no += 1

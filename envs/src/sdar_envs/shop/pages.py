@@ -21,6 +21,7 @@ PREV_PAGE = "< Prev"
 BUY_NOW = "Buy Now"
 SUB_PAGES = ("Description", "Features", "Reviews")
 SEARCH_TEMPLATE = "search[<query>]"  # listed on the search page: the query is free text
+SUGGESTED = "Suggested queries:"  # heads the ready queries of ShopConfig.suggest_queries
 
 
 @dataclass
@@ -34,6 +35,7 @@ class Session:
     asin: the product open on the item page.
     options: option name -> selected value on the item page.
     sub: which sub page is open ("description", "features", "reviews").
+    page_size: results per page (WebShop: 10; fewer keep a small model's prompt short).
     """
 
     page: str = "search"
@@ -43,22 +45,37 @@ class Session:
     asin: str | None = None
     options: dict[str, str] = field(default_factory=dict)
     sub: str | None = None
+    page_size: int = PAGE_SIZE
 
     @property
     def num_pages(self) -> int:
-        return max(1, -(-len(self.results) // PAGE_SIZE))
+        return max(1, -(-len(self.results) // self.page_size))
+
+    @property
+    def shown(self) -> list[str]:
+        """The ASINs on the results page now open."""
+        return self.results[(self.page_no - 1) * self.page_size : self.page_no * self.page_size]
 
 
-def search_page(instruction: str) -> tuple[str, list[str]]:
-    return SEP.join(["WebShop", "Instruction:", instruction, "Search"]), []
+def _head(instruction: str | None) -> list[str]:
+    """The instruction block that heads every page but the search page; None (ShopConfig.compact_pages)
+    leaves it out."""
+    return [] if instruction is None else ["Instruction:", instruction]
+
+
+def search_page(instruction: str, suggestions: list[str] | None = None) -> tuple[str, list[str]]:
+    """The search box; with `suggestions` (ShopConfig.suggest_queries) also a list of ready queries."""
+    parts = ["WebShop", "Instruction:", instruction, "Search"]
+    if suggestions:
+        parts += [SUGGESTED, *suggestions]
+    return SEP.join(parts), []
 
 
 def results_page(
     instruction: str, s: Session, products: dict[str, Product]
 ) -> tuple[str, list[str]]:
     parts = [
-        "Instruction:",
-        instruction,
+        *_head(instruction),
         BACK_TO_SEARCH,
         f"Page {s.page_no} (Total results: {len(s.results)})",
     ]
@@ -66,10 +83,10 @@ def results_page(
     if s.page_no > 1:
         parts.append(PREV_PAGE)
         clicks.append(PREV_PAGE.lower())
-    if s.page_no * PAGE_SIZE < len(s.results):
+    if s.page_no * s.page_size < len(s.results):
         parts.append(NEXT_PAGE)
         clicks.append(NEXT_PAGE.lower())
-    for asin in s.results[(s.page_no - 1) * PAGE_SIZE : s.page_no * PAGE_SIZE]:
+    for asin in s.shown:
         p = products[asin]
         parts += [p.asin, p.title, p.price_tag]
         clicks.append(p.asin.lower())
@@ -77,7 +94,7 @@ def results_page(
 
 
 def item_page(instruction: str, s: Session, p: Product) -> tuple[str, list[str]]:
-    parts = ["Instruction:", instruction, BACK_TO_SEARCH, PREV_PAGE]
+    parts = [*_head(instruction), BACK_TO_SEARCH, PREV_PAGE]
     clicks = [BACK_TO_SEARCH.lower(), PREV_PAGE.lower()]
     for name, values in p.options.items():
         parts.append(name)
@@ -89,7 +106,7 @@ def item_page(instruction: str, s: Session, p: Product) -> tuple[str, list[str]]
 
 
 def sub_page(instruction: str, s: Session, p: Product) -> tuple[str, list[str]]:
-    parts = ["Instruction:", instruction, BACK_TO_SEARCH, PREV_PAGE]
+    parts = [*_head(instruction), BACK_TO_SEARCH, PREV_PAGE]
     if s.sub == "description":
         parts.append(p.description)
     elif s.sub == "features":
@@ -117,11 +134,19 @@ def done_page(asin: str, options: dict[str, str], reward: float) -> tuple[str, l
 
 
 def render(
-    s: Session, instruction: str, products: dict[str, Product], reward: float = 0.0
+    s: Session,
+    instruction: str,
+    products: dict[str, Product],
+    reward: float = 0.0,
+    suggestions: list[str] | None = None,
+    compact: bool = False,
 ) -> tuple[str, list[str]]:
-    """The observation and clickables of the page `s` is on."""
+    """The observation and clickables of the page `s` is on (`suggestions`: see `search_page`);
+    `compact` leaves the instruction out of every page but the search page."""
     if s.page == "search":
-        return search_page(instruction)
+        return search_page(instruction, suggestions)
+    if compact:
+        instruction = None
     if s.page == "results":
         return results_page(instruction, s, products)
     if s.page == "item":
