@@ -140,6 +140,7 @@ def test_study_runs_resumes_skips_and_reports(tmp_path, monkeypatch):
     block = write_report(results / "t", doc)
     text = doc.read_text()
     assert "hand-written text" in text and "| sdar | 2 | 1 |" in block and "| sdar - grpo | 2 | 1 |" in block
+    assert "| grpo - warm start | 1 | 1 | 4 |" in block
     assert (results / "t/figures/household.png").is_file()
     rows = success_rows(load_results(results / "t"), "household")
     assert [r["arm"] for r in rows][:2] == ["warm start (student)", "warm start (teacher)"]

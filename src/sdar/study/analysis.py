@@ -157,6 +157,16 @@ def difference_rows(r: Runs, family: str, pairs: tuple[tuple[str, str], ...] = (
             tasks = common_tasks(ra + rb)
             rows.append({"a": a, "b": b, "step": step, "seeds": len(seeds), "tasks": len(tasks),
                          "ci": paired_difference(outcome_matrix(ra, tasks), outcome_matrix(rb, tasks))})
+    for arm in r.arms(family):  # each arm against its own warm start (the step-0 student of the same seed)
+        seeds = [s for s in r.seeds(family, arm) if (family, s) in r.warm]
+        steps = sorted(set.intersection(*[{int(k) for k in r.runs[(family, s, arm)]["evals"]} for s in seeds])) \
+            if seeds else []
+        for step in steps:
+            ra = [r.runs[(family, s, arm)]["evals"][str(step)] for s in seeds]
+            rb = [r.warm[(family, s)]["student"] for s in seeds]
+            tasks = common_tasks(ra + rb)
+            rows.append({"a": arm, "b": "warm start", "step": step, "seeds": len(seeds), "tasks": len(tasks),
+                         "ci": paired_difference(outcome_matrix(ra, tasks), outcome_matrix(rb, tasks))})
     return rows
 
 
