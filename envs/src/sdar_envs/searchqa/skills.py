@@ -43,8 +43,8 @@ SEARCHQA_SKILLS = SkillLibrary(
         ],
         "two_hop": [
             "Stopping after the first hop and answering with the bridge entity.",
-            "Searching the whole question and answering with the entity it returns: that is the bridge entity; "
-            "the asked fact needs a second query that names it.",
+            ("Searching the whole question and answering with the entity it returns: that is the bridge entity; "
+             "the asked fact needs a second query that names it."),
         ],
         "comparison": [
             "Answering with a year or a number instead of the entity's name.",
@@ -56,16 +56,10 @@ SEARCHQA_SKILLS = SkillLibrary(
 def compact_skills(key: str | None) -> str:
     """The question type's own skills and mistakes, without the general ones: a short privileged text
     for a tiny model's teacher prompt (what sets the teacher apart from the student is the type's plan;
-    the general lines repeat the action format the student already follows)."""
-    lib = SEARCHQA_SKILLS
+    the general lines repeat the action format the student already follows). No key: the whole text."""
     if key is None:
-        return lib.render(None)
-    if key not in lib.by_key:
-        raise KeyError(f"no skills for key {key!r} in family searchqa; known keys: {', '.join(lib.keys())}")
-    lines = [f"Skills for {key}:"] + [f"- {s}" for s in lib.by_key[key]]
-    if lib.mistakes.get(key):
-        lines += ["Common mistakes to avoid:"] + [f"- {m}" for m in lib.mistakes[key]]
-    return "\n".join(lines)
+        return SEARCHQA_SKILLS.render(None)
+    return SEARCHQA_SKILLS.render(key, general=False, common_mistakes=False)
 
 
 # Hint texts for the environment's `hint_template_key`s; `{...}` fields come from the step.

@@ -200,11 +200,9 @@ class ShopEnv(TextEnv):
 
     def privileged_skills(self) -> str:
         """The category's skills; with compact_skills only the general ones (a short teacher prompt)."""
-        key = None if self.config.compact_skills else self.skills_key()
-        text = self.skill_library().render(key)
-        if self.config.compact_skills:  # render(None) still lists the mistakes of every key
-            text = text.split("\nCommon mistakes to avoid:")[0]
-        return text
+        if self.config.compact_skills:
+            return self.skill_library().render(None, common_mistakes=False)
+        return self.skill_library().render(self.skills_key())
 
     # ---- internals --------------------------------------------------------------------------
     def _require_goal(self) -> Goal:
