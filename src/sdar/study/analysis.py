@@ -140,33 +140,39 @@ def success_rows(r: Runs, family: str) -> list[dict[str, Any]]:
     return rows
 
 
+WARM = "warm start"
+
+
+def _paired_rows(a: str, b: str, seeds: list[int], evals) -> list[dict[str, Any]]:
+    """a - b at every eval step both reached at all `seeds`; `evals(who, seed)` -> {step: eval record}."""
+    if not seeds:
+        return []
+    steps = sorted(set.intersection(*[set(evals(who, s)) for s in seeds for who in (a, b)]), key=int)
+    rows = []
+    for step in steps:
+        ra, rb = ([evals(who, s)[step] for s in seeds] for who in (a, b))
+        tasks = common_tasks(ra + rb)
+        rows.append({"a": a, "b": b, "step": int(step), "seeds": len(seeds), "tasks": len(tasks),
+                     "ci": paired_difference(outcome_matrix(ra, tasks), outcome_matrix(rb, tasks))})
+    return rows
+
+
 def difference_rows(r: Runs, family: str, pairs: tuple[tuple[str, str], ...] = (
         ("sdar", "grpo"), ("sdar", "grpo_opsd"), ("grpo_opsd", "grpo"))) -> list[dict[str, Any]]:
-    """Paired differences a - b at every eval step both arms reached, over the seeds both ran."""
+    """Paired differences a - b at every eval step both arms reached, over the seeds both ran; then each arm
+    against its own warm start (the step-0 student of the same seed, at every eval step)."""
+
+    def evals(who: str, seed: int) -> dict[str, dict[str, Any]]:
+        if who == WARM:
+            return {str(k): r.warm[(family, seed)]["student"] for k in r.spec.get("eval_steps", [])}
+        return r.runs[(family, seed, who)]["evals"]
+
     rows = []
     for a, b in list(pairs) + [(arm, "grpo") for arm in r.arms(family)
                                 if arm not in ("grpo", "sdar", "grpo_opsd")]:
-        seeds = sorted(set(r.seeds(family, a)) & set(r.seeds(family, b)))
-        if not seeds:
-            continue
-        steps = sorted(set.intersection(*[{int(k) for k in r.runs[(family, s, arm)]["evals"]}
-                                          for s in seeds for arm in (a, b)]))
-        for step in steps:
-            ra = [r.runs[(family, s, a)]["evals"][str(step)] for s in seeds]
-            rb = [r.runs[(family, s, b)]["evals"][str(step)] for s in seeds]
-            tasks = common_tasks(ra + rb)
-            rows.append({"a": a, "b": b, "step": step, "seeds": len(seeds), "tasks": len(tasks),
-                         "ci": paired_difference(outcome_matrix(ra, tasks), outcome_matrix(rb, tasks))})
-    for arm in r.arms(family):  # each arm against its own warm start (the step-0 student of the same seed)
-        seeds = [s for s in r.seeds(family, arm) if (family, s) in r.warm]
-        steps = sorted(set.intersection(*[{int(k) for k in r.runs[(family, s, arm)]["evals"]} for s in seeds])) \
-            if seeds else []
-        for step in steps:
-            ra = [r.runs[(family, s, arm)]["evals"][str(step)] for s in seeds]
-            rb = [r.warm[(family, s)]["student"] for s in seeds]
-            tasks = common_tasks(ra + rb)
-            rows.append({"a": arm, "b": "warm start", "step": step, "seeds": len(seeds), "tasks": len(tasks),
-                         "ci": paired_difference(outcome_matrix(ra, tasks), outcome_matrix(rb, tasks))})
+        rows += _paired_rows(a, b, sorted(set(r.seeds(family, a)) & set(r.seeds(family, b))), evals)
+    for arm in r.arms(family):
+        rows += _paired_rows(arm, WARM, [s for s in r.seeds(family, arm) if (family, s) in r.warm], evals)
     return rows
 
 

@@ -50,7 +50,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.report:
         write_report(runner.results, args.report)
         console.print(f"report written to {args.report}")
-        runner._commit([Path(args.report), runner.results / "figures"], f"study {spec.name}: report")
+        runner.commit_files([Path(args.report), runner.results / "figures"], f"study {spec.name}: report")
     return 0
 
 

@@ -41,7 +41,7 @@ HISTORY_KEYS = (
 RESULT_VERSION = 1
 # settings that do not change what a run computes: a result made under other values is still valid
 _NOT_IDENTITY = ("steps", "output_dir", "experiment", "parent_run_id", "tracking", "checkpoint_uri", "eval_every",
-                 "checkpoint_every", "console")
+                 "checkpoint_every")
 
 
 class StaleResult(RuntimeError):
@@ -216,7 +216,7 @@ class StudyRunner:
 
         path = self.warmstart_path(family, seed)
         cfg = cell_config(self.spec, Cell(family, "grpo", seed), self.work)
-        fingerprint = config_fingerprint(replace(cfg, arm="grpo"))
+        fingerprint = config_fingerprint(cfg)
         rec = _read_json(path)
         if rec is not None and self._check_fresh(path, rec, fingerprint):
             return rec
@@ -237,7 +237,7 @@ class StudyRunner:
         _write_json(path, rec)
         self.console.print(f"[{family} seed {seed}] warm start: student {student.success:.3f}, teacher "
                            f"{teacher.success:.3f} ({student.n} tasks)")
-        self._commit([path, self.results / "spec.json"], f"study {self.spec.name}: {family} seed {seed} warm start")
+        self.commit_files([path, self.results / "spec.json"], f"study {self.spec.name}: {family} seed {seed} warm start")
         return rec
 
     def run_cell(self, cell: Cell) -> bool:
@@ -295,7 +295,7 @@ class StudyRunner:
         rec["wall_s"]["total"] = round(rec["wall_s"]["train"] + rec["wall_s"]["eval"], 1)
         _write_json(path, rec)
         partial.unlink(missing_ok=True)
-        self._commit([path], f"study {self.spec.name}: {cell.name} ({self.spec.steps} steps)")
+        self.commit_files([path], f"study {self.spec.name}: {cell.name} ({self.spec.steps} steps)")
         return True
 
     # ---- transfer to the real engine (household) ------------------------------------------------
@@ -326,7 +326,7 @@ class StudyRunner:
                 rec["who"] = who
                 _write_json(path, rec)
                 written.append(path)
-                self._commit([path], f"study {self.spec.name}: {family} seed {seed} {who} on {backend} {split}")
+                self.commit_files([path], f"study {self.spec.name}: {family} seed {seed} {who} on {backend} {split}")
         return written
 
     def _transfer_one(self, cell: Cell, out: Path | None, backend: str, split: str,
@@ -358,7 +358,7 @@ class StudyRunner:
         with Tracker(f"study-{self.spec.name}", resume_run_id=run_id) as t:
             t.log_metrics(ev.metrics("study_eval"), step=step - 1)
 
-    def _commit(self, paths: list[Path], message: str) -> None:
+    def commit_files(self, paths: list[Path], message: str) -> None:
         """git-commit these result files alone (with --commit): results land as they arrive."""
         if not self.commit:
             return
