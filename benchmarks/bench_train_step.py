@@ -4,6 +4,7 @@ speed-ups measured side by side (`--compare-off` runs every arm again with each 
 Every arm plays the same tasks from the same warm start (same seed), so the difference between arms is
 the teacher's extra forward and the loss. GRPO skips the teacher here (teacher_for_all_arms false), as a
 production GRPO run would. For the last timed step's own batch the benchmark also times the raw limits:
+  (the no-grad limits run a plain module: a LoRA adapter merged into its base, no peft wrappers)
   rollout: a plain prefill + one KV-cached decode step per non-forced token, turn by turn (no env, no trie);
   score:   a plain no-grad forward over the sequences each needed pass reads (reference: the student's,
            teacher: the privileged ones), length-bucketed like the trainer;
@@ -25,7 +26,7 @@ from pathlib import Path
 
 # the speed-ups, each a config flag (default on); --compare-off sets every one of them to its "off" value
 SPEEDUPS_OFF = {"rollout.jump_forward": False, "old_logp_from_sampler": False, "reuse_old_logp": False,
-                "prefix_cache": False, "length_buckets": False}
+                "prefix_cache": False, "length_buckets": False, "merged_inference": False}
 
 
 def _timed(fn) -> float:
@@ -54,12 +55,15 @@ def _padded(rows: list[list[int]], pad: int, device, left: bool = False):
 
 def limits(trainer, trajs) -> dict[str, float]:
     """Raw limits of the three phases for this batch (seconds)."""
+    import copy
+
     import torch
 
-    from sdar.models.scoring import free_token_mask
-    from sdar.models.scoring import length_groups
+    from sdar.models.scoring import free_token_mask, length_groups
 
-    model, cfg, pad = trainer.model, trainer.cfg, trainer.pad_id
+    trained, cfg, pad = trainer.model, trainer.cfg, trainer.pad_id
+    # the no-grad limits run a plain module (a LoRA adapter merged in: no per-layer wrappers), whatever the flags
+    model = copy.deepcopy(trained).merge_and_unload() if trainer.policy.is_lora else trained
     device = next(model.parameters()).device
     turns = [t for tr in trajs for t in tr.turns]
     student = [t.prompt_ids + t.response_ids for t in turns]
@@ -94,6 +98,7 @@ def limits(trainer, trajs) -> dict[str, float]:
 
         out["decode_s"] = _timed(decode)
     model.train(was)
+    model = trained  # the update trains the real module (the adapter's gradients)
     params = [p for p in model.parameters() if p.requires_grad]
     snapshot = [p.detach().clone() for p in params]
     opt = torch.optim.AdamW(params, lr=0.0)  # lr 0: the timing of a real step, the weights unchanged
@@ -174,6 +179,10 @@ def run_arm(config: str, arm: str, steps: int, overrides: dict, console) -> dict
                 m = trainer.train_step(step).metrics
                 # the guard's one-row probe is not a scoring pass
                 m["passes"] = sum(r for r in rows_scored if r > 1) / max(m["turn_samples"], 1)
+                # the arms' batches differ after step 0 (other episodes, other lengths): per 1k tokens of the
+                # step's turn-samples (prompt + response) the arms compare on the same unit of work
+                m["ktokens"] = sum(len(t.prompt_ids) + len(t.response_ids) for tr in last["trajs"] for t in tr.turns) / 1e3
+                m["s_per_ktok"] = m["time/step_s"] / max(m["ktokens"], 1e-9)
                 results.append(m)
         finally:
             tr.response_logprobs = real_score
@@ -181,7 +190,7 @@ def run_arm(config: str, arm: str, steps: int, overrides: dict, console) -> dict
         results = results[1:]  # the first step warms up
         out = {k: statistics.median(r[k] for r in results)
                for k in ("time/step_s", "time/rollout_s", "time/score_s", "time/update_s", "turn_samples", "passes",
-                         "tokens/forced_frac")}
+                         "tokens/forced_frac", "ktokens", "s_per_ktok")}
         lim = limits(trainer, last["trajs"])
         arm_cfg = trainer.arm
         lim["score_s"] = (lim["student_forward_s"] if arm_cfg.kl_coef else 0.0) + \
@@ -211,7 +220,7 @@ def main() -> None:
         for mode, extra in modes.items():
             rows[(arm, mode)] = run_arm(args.config, arm, args.steps, {**overrides, **extra}, console)
     table = Table(title=f"seconds per RL step (median of {args.steps}), {args.config}; [x] = phase / its raw limit")
-    for col in ("arm", "speed-ups", "step", "rollout", "score", "update", "passes", "forced", "x grpo"):
+    for col in ("arm", "speed-ups", "step", "rollout", "score", "update", "passes", "forced", "s/1k tok", "x grpo"):
         table.add_column(col, justify="right")
     for (arm, mode), r in rows.items():
         base = rows.get(("grpo", mode), r)["time/step_s"]
@@ -222,16 +231,20 @@ def main() -> None:
 
         table.add_row(arm, mode, f"{r['time/step_s']:.1f}", ph("time/rollout_s", "decode_s"),
                       ph("time/score_s", "score_s"), ph("time/update_s", "update_s"), f"{r['passes']:.2f}",
-                      f"{r['tokens/forced_frac']:.0%}", f"{r['time/step_s'] / base:.2f}")
+                      f"{r['tokens/forced_frac']:.0%}", f"{r['s_per_ktok']:.3f}", f"{r['time/step_s'] / base:.2f}")
     console.print(table)
     for mode in modes:
         if ("sdar", mode) in rows and ("grpo", mode) in rows:
-            console.print(f"SDAR/GRPO seconds per step, speed-ups {mode}: "
-                          f"{rows[('sdar', mode)]['time/step_s'] / rows[('grpo', mode)]['time/step_s']:.2f}x")
+            sd, gr = rows[("sdar", mode)], rows[("grpo", mode)]
+            console.print(f"SDAR/GRPO seconds per step, speed-ups {mode}: {sd['time/step_s'] / gr['time/step_s']:.2f}x; "
+                          f"per 1k batch tokens: {sd['s_per_ktok'] / gr['s_per_ktok']:.2f}x "
+                          f"(batches of {sd['ktokens']:.1f}k and {gr['ktokens']:.1f}k tokens)")
     if args.compare_off:
         for arm in args.arms.split(","):
-            on, off = rows[(arm, "on")]["time/step_s"], rows[(arm, "off")]["time/step_s"]
-            console.print(f"{arm}: step with speed-ups / without = {on:.1f} / {off:.1f} s = {on / off:.2f}")
+            on, off = rows[(arm, "on")], rows[(arm, "off")]
+            console.print(f"{arm}: step with speed-ups / without = {on['time/step_s']:.1f} / {off['time/step_s']:.1f} s = "
+                          f"{on['time/step_s'] / off['time/step_s']:.2f}; per 1k batch tokens "
+                          f"{on['s_per_ktok'] / off['s_per_ktok']:.2f}")
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({f"{a}/{m}": r for (a, m), r in rows.items()}, indent=1))

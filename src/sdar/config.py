@@ -267,6 +267,14 @@ class TrainConfig:
         "help": "The teacher and reference passes encode the prompt start a task's turn-samples share (system "
                 "prompt, task, skills in either placement) once per step and continue each turn-sample from its KV "
                 "cache (the same log-probs as the plain forward); false = a plain forward per turn-sample."})
+    merged_inference: bool = field(default=True, metadata={
+        "help": "With LoRA, the no-grad forwards run on plain modules without peft's per-layer wrappers: sampling, "
+                "the old_logp pass and the teacher on a copy of the adapted layers with the adapter merged in (base "
+                "+ BA, refreshed after every weight change; the same log-probs up to float rounding, ~1e-6), the "
+                "reference on the base weights themselves (shared, bit-identical). CPU only: there peft's wrappers "
+                "cost 15-20% of a small model's forward; on a GPU the copy of the adapted layers (~13 GB for a 7B "
+                "model) costs more memory than the launches it saves, and `sdar size` does not plan for it. "
+                "false = the peft module (adapter disabled for the reference)."})
     length_buckets: bool = field(default=True, metadata={
         "help": "Forward rows of similar length together (scoring chunks and, inside each update micro-batch, groups "
                 "of similar length: the micro-batch and its loss are unchanged, only padding goes); false = one "

@@ -97,6 +97,54 @@ def test_lora_reference_is_the_base_before_and_after_an_update(tok_dir, batch, b
     torch.testing.assert_close(logp_of(policy.model, batch), after, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_plain_inference_is_the_merged_adapter_and_the_shared_base(tok_dir, batch, dtype):
+    """Issue 14 (merged_inference): the no-grad module is a plain transformers model holding base + the adapter's
+    delta, the same log-probs as the peft module, refreshed in place after every update and never rebuilt when
+    nothing moved; the reference is the base weights themselves (shared tensors), bit-identical to the disabled
+    adapter."""
+    from peft import PeftModel
+
+    policy = load_policy(ModelSpec(f"tiny:{tok_dir}", dtype=dtype))
+    assert policy.inference_model() is policy.model  # off by default: the peft module itself
+    with policy.reference() as ref:
+        disabled = logp_of(ref, batch)
+    policy.plain_inference = True
+    tol = 1e-5 if dtype == "float32" else 2e-2
+    mask = batch[1][:, 1:].bool()
+    for k in range(2):  # after each update the same module holds the new merged weights
+        update(policy, batch)
+        merged = policy.inference_model()
+        assert not isinstance(merged, PeftModel) and not any(p.requires_grad for p in merged.parameters())
+        assert not any("lora" in n for n, _ in merged.named_parameters())
+        if k == 0:
+            first, q = merged, merged.get_submodule("model.layers.0.self_attn.q_proj").weight
+            ptr = q.data_ptr()
+        assert merged is first and q.data_ptr() == ptr  # refreshed in place, no new module per step
+        want = logp_of(policy.model, batch)
+        got = logp_of(merged, batch)
+        assert (want - base_logp_of(policy, batch))[mask].abs().max() > 1e-2  # the adapter has moved
+        torch.testing.assert_close(got[mask], want[mask], rtol=0, atol=tol)
+    before = q.clone()
+    assert policy.inference_model() is first and torch.equal(q, before)  # nothing moved: nothing rebuilt
+    with policy.reference() as ref:
+        assert ref is not policy.model and not isinstance(ref, PeftModel)
+        assert torch.equal(logp_of(ref, batch), disabled)  # the base, bit for bit
+        emb = ref.get_input_embeddings().weight
+        assert emb.data_ptr() == policy.model.get_base_model().get_input_embeddings().weight.data_ptr()
+
+
+def base_logp_of(policy: Policy, batch):
+    with policy.model.disable_adapter():
+        return logp_of(policy.model, batch)
+
+
+def test_plain_inference_without_lora_is_the_model_itself(tok_dir, batch):
+    policy = load_policy(ModelSpec(f"tiny:{tok_dir}", lora=False))
+    policy.plain_inference = True
+    assert policy.inference_model() is policy.model
+
+
 def test_full_finetuning_keeps_a_frozen_copy(tok_dir, batch, base_logp):
     policy = load_policy(ModelSpec(f"tiny:{tok_dir}", lora=False))
     counts = policy.parameter_counts()

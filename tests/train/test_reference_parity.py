@@ -329,6 +329,35 @@ def test_old_logp_from_the_sampler_changes_nothing(tiny_ckpt, tmp_path, mini):
         torch.testing.assert_close(w1[k], w0[k], atol=1e-5, rtol=1e-4)
 
 
+def test_merged_inference_changes_nothing(tiny_ckpt, tmp_path):
+    """Issue 14 (merged_inference): sampling, old_logp and the teacher on the plain module with the adapter merged
+    in, the reference on the plain base: once the adapter has moved (step 1), the same samples, the same
+    statistics and update as the peft module, and a first PPO ratio of 1 within 1e-5."""
+    from peft import PeftModel
+
+    results = {}
+    for on in (True, False):
+        trainer = make_trainer(small_config(tmp_path / str(on), arm="sdar", steps=2, tracking=False,
+                                            mini_batch_size=100000, merged_inference=on))
+        trainer.train_step(0)
+        sampler = trainer.backend.inference()
+        assert isinstance(sampler, PeftModel) != on and (sampler is trainer.model) != on
+        trajs = {}
+        trainer.collect = lambda step, real=trainer.collect, trajs=trajs: trajs.setdefault("t", real(step))
+        m = trainer.train_step(1).metrics
+        results[on] = (m, [t.response_ids for tr in trajs["t"] for t in tr.turns],
+                       {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad})
+    (m1, s1, w1), (m0, s0, w0) = results[True], results[False]
+    assert s1 == s0
+    for key in ("loss/pg", "loss/kl", "loss/sdar", "pg/ratio_mean", "pg/approx_kl", "sdar/gap_mean",
+                "teacher/gap_free_tokens", "teacher/gap_all_tokens"):
+        assert m1[key] == pytest.approx(m0[key], abs=1e-5), key
+    assert m0["loss/kl"] != 0.0  # the adapter has moved: the reference differs from the policy
+    assert m1["pg/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    for k in w0:
+        torch.testing.assert_close(w1[k], w0[k], atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_update_forward_from_shared_prefixes_gives_the_plain_forwards_numbers_and_gradients(tiny_ckpt, tmp_path,
                                                                                                   dtype):

@@ -103,11 +103,14 @@ class TransformersBackend:
     record_logprobs: fill `Generation.logprobs` with the sampler's log-prob of each token (the
         processed distribution: trie mask, temperature, top-p), for checking that sampling equals
         scoring. Costs a vocabulary-wide float row per token while a chunk generates: off by default.
+    inference: called at every `generate` for the module that samples (`Policy.inference_model`: the
+        current weights with the LoRA adapter merged into plain layers); None = `model` itself.
     """
 
     def __init__(self, model, tokenizer, batch_size: int = 64, record_logprobs: bool = False,
-                 jump_forward: bool = True) -> None:
+                 jump_forward: bool = True, inference=None) -> None:
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
+        self.inference = inference
         self.record_logprobs = record_logprobs
         self.jump_forward = jump_forward
         self.decode_stats = DecodeStats()  # forwards, tokens and forced tokens of constrained sampling so far
@@ -117,27 +120,28 @@ class TransformersBackend:
     @torch.no_grad()
     def generate(self, prompts, *, max_new_tokens, temperature, top_p=1.0, tries=None):
         out: list[Generation] = []
-        was_training = self.model.training
-        self.model.eval()
+        model = self.model if self.inference is None else self.inference()
+        was_training = model.training
+        model.eval()
         tries = tries or [None] * len(prompts)
         try:
             for start in range(0, len(prompts), self.batch_size):
                 sl = slice(start, start + self.batch_size)
-                out.extend(self._generate_chunk(prompts[sl], max_new_tokens, temperature, top_p, tries[sl]))
+                out.extend(self._generate_chunk(model, prompts[sl], max_new_tokens, temperature, top_p, tries[sl]))
         finally:
-            self.model.train(was_training)
+            model.train(was_training)
         return out
 
-    def _generate_chunk(self, prompts, max_new_tokens, temperature, top_p, tries):
+    def _generate_chunk(self, model, prompts, max_new_tokens, temperature, top_p, tries):
         if temperature > 0 and any(t is not None for t in tries):
             # constrained sampling: forced tokens cost no decision, and with jump_forward no decode step
-            rows = constrained_sample(self.model, prompts, tries, max_new_tokens=max_new_tokens,
+            rows = constrained_sample(model, prompts, tries, max_new_tokens=max_new_tokens,
                                       temperature=temperature, top_p=top_p, eos_ids=self.eos_ids, pad_id=self.pad_id,
                                       jump_forward=self.jump_forward, stats=self.decode_stats)
             return [Generation(r.token_ids, self.tokenizer.decode(r.token_ids, skip_special_tokens=True), r.finished,
                                r.logprobs) for r in rows]
         width = max(len(p) for p in prompts)
-        device = next(self.model.parameters()).device
+        device = next(model.parameters()).device
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
         for i, p in enumerate(prompts):
@@ -154,8 +158,8 @@ class TransformersBackend:
             kwargs["logits_processor"] = LogitsProcessorList([TrieLogitsProcessor(list(tries), width)])
         if self.record_logprobs:
             gen_cfg.output_scores, gen_cfg.return_dict_in_generate = True, True
-        with _plain_generation_defaults(self.model):
-            out = self.model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+        with _plain_generation_defaults(model):
+            out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
                                       generation_config=gen_cfg, **kwargs)
         seqs = out.sequences if self.record_logprobs else out
         new = seqs[:, width:]
@@ -436,8 +440,9 @@ def make_backend(name: str, policy, *, vllm=None, batch_size: int = 64, jump_for
     vllm: a `sdar.config.VLLMConfig` (or anything with its fields) for the vLLM engine.
     jump_forward: the transformers backend's constrained decoding skips decode steps for forced tokens.
     """
-    if name == "transformers":
-        return TransformersBackend(policy.model, policy.tokenizer, batch_size=batch_size, jump_forward=jump_forward)
+    if name == "transformers":  # samples with the policy's inference module (merged LoRA when policy.plain_inference)
+        return TransformersBackend(policy.model, policy.tokenizer, batch_size=batch_size, jump_forward=jump_forward,
+                                   inference=policy.inference_model)
     if name == "vllm":
         opts = {} if vllm is None else {k: getattr(vllm, k) for k in (
             "gpu_memory_utilization", "enable_lora", "max_lora_rank", "dtype", "max_model_len", "enforce_eager",

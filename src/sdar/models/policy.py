@@ -246,6 +246,11 @@ class Policy:
         self.spec = spec
         self._reference = reference_model
         self.base_source = base_source  # reloads the initial weights; None = kept in <checkpoint>/base
+        # no-grad forwards on plain modules (see `inference_model`); the trainer sets it from cfg.merged_inference
+        self.plain_inference = False
+        self._plain_base: PreTrainedModel | None = None
+        self._merged: PreTrainedModel | None = None
+        self._merged_key: tuple = ()
 
     @property
     def is_lora(self) -> bool:
@@ -269,7 +274,14 @@ class Policy:
         computes reference numbers, so never compute `logp` for the loss in there. The adapter, the
         train/eval mode and grad mode are restored on exit, also after an exception.
         """
-        if self.is_lora:
+        if self.is_lora and self.plain_inference:
+            # the base weights in a plain module (their tensors shared, no copy): the same numbers as the
+            # disabled adapter without peft's per-layer wrappers
+            if self._plain_base is None or self._plain_base.device != self.device:
+                self._plain_base = self._initial_weights().eval()
+            with torch.no_grad():
+                yield self._plain_base
+        elif self.is_lora:
             was_training = self.model.training
             self.model.eval()
             try:
@@ -297,22 +309,75 @@ class Policy:
         return self
 
     # -- checkpoints -------------------------------------------------------------------------
-    def _initial_weights(self) -> PreTrainedModel:
-        """The initial (reference) weights as a plain transformers model, for <checkpoint>/base."""
-        if not self.is_lora:
-            return self._reference
+    def inference_model(self) -> torch.nn.Module:
+        """The actor for no-grad forwards (sampling, old_logp, the teacher: theta_old with the skills in context).
+
+        With LoRA and `plain_inference`, a plain transformers module whose adapted linear layers hold
+        base + the adapter's delta (merged: no peft wrapper per layer, one matmul where there were three) and
+        whose other weights are the base's own tensors (shared). It is rebuilt in place whenever a trainable
+        weight changed (optimizer step, load, device move), so it always computes the current policy: the
+        same log-probs as `self.model` up to float rounding (~1e-6). Costs one copy of the adapted layers'
+        weights. Otherwise `self.model` itself.
+        """
+        if not (self.is_lora and self.plain_inference):
+            return self.model
+        key = tuple((p.data_ptr(), p._version) for p in self.trainable_parameters())
+        if self._merged is None or key != self._merged_key:
+            self._merged = self._merge_adapter(self._merged)
+            self._merged_key = key
+        return self._merged
+
+    @torch.no_grad()
+    def _merge_adapter(self, into: PreTrainedModel | None) -> PreTrainedModel:
+        """Base + delta of every LoRA layer (peft's own `get_delta_weight`, as `merge_and_unload` adds it),
+        written into `into`'s weights when it is on the same device, else into a new plain module."""
+        from peft.tuners.lora import LoraLayer
+
+        base = self.model.get_base_model()
+        merged: dict[str, torch.Tensor] = {}
+        for name, module in base.named_modules():
+            if isinstance(module, LoraLayer):
+                w = module.get_base_layer().weight
+                delta = sum(module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A)
+                merged[f"{name}.weight"] = (w + delta).to(w.dtype) if torch.is_tensor(delta) else w.clone()
+        if into is not None and into.device == self.device:
+            params = dict(into.named_parameters())
+            for k, v in merged.items():
+                params[k].copy_(v)
+            return into
+        return self._plain_module(merged).eval()
+
+    def _plain_module(self, replace: dict[str, torch.Tensor] | None = None) -> PreTrainedModel:
+        """A plain transformers module on the base weights' own tensors (no copy), with `replace`'s tensors
+        in place of the named ones."""
         base = self.model.get_base_model()
         state = {
             k.replace(".base_layer.", "."): v for k, v in base.state_dict().items() if "lora_" not in k
         }
+        state.update(replace or {})
+        config = copy.deepcopy(base.config)
+        config.use_cache = True  # the training module's may be off (activation checkpointing)
         with torch.device("meta"):
-            plain = AutoModelForCausalLM.from_config(base.config, dtype=base.dtype)
+            plain = AutoModelForCausalLM.from_config(config, dtype=base.dtype)
         plain.load_state_dict(state, strict=False, assign=True)
         plain.tie_weights()
-        missing = [n for n, p in plain.named_parameters() if p.is_meta]
+        # buffers outside the state dict (rotary inv_freq) are the base's own
+        own = dict(base.named_buffers())
+        for name, buf in list(plain.named_buffers()):
+            if buf.is_meta and name in own:
+                owner, _, leaf = name.rpartition(".")
+                plain.get_submodule(owner)._buffers[leaf] = own[name]
+        missing = [n for n, p in [*plain.named_parameters(), *plain.named_buffers()] if p.is_meta]
         if missing:
             raise RuntimeError(f"could not recover base weights {missing[:3]} from the LoRA model; report this")
+        plain.requires_grad_(False)
         return plain
+
+    def _initial_weights(self) -> PreTrainedModel:
+        """The initial (reference) weights as a plain transformers model, for <checkpoint>/base."""
+        if not self.is_lora:
+            return self._reference
+        return self._plain_module()
 
     def save(self, directory: str | Path) -> Path:
         """Write a resumable checkpoint: the adapter (LoRA) or the full weights, the tokenizer and

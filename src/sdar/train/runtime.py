@@ -104,9 +104,10 @@ class Runtime:
         temperature, over the tokens that carried a choice (all response tokens with mask_forced_tokens off)."""
         batch = TurnBatch.of(trajs)
         temp = self.rollout_cfg.temperature
-        old = response_logprobs(self.model, batch.prompts, batch.responses, pad_id=self.pad_id,
+        model = self.policy.inference_model()
+        old = response_logprobs(model, batch.prompts, batch.responses, pad_id=self.pad_id,
                                 batch_size=self.cfg.score_batch_size, allowed=batch.allowed, temperature=temp)
-        teacher = self.teacher.score(self.model, batch, self.pad_id, temperature=temp)
+        teacher = self.teacher.score(model, batch, self.pad_id, temperature=temp)
         free = free_token_mask(batch.allowed, old.mask, forced_free=not self.rollout_cfg.mask_forced_tokens)
         return masked_mean(teacher.logp - old.logp, free)
 
@@ -161,6 +162,8 @@ def build_runtime(cfg: TrainConfig, *, policy=None, env_factory: Callable[[], An
     device = device or cfg.resolved_device()
     if policy.device != device:
         policy.to(device)
+    # sampling, teacher and reference on plain modules (LoRA on CPU: see the merged_inference help)
+    policy.plain_inference = cfg.merged_inference and torch.device(device).type == "cpu"
     rollout_cfg = replace(cfg.rollout, family=cfg.env.family, skills_in_prompt=arm.skills_in_student_prompt)
     builder = PromptBuilder(cfg.env.family, history=rollout_cfg.history, show_admissible=rollout_cfg.show_admissible)
     # vLLM serves the current LoRA adapter, re-exported when the weights change (checked per call)

@@ -200,7 +200,7 @@ class Trainer:
         scored = [i for i in range(n) if i not in reused and i not in sampled]
         old_logp = torch.zeros(n, T, device=self.device)
         if scored:
-            part = response_logprobs(self.model, [prompts[i] for i in scored], [responses[i] for i in scored],
+            part = response_logprobs(self.policy.inference_model(), [prompts[i] for i in scored], [responses[i] for i in scored],
                                      pad_id=self.pad_id, batch_size=cfg.score_batch_size,
                                      allowed=[allowed[i] for i in scored], temperature=temp,
                                      length_buckets=cfg.length_buckets)
@@ -227,7 +227,7 @@ class Trainer:
         # teacher-student gap can be compared across arms, used in the loss only by SDAR/OPSD
         teacher = None
         if arm.needs_teacher or cfg.teacher_for_all_arms:
-            teacher = self.teacher.score(self.model, batch, self.pad_id, temperature=temp)
+            teacher = self.teacher.score(self.policy.inference_model(), batch, self.pad_id, temperature=temp)
         pairs = self._due_pairs(temp)
         t_score = time.perf_counter() - t1
         # channel 3: pair p rides in micro-batch p mod M of every epoch (M micro-batches per epoch)
@@ -346,7 +346,8 @@ class Trainer:
 
     def _sampler_rows(self, batch: TurnBatch) -> dict[int, list[float]]:
         """Turn-sample row -> the sampler's log-probs, where they are the trainer's old_logp: the transformers
-        backend on the trainer's own model (no weights moved since), top_p 1, every token reported."""
+        backend on the trainer's own model (or its merged inference module: the same weights), no weights moved
+        since, top_p 1, every token reported."""
         from sdar.agent.backends import TransformersBackend
 
         if not isinstance(self.backend, TransformersBackend) or self.backend.model is not self.model \
