@@ -2,9 +2,11 @@
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from sdar.storage import checkpoint_path
 from sdar.study import parse_spec
@@ -50,6 +52,24 @@ def test_cells_group_the_arms_of_one_warm_start():
                      "household/seed1/sdar", "household/seed1/grpo", "shop/seed0/sdar", "shop/seed0/grpo",
                      "shop/seed1/sdar", "shop/seed1/grpo"]
     assert spec.warm_starts() == [("household", 0), ("household", 1), ("shop", 0), ("shop", 1)]
+
+
+def test_the_fingerprint_ignores_where_and_how_fast_but_not_what():
+    """A result stays fresh when only its output place, length or a same-numbers speed-up changes, and goes
+    stale when something that shapes the numbers does (the committed household seed-0 runs keep theirs)."""
+    from sdar.config import load_config
+    from sdar.study.runner import cell_config, config_fingerprint
+
+    base = load_config("configs/household-tiny.yaml")
+    same = load_config("configs/household-tiny.yaml", {"merged_inference": False, "output_dir": "/elsewhere",
+                                                       "steps": 90, "tracking": False})
+    assert config_fingerprint(same) == config_fingerprint(base)
+    for change in ({"lr": 2e-3}, {"arm": "grpo"}, {"seed": 1}, {"rollout.temperature": 0.9}):
+        assert config_fingerprint(load_config("configs/household-tiny.yaml", change)) != config_fingerprint(base), change
+    committed = json.loads(Path("docs/results/evidence/household/seed0/sdar.json").read_text())["fingerprint"]
+    spec = parse_spec(yaml.safe_load(Path("configs/study/evidence.yaml").read_text()))
+    cell = next(c for c in spec.cells() if c.name == "household/seed0/sdar")
+    assert config_fingerprint(cell_config(spec, cell, Path("/tmp/w"))) == committed
 
 
 def test_bootstrap_collapses_on_a_constant_and_matches_the_normal_interval():
