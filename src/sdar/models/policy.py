@@ -233,6 +233,9 @@ class Policy:
     Reference memory: with LoRA none (the adapter is switched off); with full fine-tuning one frozen
         copy of the weights made at load time (parameters x bytes per dtype, e.g. 0.54 GB for
         SmolLM2-135M in float32, 1 GB for a 0.5B model in bfloat16), no gradients or optimizer state.
+    plain_inference (LoRA): `inference_model()` and `reference()` give plain modules without peft's
+        wrappers (a copy of the adapted layers with the adapter merged in; the base's own tensors),
+        faster on CPU; the trainer sets it from cfg.merged_inference.
     """
 
     def __init__(
@@ -308,7 +311,7 @@ class Policy:
             self._reference.to(device)
         return self
 
-    # -- checkpoints -------------------------------------------------------------------------
+    # -- plain modules for the no-grad forwards ------------------------------------------------
     def inference_model(self) -> torch.nn.Module:
         """The actor for no-grad forwards (sampling, old_logp, the teacher: theta_old with the skills in context).
 
@@ -373,6 +376,7 @@ class Policy:
         plain.requires_grad_(False)
         return plain
 
+    # -- checkpoints -------------------------------------------------------------------------
     def _initial_weights(self) -> PreTrainedModel:
         """The initial (reference) weights as a plain transformers model, for <checkpoint>/base."""
         if not self.is_lora:
