@@ -232,3 +232,61 @@ def test_cli_status_and_only_filter(tmp_path, capsys):
     assert [keep(Cell("household", a, s)) for a, s in (("sdar", 0), ("sdar", 1), ("grpo", 0))] == [True, True, False]
     with pytest.raises(SystemExit, match="keys family, arm, seed"):
         _only("step=3")
+
+
+def test_a_seed_trains_only_on_the_warm_start_its_record_was_made_with(tmp_path, monkeypatch):
+    """Arms are paired by seed, so a warm start rebuilt (an emptied cache, another machine) must be the same one
+    bit for bit: the step-0 record carries its digest; older records are checked once by replaying their step-0
+    student evaluation, then get the digest."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    one = {**SPEC, "steps": 1, "eval_steps": [1], "matrices": [{"families": ["household"], "arms": ["grpo"], "seeds": [0]}]}
+    spec = parse_spec(one, "test-spec")
+    results, work = tmp_path / "results", tmp_path / "work"
+    StudyRunner(spec, results, work).run()
+    warm_path, grpo = results / "t/household/seed0/warmstart.json", results / "t/household/seed0/grpo.json"
+    warm = json.loads(warm_path.read_text())
+    assert len(warm["warm_start_digest"]) == 16
+
+    def rerun(edit):  # the run gone (its result and checkpoints), the step-0 record edited, the cell trained again
+        rec = json.loads(warm_path.read_text())
+        edit(rec)
+        warm_path.write_text(json.dumps(rec))
+        grpo.unlink()
+        shutil.rmtree(work / "t/household/seed0/grpo")
+        return StudyRunner(spec, results, work).run()
+
+    # a record from before digests whose outcomes the warm start replays: trained, and the digest filled in
+    assert [c.name for c in rerun(lambda r: r.pop("warm_start_digest"))] == ["household/seed0/grpo"]
+    assert json.loads(warm_path.read_text())["warm_start_digest"] == warm["warm_start_digest"]
+
+    # one task's recorded outcome differs from the replay: another warm start, refused before any training
+    def flip(r):
+        r.pop("warm_start_digest")
+        task = next(iter(r["student"]["tasks"]))
+        r["student"]["tasks"][task] = 1 - r["student"]["tasks"][task]
+
+    with pytest.raises(StaleResult, match="does not replay the step-0 evaluation .*1 of 4 held-out tasks differ"):
+        rerun(flip)
+    assert not (work / "t/household/seed0/grpo").exists()
+
+    # a recorded digest other than the rebuilt warm start's: refused
+    warm_path.write_text(json.dumps({**warm, "warm_start_digest": "0" * 16}))
+    with pytest.raises(StaleResult, match="is not the one .* records \\(digest 0000000000000000\\)"):
+        StudyRunner(spec, results, work).run()
+    warm_path.write_text(json.dumps(warm))
+    assert [c.name for c in StudyRunner(spec, results, work).run()] == ["household/seed0/grpo"]
+
+
+def test_the_committed_gpu_cells_are_their_specs_and_apart_from_the_cpu_study():
+    """configs/study/evidence-cuda.yaml's committed results are fresh under it, and `device: cuda` keeps them out
+    of the CPU study (their fingerprints differ from the same cells of configs/study/evidence.yaml)."""
+    from sdar.study.runner import cell_config, config_fingerprint
+
+    gpu = parse_spec(yaml.safe_load(Path("configs/study/evidence-cuda.yaml").read_text()))
+    cpu = parse_spec(yaml.safe_load(Path("configs/study/evidence.yaml").read_text()))
+    assert [c.name for c in gpu.cells()] == ["household/seed0/grpo", "household/seed0/grpo_opsd", "household/seed0/sdar"]
+    for cell in gpu.cells():
+        rec = json.loads(Path(f"docs/results/evidence-cuda/{cell.name}.json").read_text())
+        fp = config_fingerprint(cell_config(gpu, cell, Path("/tmp/w")))
+        assert rec["fingerprint"] == fp and sorted(rec["evals"]) == ["30", "60"] and len(rec["history"]) == 60
+        assert rec["machine"]["cuda"] and fp != config_fingerprint(cell_config(cpu, cell, Path("/tmp/w")))

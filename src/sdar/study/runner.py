@@ -69,6 +69,27 @@ def config_fingerprint(cfg) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def warm_start_digest(cfg) -> str | None:
+    """A hash of the warm-started tiny checkpoint's tensors (names, dtypes, shapes, bytes); None when the config's
+    model is not the tiny one (a named model is its own identity). Two builds of one recipe that differ in any bit
+    get different digests: at this scale such a difference moves held-out success by several points."""
+    if cfg.model.name_or_path != "tiny":
+        return None
+    import torch
+    from safetensors import safe_open
+
+    from sdar.train.warmstart import tiny_checkpoint_path
+
+    h = hashlib.sha256()
+    for f in sorted(tiny_checkpoint_path(cfg).glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            for k in sorted(st.keys()):
+                t = st.get_tensor(k).contiguous()
+                h.update(f"{k}|{t.dtype}|{tuple(t.shape)}|".encode())
+                h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def eval_record(result, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """An EvalResult as JSON, with the outcome of every task (1 = won) in the order played."""
     return {**result.to_dict(), "tasks": {t.task_id: int(bool(t.won)) for t in result.trajectories}, **(extra or {})}
@@ -89,6 +110,12 @@ def failure_modes(trajectories) -> dict[str, Any]:
         refused += sum(not (x.valid and x.env_valid) for x in t.turns)
         turns += len(t.turns)
     return {"failed": len(failed), **stages, "refused_turn_share": refused / turns if turns else 0.0}
+
+
+def _warm_dir(cfg) -> Path:
+    from sdar.train.warmstart import tiny_checkpoint_path
+
+    return tiny_checkpoint_path(cfg)
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
@@ -123,6 +150,7 @@ class StudyRunner:
         self.commit = commit
         self.redo_stale = redo_stale
         self.parent_run_id: str | None = None
+        self._warm_checked: set[tuple[str, int]] = set()
 
     # ---- paths ----------------------------------------------------------------------------
     def result_path(self, cell: Cell) -> Path:
@@ -233,7 +261,8 @@ class StudyRunner:
         teacher = rt.evaluate(privileged=True)
         gap = rt.teacher_gap(student.trajectories)
         rec = {"version": RESULT_VERSION, "study": self.spec.name, "family": family, "seed": seed,
-               "fingerprint": fingerprint, "step": 0, "student": eval_record(student),
+               "fingerprint": fingerprint, "warm_start_digest": warm_start_digest(cfg), "step": 0,
+               "student": eval_record(student),
                "teacher": eval_record(teacher), "teacher_gap_free_tokens": gap,
                "wall_s": {"warm_start_build_or_load": round(t_build, 1), "eval": round(time.perf_counter() - t1, 1)},
                "machine": machine()}
@@ -242,6 +271,47 @@ class StudyRunner:
                            f"{teacher.success:.3f} ({student.n} tasks)")
         self.commit_files([path, self.results / "spec.json"], f"study {self.spec.name}: {family} seed {seed} warm start")
         return rec
+
+    def check_warm_start(self, family: str, seed: int) -> None:
+        """Refuse to train a cell on a warm start other than the one its seed's step-0 record (and every finished
+        run of that seed) was made with: arms are paired by seed, so they must share the warm start bit for bit.
+        A warm start is rebuilt whenever the cache is gone (another machine, a cleaned cache); the record's digest
+        says whether the rebuild is the same. Records from before digests are checked once by replaying their
+        step-0 student evaluation (the same tasks and sampling seeds): the same outcome on every task, and the
+        digest is filled in."""
+        if (family, seed) in self._warm_checked:
+            return
+        from sdar.train.runtime import build_runtime
+
+        path = self.warmstart_path(family, seed)
+        cfg = cell_config(self.spec, Cell(family, "grpo", seed), self.work)
+        digest, rec = warm_start_digest(cfg), _read_json(path)
+        if digest is None or rec is None:
+            self._warm_checked.add((family, seed))
+            return
+        known = rec.get("warm_start_digest")
+        if known is None:
+            self.console.print(f"[{family} seed {seed}] {path.name} predates warm-start digests: replaying its "
+                               "step-0 student evaluation to check that the warm start built here is the same one")
+            replay = eval_record(build_runtime(cfg, train=False).evaluate())["tasks"]
+            recorded = rec["student"]["tasks"]
+            differ = sorted(t for t in set(recorded) | set(replay) if recorded.get(t) != replay.get(t))
+            if differ:
+                raise StaleResult(
+                    f"{family} seed {seed}: the warm start built here (at "
+                    f"{_warm_dir(cfg)}) does not replay the step-0 evaluation in {path} ({len(differ)} of "
+                    f"{len(recorded)} held-out tasks differ, e.g. {differ[:3]}): it is another warm start than the "
+                    "one this seed's finished runs were trained from, so new runs would not be paired with them. Build "
+                    "it where the record was made (same torch, CPU kind and thread count), or give the study another name")
+            rec["warm_start_digest"] = digest
+            _write_json(path, rec)
+            self.commit_files([path], f"study {self.spec.name}: {family} seed {seed} warm start digest (replayed)")
+        elif known != digest:
+            raise StaleResult(
+                f"{family} seed {seed}: the warm start built here (at {_warm_dir(cfg)}, digest {digest}) is not the "
+                f"one {path} records (digest {known}): new runs would not be paired with this seed's finished ones. "
+                "Build it where the record was made (same torch, CPU kind and thread count), or give the study another name")
+        self._warm_checked.add((family, seed))
 
     def run_cell(self, cell: Cell) -> bool:
         """Train and evaluate one cell to the study's steps; False when it was already done."""
@@ -264,6 +334,7 @@ class StudyRunner:
                        "seed": cell.seed, "fingerprint": fingerprint, "steps": self.spec.steps, "evals": {},
                        "wall_s": {"train": 0.0, "eval": 0.0}, "machine": machine()}
         ensure_warm_start(cfg, self.console)
+        self.check_warm_start(cell.family, cell.seed)
         history: list[dict[str, Any]] = []
         for target in self.spec.eval_steps:
             if str(target) in rec["evals"]:
