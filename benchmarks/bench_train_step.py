@@ -5,7 +5,8 @@ Every arm plays the same tasks from the same warm start (same seed), so the diff
 the teacher's extra forward and the loss. GRPO skips the teacher here (teacher_for_all_arms false), as a
 production GRPO run would. For the last timed step's own batch the benchmark also times the raw limits:
   (the no-grad limits run a plain module: a LoRA adapter merged into its base, no peft wrappers)
-  rollout: a plain prefill + one KV-cached decode step per non-forced token, turn by turn (no env, no trie);
+  rollout: a plain prefill (every prompt whole, the last position's logits) + one KV-cached decode step per
+           non-forced token, turn by turn (no env, no trie);
   score:   a plain no-grad forward over the sequences each needed pass reads (reference: the student's,
            teacher: the privileged ones), length-bucketed like the trainer;
   update:  plain forward + backward + AdamW over the update's sequences in the same micro-batches (rows of
@@ -25,7 +26,7 @@ import time
 from pathlib import Path
 
 # the speed-ups, each a config flag (default on); --compare-off sets every one of them to its "off" value
-SPEEDUPS_OFF = {"rollout.jump_forward": False, "old_logp_from_sampler": False, "reuse_old_logp": False,
+SPEEDUPS_OFF = {"rollout.jump_forward": False, "rollout.share_prefix": False, "old_logp_from_sampler": False, "reuse_old_logp": False,
                 "prefix_cache": False, "length_buckets": False, "merged_inference": False}
 
 
@@ -87,7 +88,8 @@ def limits(trainer, trajs) -> dict[str, float]:
                 for start in range(0, len(live), 64):  # the backend's chunk
                     rows = live[start : start + 64]
                     ids, mask = _padded([t.prompt_ids for t in rows], pad, device, left=True)
-                    o = model(input_ids=ids, attention_mask=mask, use_cache=True)
+                    # the next token's logits only: a prefill needs no other position's
+                    o = model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
                     past, nxt = o.past_key_values, o.logits[:, -1:].argmax(-1)
                     free = [int(free_token_mask([t.allowed], torch.ones(1, len(t.response_ids))).sum())
                             for t in rows]

@@ -75,6 +75,11 @@ class RolloutConfig:
         "help": "Constrained decoding (transformers backend): a token the trie forces is appended without a decode "
                 "step and a run of them goes through the model in one forward; false = one token per forward "
                 "(the same samples and log-probs, for benchmarks and checks)."})
+    share_prefix: bool = field(default=True, metadata={
+        "help": "Constrained decoding (transformers backend): the prompt start that rows of a chunk share (a task's "
+                "rollouts at one turn: system prompt, task and step lines) is encoded once per group and every row "
+                "continues from its KV cache, and the prefill computes the last position's logits only; false = "
+                "every prompt whole, as before (the same samples and log-probs up to float rounding)."})
 
 
 @dataclass

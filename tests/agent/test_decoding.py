@@ -4,12 +4,14 @@ forward; the log-probs are the trainer's scores of the same tokens."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from sdar.agent.backends import TransformersBackend
 from sdar.agent.constrained import action_trie
-from sdar.agent.decoding import DecodeStats, _processed_logprobs, constrained_sample
+from sdar.agent.decoding import DecodeStats, _processed_logprobs, constrained_sample, prefix_plan
 from sdar.models import TinyModelConfig, build_tiny_model, train_tokenizer
 from sdar.models.scoring import response_logprobs
 
@@ -77,17 +79,75 @@ def test_jump_forward_skips_the_forced_tokens_decode_steps(small):
     assert stats[True].forwards <= max(free) and stats[True].forwards < stats[False].forwards / 2
 
 
-@pytest.mark.parametrize("jump", [True, False], ids=["jump", "step"])
-def test_sampler_logprobs_are_the_trainers_scores(small, jump):
+def _grouped_prompts(tok):
+    """A rollout chunk's shape: three tasks' groups (system prompt, task, step line shared within a group, the
+    system prompt across groups), each row with its own observation, and one row that shares nothing."""
+    system = "you are in the kitchen. reply with one action. "
+    tasks = ["go to fridge 1 and look.", "take apple 1 from fridge 1, please.", "open drawer 1"]
+    obs = ["what now?", "the fridge is closed; you see a drawer 1 here", "go", "you see a countertop 1"]
+    rows = [system + t + " turn 3. " + o for t in tasks for o in obs] + ["inventory"]
+    return [tok(r, add_special_tokens=False)["input_ids"] for r in rows]
+
+
+def test_prefix_plan_groups_the_rows_of_a_task_and_leaves_the_rest_whole(small):
+    tok, _ = small
+    prompts = _grouped_prompts(tok)
+    plan = prefix_plan(prompts)
+    groups = sorted(sorted(rows) for rows, _ in plan)
+    assert groups == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12]]
+    for rows, shared in plan:
+        group = [prompts[i] for i in rows]
+        whole = len(os.path.commonprefix(group)) if len(rows) > 1 else shared
+        # the whole start the group shares, but never a row's last token (it predicts the first response token)
+        assert shared == min(whole, min(len(p) for p in group) - 1) > 0
+    assert prefix_plan(prompts[:1]) is None  # one row: nothing to share
+    # a row no longer than the shared start keeps its last token: the start stops one short of it
+    short = prefix_plan([prompts[0], prompts[0][:4], prompts[0][:4] + [7]])
+    assert short is not None and all(s <= 3 for _, s in short)
+    # rows that share nothing at all: no plan, the prompts go whole
+    assert prefix_plan([[1, 2, 3], [4, 5, 6], [7, 8]]) is None
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_shared_prefix_prefill_gives_the_same_samples_and_logprobs(small, temperature):
+    """share_prefix encodes each group's start once: fewer positions through the model, the same tokens, and
+    log-probs equal within float rounding (1e-5)."""
+    tok, model = small
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    full = action_trie(tok, "household", ACTIONS, eos)
+    short = action_trie(tok, "household", ACTIONS[:3], eos)
+    prompts = _grouped_prompts(tok)
+    tries = ([full, short, None] * 5)[: len(prompts)]
+    runs = {}
+    for share in (True, False):
+        torch.manual_seed(9)
+        st = DecodeStats()
+        rows = constrained_sample(model, prompts, tries, max_new_tokens=40, temperature=temperature, top_p=1.0,
+                                  eos_ids=[eos], pad_id=tok.pad_token_id, share_prefix=share, stats=st)
+        runs[share] = (rows, st)
+    (on, st_on), (off, st_off) = runs[True], runs[False]
+    assert [r.token_ids for r in on] == [r.token_ids for r in off]
+    for a, b in zip(on, off):
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=0, atol=1e-5)
+        assert a.forced == b.forced and a.finished == b.finished
+    width = max(len(p) for p in prompts)
+    assert st_off.prefill_tokens == len(prompts) * width
+    assert st_on.prefill_tokens < 0.8 * st_off.prefill_tokens and st_on.forwards == st_off.forwards
+
+
+@pytest.mark.parametrize("jump, share", [(True, True), (True, False), (False, False)], ids=["jump+share", "jump", "step"])
+def test_sampler_logprobs_are_the_trainers_scores(small, jump, share):
     """What the sampler reports is what `response_logprobs` computes for the same tokens (the trie's
     renormalisation at the same temperature): the first PPO ratio is 1."""
     tok, model = small
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     trie = action_trie(tok, "household", ACTIONS, eos)
     prompts = _prompts(tok, 16)
-    backend = TransformersBackend(model, tok, batch_size=8, jump_forward=jump)
+    if share:
+        prompts = _grouped_prompts(tok) + prompts[:3]
+    backend = TransformersBackend(model, tok, batch_size=8, jump_forward=jump, share_prefix=share)
     torch.manual_seed(3)
-    gens = backend.generate(prompts, max_new_tokens=40, temperature=0.8, tries=[trie] * 16)
+    gens = backend.generate(prompts, max_new_tokens=40, temperature=0.8, tries=[trie] * len(prompts))
     responses = [g.token_ids for g in gens]
     scored = response_logprobs(model, prompts, responses, pad_id=tok.pad_token_id, temperature=0.8,
                                allowed=[trie.allowed_along(r) for r in responses])

@@ -61,7 +61,8 @@ def test_the_fingerprint_ignores_where_and_how_fast_but_not_what():
     from sdar.study.runner import cell_config, config_fingerprint
 
     base = load_config("configs/household-tiny.yaml")
-    same = load_config("configs/household-tiny.yaml", {"merged_inference": False, "output_dir": "/elsewhere",
+    same = load_config("configs/household-tiny.yaml", {"merged_inference": False, "rollout.share_prefix": False,
+                                                       "output_dir": "/elsewhere",
                                                        "steps": 90, "tracking": False})
     assert config_fingerprint(same) == config_fingerprint(base)
     for change in ({"lr": 2e-3}, {"arm": "grpo"}, {"seed": 1}, {"rollout.temperature": 0.9}):

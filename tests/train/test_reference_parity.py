@@ -358,6 +358,31 @@ def test_merged_inference_changes_nothing(tiny_ckpt, tmp_path):
         torch.testing.assert_close(w1[k], w0[k], atol=1e-5, rtol=1e-4)
 
 
+def test_shared_prefix_rollouts_change_nothing(tiny_ckpt, tmp_path):
+    """Issue 14 (rollout.share_prefix): a task's rollouts encode the prompt start they share once per turn; the
+    same samples, statistics and update as every prompt encoded whole, the sampler's log-probs still the
+    trainer's old_logp (first PPO ratio 1 within 1e-5), and fewer positions through the model."""
+    results = {}
+    for on in (True, False):
+        trainer = make_trainer(small_config(tmp_path / str(on), arm="sdar", steps=2, tracking=False,
+                                            mini_batch_size=100000, **{"rollout.share_prefix": on}))
+        trajs = []
+        trainer.collect = lambda step, real=trainer.collect, trajs=trajs: trajs.append(real(step)) or trajs[-1]
+        metrics = [trainer.train_step(k).metrics for k in (0, 1)]
+        results[on] = (metrics, [t.response_ids for batch in trajs for tr in batch for t in tr.turns],
+                       trainer.backend.decode_stats.prefill_tokens,
+                       {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad})
+    (m1, s1, n1, w1), (m0, s0, n0, w0) = results[True], results[False]
+    assert s1 == s0
+    for a, b in zip(m1, m0):
+        for key in ("loss/pg", "loss/kl", "loss/sdar", "pg/ratio_mean", "sdar/gap_mean", "teacher/gap_free_tokens"):
+            assert a[key] == pytest.approx(b[key], abs=1e-5), key
+        assert a["pg/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert n1 < n0
+    for k in w0:
+        torch.testing.assert_close(w1[k], w0[k], atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_update_forward_from_shared_prefixes_gives_the_plain_forwards_numbers_and_gradients(tiny_ckpt, tmp_path,
                                                                                                   dtype):

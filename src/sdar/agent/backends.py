@@ -108,11 +108,12 @@ class TransformersBackend:
     """
 
     def __init__(self, model, tokenizer, batch_size: int = 64, record_logprobs: bool = False,
-                 jump_forward: bool = True, inference=None) -> None:
+                 jump_forward: bool = True, inference=None, share_prefix: bool = False) -> None:
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
         self.inference = inference
         self.record_logprobs = record_logprobs
         self.jump_forward = jump_forward
+        self.share_prefix = share_prefix
         self.decode_stats = DecodeStats()  # forwards, tokens and forced tokens of constrained sampling so far
         self.eos_ids = _eos_ids(tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
@@ -137,7 +138,8 @@ class TransformersBackend:
             # constrained sampling: forced tokens cost no decision, and with jump_forward no decode step
             rows = constrained_sample(model, prompts, tries, max_new_tokens=max_new_tokens,
                                       temperature=temperature, top_p=top_p, eos_ids=self.eos_ids, pad_id=self.pad_id,
-                                      jump_forward=self.jump_forward, stats=self.decode_stats)
+                                      jump_forward=self.jump_forward, share_prefix=self.share_prefix,
+                                      stats=self.decode_stats)
             return [Generation(r.token_ids, self.tokenizer.decode(r.token_ids, skip_special_tokens=True), r.finished,
                                r.logprobs) for r in rows]
         width = max(len(p) for p in prompts)
@@ -434,15 +436,17 @@ class VLLMBackend:
         return [r.prompt_logprobs for r in results]
 
 
-def make_backend(name: str, policy, *, vllm=None, batch_size: int = 64, jump_forward: bool = True):
+def make_backend(name: str, policy, *, vllm=None, batch_size: int = 64, jump_forward: bool = True,
+                 share_prefix: bool = False):
     """The generation backend `name` (model.generation_backend) for `policy`.
 
     vllm: a `sdar.config.VLLMConfig` (or anything with its fields) for the vLLM engine.
     jump_forward: the transformers backend's constrained decoding skips decode steps for forced tokens.
+    share_prefix: the transformers backend's constrained prefill encodes shared prompt starts once per group.
     """
     if name == "transformers":  # samples with the policy's inference module (merged LoRA when policy.plain_inference)
         return TransformersBackend(policy.model, policy.tokenizer, batch_size=batch_size, jump_forward=jump_forward,
-                                   inference=policy.inference_model)
+                                   inference=policy.inference_model, share_prefix=share_prefix)
     if name == "vllm":
         opts = {} if vllm is None else {k: getattr(vllm, k) for k in (
             "gpu_memory_utilization", "enable_lora", "max_lora_rank", "dtype", "max_model_len", "enforce_eager",

@@ -4,6 +4,11 @@ in one extended forward (KV cache kept). About 80% of household-tiny's response 
 
 Each row draws its free tokens from its own generator (seeded from the global RNG), so a row's sample
 depends only on its own distributions: jump-forward on and off give the same tokens and log-probs.
+
+The prefill can share prompt starts (`share_prefix`): the rows of a chunk that begin alike (a task's group
+of rollouts at the same turn: system prompt, task and step lines) encode that start once, and every row
+continues from its group's KV cache; only the last position's logits are computed. Same samples and
+log-probs as encoding every prompt whole, up to float rounding (another matrix shape sums in another order).
 Log-probs are of the distribution sampled from (trie mask, then temperature, then top-p), which is what
 the trainer scores (`token_logprobs` with the allowed set, at the rollout temperature, when top_p = 1).
 """
@@ -28,11 +33,113 @@ class Decoded:
 
 @dataclass
 class DecodeStats:
-    """forwards: model calls after the prefill; tokens: tokens appended; forced: of them, forced."""
+    """forwards: model calls after the prefill; tokens: tokens appended; forced: of them, forced;
+    prefill_tokens: positions the prefill ran through the model (padding included)."""
 
     forwards: int = 0
     tokens: int = 0
     forced: int = 0
+    prefill_tokens: int = 0
+
+
+def _lcp(a: list[int], b: list[int]) -> int:
+    n, k = min(len(a), len(b)), 0
+    while k < n and a[k] == b[k]:
+        k += 1
+    return k
+
+
+def prefix_plan(prompts: list[list[int]]) -> list[tuple[list[int], int]] | None:
+    """How to share prompt starts in one prefill: groups of rows with the start length each group shares (the
+    last prompt token stays in every row's own part). Rows sorted by prompt are cut into groups wherever two
+    neighbours share fewer than t tokens, for every t that occurs; rows left alone share the start common to
+    all. The plan that runs the fewest padded positions wins; None when none runs fewer than the rows whole."""
+    B = len(prompts)
+    if B < 2:
+        return None
+    width = max(len(p) for p in prompts)
+    order = sorted(range(B), key=lambda i: prompts[i])
+    adjacent = [_lcp(prompts[a], prompts[b]) for a, b in zip(order, order[1:])]
+    common = min(min(adjacent), min(len(p) for p in prompts) - 1)
+
+    def cost(plan):  # padded positions: the group starts' forward, then every row's rest
+        return len(plan) * max(s for _, s in plan) + B * max(len(prompts[i]) - s for rows, s in plan for i in rows)
+
+    def plan_for(t: int):
+        groups, cur = [], [order[0]]
+        for i, k in zip(order[1:], adjacent):
+            if k >= t:
+                cur.append(i)
+            else:
+                groups.append(cur)
+                cur = [i]
+        groups.append(cur)
+        plan = []
+        for rows in groups:
+            if len(rows) > 1:
+                shared = min(min(_lcp(prompts[rows[0]], prompts[i]) for i in rows[1:]),
+                             min(len(prompts[i]) for i in rows) - 1)
+                plan.append((rows, shared))
+        alone = [rows[0] for rows in groups if len(rows) == 1]
+        if alone:  # the rows that share nothing beyond the common start continue from it together
+            plan += [(alone, common)] if common > 0 else [([i], len(prompts[i]) - 1) for i in alone]
+        return plan if all(s > 0 for _, s in plan) else None
+
+    plans = [p for p in (plan_for(t) for t in sorted(set(adjacent)) if t > 0) if p]
+    best = min(plans, key=cost, default=None)
+    return best if best is not None and cost(best) < B * width else None
+
+
+def _prefill(model, prompts: list[list[int]], pad_id: int, device, share_prefix: bool):
+    """The prompts through the model: (KV cache, next-token logits [B, V], attention mask so far [B, W],
+    positions so far [B], padded positions run). Left padding; with a prefix plan the cache holds each row's
+    group start, then its own rest: [pad, start][pad, rest] (masked pads, positions from the real tokens)."""
+    B = len(prompts)
+    plan = prefix_plan(prompts) if share_prefix else None
+    if plan is None:
+        width = max(len(p) for p in prompts)
+        ids = torch.full((B, width), pad_id, dtype=torch.long)
+        attn = torch.zeros((B, width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):] = torch.tensor(p)
+            attn[i, width - len(p):] = 1
+        ids, attn = ids.to(device), attn.to(device)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        # with share_prefix, only the last position's logits (the rest are never read); without, the full
+        # output as before this option existed, so that "off" reproduces earlier runs bit for bit
+        kw = {"logits_to_keep": 1} if share_prefix else {}
+        out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, **kw)
+        return out.past_key_values, out.logits[:, -1, :], attn, attn.sum(-1), B * width
+    from transformers import DynamicCache
+
+    P = max(s for _, s in plan)
+    group_of, shared = [0] * B, [0] * B
+    pids = torch.full((len(plan), P), pad_id, dtype=torch.long)
+    pmask = torch.zeros((len(plan), P), dtype=torch.long)
+    for g, (rows, s) in enumerate(plan):
+        pids[g, P - s:] = torch.tensor(prompts[rows[0]][:s])
+        pmask[g, P - s:] = 1
+        for i in rows:
+            group_of[i], shared[i] = g, s
+    pids, pmask = pids.to(device), pmask.to(device)
+    start = model(input_ids=pids, attention_mask=pmask, position_ids=(pmask.cumsum(-1) - 1).clamp(min=0),
+                  use_cache=True, logits_to_keep=1).past_key_values
+    idx = torch.tensor(group_of, device=device)
+    cache = DynamicCache([(layer.keys.index_select(0, idx), layer.values.index_select(0, idx)) for layer in start.layers])
+    rests = [p[shared[i]:] for i, p in enumerate(prompts)]
+    W = max(len(r) for r in rests)
+    ids = torch.full((B, W), pad_id, dtype=torch.long)
+    smask = torch.zeros((B, W), dtype=torch.long)
+    for i, r in enumerate(rests):
+        ids[i, W - len(r):] = torch.tensor(r)
+        smask[i, W - len(r):] = 1
+    ids, smask = ids.to(device), smask.to(device)
+    base = torch.tensor(shared, device=device)
+    attn = torch.cat([pmask.index_select(0, idx), smask], dim=1)
+    pos = base.unsqueeze(1) + (smask.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True,
+                logits_to_keep=1)
+    return out.past_key_values, out.logits[:, -1, :], attn, base + smask.sum(-1), len(plan) * P + B * W
 
 
 def _processed_logprobs(logits: torch.Tensor, allowed: list[int] | None, temperature: float, top_p: float) -> torch.Tensor:
@@ -57,23 +164,18 @@ def _processed_logprobs(logits: torch.Tensor, allowed: list[int] | None, tempera
 @torch.no_grad()
 def constrained_sample(model, prompts: list[list[int]], tries: list, *, max_new_tokens: int, temperature: float,
                        top_p: float, eos_ids: list[int], pad_id: int, jump_forward: bool = True,
-                       stats: DecodeStats | None = None) -> list[Decoded]:
+                       share_prefix: bool = False, stats: DecodeStats | None = None) -> list[Decoded]:
     """Sample one response per prompt; `tries[i]` (an `ActionTrie` or None) constrains row i.
 
     jump_forward: feed each row's run of forced tokens in one forward (False: one token per forward,
     the same tokens and log-probs). temperature must be > 0 (greedy decoding takes `model.generate`).
+    share_prefix: encode the prompt starts rows share once per group (`prefix_plan`); the same tokens and
+    log-probs up to float rounding.
     """
     if temperature <= 0:
         raise ValueError(f"constrained_sample samples: temperature must be > 0, got {temperature}")
     device = next(model.parameters()).device
-    B, width = len(prompts), max(len(p) for p in prompts)
-    ids = torch.full((B, width), pad_id, dtype=torch.long)
-    attn = torch.zeros((B, width), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p)
-        attn[i, width - len(p):] = 1
-    ids, attn = ids.to(device), attn.to(device)
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    B = len(prompts)
     # one generator per row, seeded from the global stream: a row's draws do not depend on the batch
     seeds = torch.randint(0, 2**62, (B,), dtype=torch.long).tolist()
     gens = []
@@ -82,15 +184,14 @@ def constrained_sample(model, prompts: list[list[int]], tries: list, *, max_new_
         g.manual_seed(int(s))
         gens.append(g)
     eos = set(eos_ids)
-    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
-    past = out.past_key_values
-    last = out.logits[:, -1, :]  # [B, V]: the distribution of each row's next token
-    count = attn.sum(-1)  # real tokens so far per row (the next position id)
+    # last [B, V]: the distribution of each row's next token; count: real tokens so far (the next position id)
+    past, last, attn, count, encoded = _prefill(model, prompts, pad_id, device, share_prefix)
     toks: list[list[int]] = [[] for _ in range(B)]
     lps: list[list[float]] = [[] for _ in range(B)]
     forced = [0] * B
     done = [False] * B
     st = stats if stats is not None else DecodeStats()
+    st.prefill_tokens += encoded
     while not all(done):
         chunks: list[list[int]] = [[] for _ in range(B)]
         for i in range(B):

@@ -44,7 +44,7 @@ _NOT_IDENTITY = ("steps", "output_dir", "experiment", "parent_run_id", "tracking
                  "checkpoint_every",
                  # a speed-up whose on/off runs give the same samples and statistics (tests/train/test_reference_parity.py);
                  # the older speed-up flags stay in: the committed results' fingerprints were taken with them
-                 "merged_inference")
+                 "merged_inference", "rollout.share_prefix")
 
 
 class StaleResult(RuntimeError):
@@ -65,7 +65,10 @@ def cell_config(spec: StudySpec, cell: Cell, work: Path, steps: int | None = Non
 
 def config_fingerprint(cfg) -> str:
     """A hash of everything in `cfg` that shapes a run's numbers (not where it writes or how long it runs)."""
-    d = {k: v for k, v in cfg.to_dict().items() if k not in _NOT_IDENTITY}
+    d = cfg.to_dict()
+    for key in _NOT_IDENTITY:  # "section.field" names a field of a section
+        head, _, field_name = key.partition(".")
+        (d.get(head, {}) if field_name else d).pop(field_name or head, None)
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -300,10 +303,14 @@ class StudyRunner:
                 return sorted(t for t in set(recorded) | set(replay) if recorded.get(t) != replay.get(t))
 
             differ = replay_differs(cfg)
-            if differ and cfg.merged_inference:
-                # records before merged_inference were sampled through peft's wrappers, whose log-probs agree with
-                # the merged module's within 1e-5 only: a flipped sample there is not another warm start
-                differ = replay_differs(replace(cfg, merged_inference=False))
+            # a record made before a same-numbers speed-up (merged_inference, rollout.share_prefix) was sampled
+            # without it; their log-probs agree within 1e-5 only, and a sample flipped by that is not another warm
+            # start: replay as the record may have been made
+            for older in (replace(cfg, rollout=replace(cfg.rollout, share_prefix=False)),
+                          replace(cfg, merged_inference=False, rollout=replace(cfg.rollout, share_prefix=False))):
+                if not differ:
+                    break
+                differ = replay_differs(older)
             if differ:
                 raise StaleResult(
                     f"{family} seed {seed}: the warm start built here (at "

@@ -167,7 +167,8 @@ def build_runtime(cfg: TrainConfig, *, policy=None, env_factory: Callable[[], An
     rollout_cfg = replace(cfg.rollout, family=cfg.env.family, skills_in_prompt=arm.skills_in_student_prompt)
     builder = PromptBuilder(cfg.env.family, history=rollout_cfg.history, show_admissible=rollout_cfg.show_admissible)
     # vLLM serves the current LoRA adapter, re-exported when the weights change (checked per call)
-    backend = make_backend(cfg.model.generation_backend, policy, vllm=cfg.vllm, jump_forward=cfg.rollout.jump_forward)
+    backend = make_backend(cfg.model.generation_backend, policy, vllm=cfg.vllm, jump_forward=cfg.rollout.jump_forward,
+                           share_prefix=cfg.rollout.share_prefix)
     teacher = TeacherScorer(builder, policy.tokenizer, cfg.teacher_max_prompt_tokens, cfg.score_batch_size,
                             engine=select_teacher_engine(cfg.teacher_engine, backend), engine_topk=cfg.vllm.teacher_topk,
                             placement=rollout_cfg.privileged_placement, student_has_skills=rollout_cfg.skills_in_prompt,
