@@ -9,6 +9,8 @@
 #   bash benchmarks/gpu_suite.sh OUTDIR [DEADLINE_S]
 # Figures and logs land in OUTDIR; the study's results in OUTDIR/study-results.tar.gz (untar at the repo root).
 # SDAR_TRACKING=0 (MLflow need not be installed there); DRY=1 shrinks every size for a CPU rehearsal.
+# SPEC=<study spec> runs another study's cells (the first seed with pending cells; default
+# configs/study/evidence-cuda.yaml); BENCH=0 skips both benchmarks (the study gets the whole deadline).
 set -uo pipefail
 OUT=${1:?usage: gpu_suite.sh OUTDIR [DEADLINE_S]}
 DEADLINE=${2:-540}
@@ -31,12 +33,13 @@ WS=(--set warmstart.episodes=300 --set warmstart.epochs=2)
 STEPS=3
 if [ "${DRY:-0}" = 1 ]; then WS=(--set warmstart.episodes=20 --set warmstart.epochs=1 --set warmstart.tokenizer_episodes=20); STEPS=1; fi
 
+BENCH=${BENCH:-1}
 echo "== bench fp32, on/off ($(left) s left)"
-timeout $(cap 200) $PY benchmarks/bench_train_step.py --steps $STEPS --compare-off "${WS[@]}" \
+[ "$BENCH" = 1 ] && timeout $(cap 200) $PY benchmarks/bench_train_step.py --steps $STEPS --compare-off "${WS[@]}" \
   --json "$OUT/bench_fp32.json" > "$OUT/bench_fp32.log" 2>&1; echo "rc $?"
 tail -n 25 "$OUT/bench_fp32.log"
 echo "== study ($(left) s left)"
-SPEC=configs/study/evidence-cuda.yaml
+SPEC=${SPEC:-configs/study/evidence-cuda.yaml}
 RES=/tmp/sdar-study-results
 if [ "${DRY:-0}" = 1 ]; then  # the same cells, tiny and on the CPU
   cat > /tmp/sdar-dry-spec.yaml <<'YAML'
@@ -49,12 +52,25 @@ matrices: [{families: [household], arms: [grpo, grpo_opsd, sdar], seeds: [0]}]
 YAML
   SPEC=/tmp/sdar-dry-spec.yaml
 fi
+NAME=$(sed -n 's/^study: *//p' "$SPEC")
+SEED=$($PY -c "
+import sys, yaml; sys.path.insert(0, 'src')
+from sdar.study import parse_spec
+from sdar.study.runner import StudyRunner
+spec = parse_spec(yaml.safe_load(open('$SPEC')), '$SPEC')
+pending = [r['cell'] for r in StudyRunner(spec, 'docs/results', '/tmp/sdar-probe').status() if r['state'] != 'done']
+print(pending[0].split('/')[1][4:] if pending else '')" 2>/dev/null)
+[ -n "$SEED" ] || { echo "no pending cell in $SPEC"; SEED=0; }
+mkdir -p $RES
+[ "${DRY:-0}" = 1 ] || [ ! -d "docs/results/$NAME" ] || cp -r "docs/results/$NAME" $RES/  # finished cells stay finished
+[ "$BENCH" = 1 ] || BF16_S=25
 study() { timeout $(( $(left) - ${BF16_S:-90} )) $PY -c "from sdar.cli import main; main()" study run --spec $SPEC --results $RES "$@"; }
-study --only arm=grpo > "$OUT/study_grpo.log" 2>&1 &
-while [ ! -f $RES/evidence-cuda/household/seed0/warmstart.json ] && kill -0 %1 2>/dev/null && [ "$(left)" -gt 40 ]; do sleep 2; done
-if [ -f $RES/evidence-cuda/household/seed0/warmstart.json ]; then
-  study --only arm=grpo_opsd > "$OUT/study_grpo_opsd.log" 2>&1 &
-  study --only arm=sdar > "$OUT/study_sdar.log" 2>&1 &
+WARM=$RES/$NAME/household/seed$SEED/warmstart.json
+study --only seed=$SEED,arm=grpo > "$OUT/study_grpo.log" 2>&1 &
+while [ ! -f $WARM ] && kill -0 %1 2>/dev/null && [ "$(left)" -gt 40 ]; do sleep 2; done
+if [ -f $WARM ]; then
+  study --only seed=$SEED,arm=grpo_opsd > "$OUT/study_grpo_opsd.log" 2>&1 &
+  study --only seed=$SEED,arm=sdar > "$OUT/study_sdar.log" 2>&1 &
 fi
 wait
 echo "study done or stopped ($(left) s left)"
@@ -63,7 +79,7 @@ tar -czf "$OUT/study-results.tar.gz" -C $RES . 2>/dev/null
 (cd "$SDAR_CACHE_DIR" && tar -czf "$OUT/study-work.tar.gz" study/*/*/*/*/history.json study/*/*/*/*.partial.json) 2>/dev/null
 tail -n 3 "$OUT"/study_*.log
 echo "== bench bf16, on ($(left) s left)"
-[ "$(left)" -gt 50 ] && timeout $(( $(left) - 15 )) $PY benchmarks/bench_train_step.py --steps $STEPS "${WS[@]}" --set model.dtype=bfloat16 \
+[ "$BENCH" = 1 ] && [ "$(left)" -gt 50 ] && timeout $(( $(left) - 15 )) $PY benchmarks/bench_train_step.py --steps $STEPS "${WS[@]}" --set model.dtype=bfloat16 \
   --json "$OUT/bench_bf16.json" > "$OUT/bench_bf16.log" 2>&1; echo "rc $?"
 tail -n 12 "$OUT/bench_bf16.log"
 

@@ -291,3 +291,8 @@ def test_the_committed_gpu_cells_are_their_specs_and_apart_from_the_cpu_study():
         fp = config_fingerprint(cell_config(gpu, cell, Path("/tmp/w")))
         assert rec["fingerprint"] == fp and sorted(rec["evals"]) == ["30", "60"] and len(rec["history"]) == 60
         assert rec["machine"]["cuda"] and fp != config_fingerprint(cell_config(cpu, cell, Path("/tmp/w")))
+    # the GPU-sized study (point 6, not run yet) parses, and its cells are the GPU config's on cuda
+    big = parse_spec(yaml.safe_load(Path("configs/study/evidence-gpu.yaml").read_text()))
+    assert len(big.cells()) == 9 and big.configs == {"household": "configs/household-tiny-gpu.yaml"}
+    cfg = cell_config(big, big.cells()[0], Path("/tmp/w"))
+    assert cfg.device == "cuda" and cfg.tasks_per_step == 8 and cfg.eval_tasks == 240
