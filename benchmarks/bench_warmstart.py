@@ -5,6 +5,7 @@ Builds (or loads from the cache) the warm-started tiny model of a config, then p
   the skills-following expert with the skills in the prompt), split by the action's verb and,
   for `go to`, by whether the memory names the expert's target: go-search ("Search next: go to
   X"), go-next ("Next: go to X", a known place), go-other (neither: the skills' search order);
+  shop clicks by what they do: click-item (open a result), click-option, click-buy, click-nav;
 - success on the held-out eval tasks of the student and of the teacher (skills in the prompt)
   at the eval temperature, with 95% Wilson intervals, and the teacher-student log-prob gap.
 This is how the household difficulty and warm-start size of configs/household-tiny.yaml were
@@ -19,6 +20,17 @@ import collections
 import json
 import re
 import time
+
+
+SHOP_NAV = {"back to search", "next >", "< prev", "description", "features", "reviews"}
+
+
+def shop_click_kind(action: str) -> str:
+    """What a shop click does: item (open a result, by product id or rank handle), buy, nav, or option."""
+    arg = action[len("click["):-1]
+    if re.fullmatch(r"b0[0-9a-z]{8}|item \d+", arg):
+        return "item"
+    return "buy" if arg == "buy now" else "nav" if arg in SHOP_NAV else "option"
 
 
 def main() -> None:
@@ -69,6 +81,8 @@ def main() -> None:
                 n = re.search(r"(?<!Search )Next: go to ([^.]+)\.", mem)
                 kind = ("go-search" if m and m.group(1) == a[len("go to "):] else
                         "go-next" if n and n.group(1) == a[len("go to "):] else "go-other")
+            elif kind == "click" and cfg.env.family == "shop":
+                kind = f"click-{shop_click_kind(a)}"
             who = "teacher" if x["privileged"] else "student"
             ok = g.text == format_action(cfg.env.family, a)  # search-QA actions carry their own tags
             acc[f"{who}/{kind}"].append(ok)

@@ -1,8 +1,12 @@
 """The shop's see-only shoppers (skilled and uninformed) and the laptop-scale page options of
-configs/shop-tiny.yaml: suggested queries, page_size, compact pages and compact skills."""
+configs/shop-tiny.yaml: suggested queries, page_size, compact pages, compact skills, results by rank
+("item 1") and the options already clicked shown on the item page."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import random
 from pathlib import Path
 
 import pytest
@@ -64,7 +68,7 @@ def test_uninformed_shopper_draws_its_query_and_buys_the_first_result_unchecked(
         assert query in suggested_queries(goal)
         drawn.add(suggested_queries(goal).index(query))
         first = world.search(query)[0]
-        assert actions[1] == f"click[{first.lower()}]"  # the first result, price never compared
+        assert actions[1] == "click[item 1]"  # the first result, price never compared
         assert actions[-1] == "click[buy now]"  # it buys whatever it opened
         if query == goal.query and not fits(world.by_asin[first], goal):
             noun_losses += 1
@@ -142,7 +146,9 @@ def test_compact_pages_page_size_and_compact_skills(tiny_env):
     results = tiny_env.step(f"search[{skilled_query(goal)}]")
     assert results.observation.startswith("Back to Search [SEP] Page 1 (Total results:")
     assert results.observation.count(" [SEP] $") == 5
-    assert len([a for a in results.metadata["admissible_actions"] if a.startswith("click[b0")]) == 5
+    assert [a for a in results.metadata["admissible_actions"] if a.startswith("click[item")] == [
+        f"click[item {k}]" for k in range(1, 6)
+    ]
     item = tiny_env.step(tiny_env.skilled_expert_action())
     assert item.metadata["page"] == "item" and "Instruction:" not in item.observation
     skills = tiny_env.privileged_skills()
@@ -173,3 +179,146 @@ def test_shop_tiny_config_loads_with_the_paper_family_defaults():
     assert cfg.rollout.constrained and cfg.env.kwargs["suggest_queries"]  # constrained decoding needs them
     env = make_env("shop", **cfg.env.kwargs)
     assert isinstance(env, ShopEnv) and env.config.page_size == 5
+    assert env.config.result_handles == "rank" and env.config.show_clicked
+
+
+# ---- results by rank, clicked options shown --------------------------------------------------------
+def _trace_digest(env: ShopEnv, n: int = 30, seed: int = 0) -> str:
+    """Every page, admissible list and action of `n` test episodes that mix the target-knowing expert
+    with seeded random admissible clicks (next >, < prev, sub pages, other results, options)."""
+    rng, h = random.Random(seed), hashlib.sha256()
+    for tid in env.task_ids("test")[:n]:
+        out = env.reset(task_id=tid)
+        while not out.done:
+            acts = out.metadata["admissible_actions"]
+            expert = rng.random() < 0.5 or acts == ["search[<query>]"]
+            action = env.expert_action() if expert else rng.choice(acts)
+            h.update(json.dumps([out.observation, acts, action]).encode())
+            out = env.step(action)
+        h.update(json.dumps([out.observation, out.reward]).encode())
+    return h.hexdigest()
+
+
+def test_options_off_give_the_pages_of_before_rank_handles_exactly():
+    """Digests recorded before result_handles and show_clicked existed: off (the default), WebShop's
+    pages and the earlier tiny setting are unchanged, byte for byte."""
+    assert _trace_digest(ShopEnv()) == "a1699f997247a08ec8253e0a6ccc699134974d9b6952c80b0d75e7984b77e429"
+    earlier_tiny = ShopEnv(suggest_queries=True, page_size=5, compact_pages=True, compact_skills=True)
+    assert _trace_digest(earlier_tiny) == "5a50aad645bc4b619348edd7770aec064da46e6a0e2e151c4553a441f53ef546"
+    assert ShopEnv().config.result_handles == "asin" and not ShopEnv().config.show_clicked
+
+
+def test_rank_handles_open_the_product_they_list_on_every_page():
+    env = ShopEnv(result_handles="rank", page_size=5, horizon=40)
+    tid = next(t for t in env.task_ids("test") if len(env.world.search(expert_query(env.world.goal(t)))) > 10)
+    query = expert_query(env.world.goal(tid))
+    results = env.world.search(query)
+    env.reset(task_id=tid)
+    page = env.step(f"search[{query}]")
+    for page_no in (1, 2):
+        first = (page_no - 1) * 5 + 1
+        handles = [f"item {k}" for k in range(first, first + 5)]
+        segs = page.observation.split(" [SEP] ")
+        for k, handle in enumerate(handles):
+            asin = results[first - 1 + k]
+            assert segs[segs.index(handle) + 1] == env.world.by_asin[asin].title  # listed with its title
+            assert asin not in page.observation  # the id is not shown
+        assert [a for a in page.metadata["admissible_actions"] if a.startswith("click[item")] == [
+            f"click[{h}]" for h in handles
+        ]
+        for k, handle in enumerate(handles):
+            item = env.step(f"click[{handle}]")
+            assert item.metadata["page"] == "item"
+            assert env._session.asin == results[first - 1 + k]
+            assert env.world.by_asin[results[first - 1 + k]].title in item.observation
+            page = env.step("click[< prev]")
+            assert page.metadata["page"] == "results"
+        # a handle of another page is not a button here
+        refused = env.step(f"click[{'item 6' if page_no == 1 else 'item 1'}]")
+        assert not refused.metadata["valid_action"] and refused.metadata["error_kind"] == "not_clickable"
+        page = env.step("click[next >]")
+
+
+def test_rank_handles_change_no_outcome_of_any_shopper():
+    """Per goal, each shopper buys the same product with the same reward under either handle; only a
+    result's click text differs ("item k" for the k-th result)."""
+    base = dict(suggest_queries=True, page_size=5, compact_pages=True, compact_skills=True)
+    by_asin, by_rank = ShopEnv(**base), ShopEnv(**base, result_handles="rank")
+    for policy in ("uninformed_expert_action", "skilled_expert_action", "expert_action"):
+        for tid in by_asin.task_ids("test")[:60]:
+            a_actions, a_last = _play(by_asin, tid, policy)
+            r_actions, r_last = _play(by_rank, tid, policy)
+            assert a_last.metadata["purchased"] == r_last.metadata["purchased"]
+            assert a_last.reward == r_last.reward and len(a_actions) == len(r_actions)
+            for a, r in zip(a_actions, r_actions):
+                assert a == r or (a.startswith("click[b0") and r.startswith("click[item "))
+
+
+def test_shoppers_under_rank_handles_win_as_the_config_says(tiny_env):
+    """configs/shop-tiny.yaml's shoppers on 150 test goals (500: 56%, 99%, 100%); the uninformed one
+    always opens item 1, the skills-following one mostly (item 2 when item 1 is over the price
+    ceiling), the target-knowing one wherever the target ranks: the product choice stays a decision."""
+    ids = tiny_env.task_ids("test")[:150]
+    opened = {}
+    for policy in ("uninformed_expert_action", "skilled_expert_action", "expert_action"):
+        wins, opened[policy] = 0, []
+        for tid in ids:
+            actions, last = _play(tiny_env, tid, policy)
+            wins += last.metadata["won"]
+            opened[policy] += [a for a in actions if a.startswith("click[item ")]
+        rate = wins / len(ids)
+        assert {"uninformed_expert_action": 0.4 <= rate <= 0.7, "skilled_expert_action": rate >= 0.9,
+                "expert_action": rate == 1.0}[policy], (policy, rate)
+    assert set(opened["uninformed_expert_action"]) == {"click[item 1]"}
+    assert 0.9 <= opened["skilled_expert_action"].count("click[item 1]") / len(ids) < 1.0
+    assert opened["expert_action"].count("click[item 1]") / len(ids) < 0.6
+
+
+def test_no_progress_hints_name_the_handle_the_agent_clicked(tiny_env):
+    world = tiny_env.world
+    for tid in tiny_env.task_ids("test"):
+        goal = world.goal(tid)
+        tiny_env.reset(task_id=tid)
+        results = tiny_env.step(f"search[{goal.query}]")
+        bad = next((k for k, a in enumerate(tiny_env._session.shown) if not fits(world.by_asin[a], goal)), None)
+        if bad is not None:
+            break
+    item = tiny_env.step(f"click[item {bad + 1}]")
+    assert results.metadata["valid_action"] and item.metadata["error_kind"] == "non_matching_item"
+    assert item.metadata["error_args"]["item"] == f"item {bad + 1}"
+    done = tiny_env.step("click[buy now]")
+    assert done.metadata["error_kind"] == "buy_non_matching"
+    assert done.metadata["error_args"]["item"] == f"item {bad + 1}"
+
+
+def test_show_clicked_names_the_selected_options_in_click_order():
+    env, plain = ShopEnv(show_clicked=True), ShopEnv()
+    tid = next(t for t in env.task_ids("test") if len(env.world.goal(t).goal_options) == 2)
+    goal = env.world.goal(tid)
+    for e in (env, plain):
+        e.reset(task_id=tid)
+        while e._session.page != "item":
+            out = e.step(e.expert_action())
+    assert "You have clicked" not in out.observation
+    first, second = goal.goal_options.values()
+    product = env.world.by_asin[goal.asin]
+    other = next(v for v in product.options[next(iter(goal.goal_options))] if v != first)
+    pages = []
+    for value in (first, second, other):
+        out, off = env.step(f"click[{value}]"), plain.step(f"click[{value}]")
+        pages.append(out.observation)
+        assert "You have clicked" not in off.observation  # off: WebShop's simple mode shows no selection
+        assert out.observation.endswith(" [SEP] " + off.observation)
+    assert pages[0].startswith(f"You have clicked {first}. [SEP] Instruction:")
+    assert pages[1].startswith(f"You have clicked {first}. [SEP] You have clicked {second}. [SEP] ")
+    # another value of the first option replaces it, in its place
+    assert pages[2].startswith(f"You have clicked {other}. [SEP] You have clicked {second}. [SEP] ")
+    assert "You have clicked" not in env.step("click[features]").observation  # only the item page says it
+    assert env.step("click[< prev]").observation == pages[2]  # the sub page keeps the selection
+    env.step("click[< prev]")  # back to the results: reopening the product starts unselected
+    assert "You have clicked" not in env.step(f"click[{goal.asin.lower()}]").observation
+
+
+def test_bad_result_handles_are_refused():
+    with pytest.raises(ValueError, match="result_handles.*asin, rank"):
+        ShopEnv(result_handles="index")

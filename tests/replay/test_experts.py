@@ -210,3 +210,15 @@ def test_content_parts_read_like_a_string():
     parts = [messages[0], {"role": "user", "content": [{"type": "text", "text": messages[1]["content"]}]}]
     assert rule_expert("searchqa")(parts) == rule_expert("searchqa")(messages) == "<search>Kuster Aviation founded by</search>"
     assert rule_expert("searchqa", "b")(messages) == "<search>founded Kuster Aviation</search>"
+
+
+def test_shop_experts_read_the_tiny_config_pages():
+    """configs/shop-tiny.yaml's pages: results by rank ("item 1"), five a page, suggested queries, the
+    clicked options named on the item page."""
+    tiny = yaml.safe_load((ROOT / "configs" / "shop-tiny.yaml").read_text())
+    setting = Setting(tiny["env"]["kwargs"], tiny["rollout"]["history"], True, False, 15, 20)
+    env = make_env("shop", **setting.env_kwargs)
+    for variant in EXPERT_VARIANTS:
+        run = play(env, "shop", lambda m, _, f=rule_expert("shop", variant): f(m), setting)
+        assert run.success >= 0.8, (variant, run.success)
+        assert any("click[item " in response for _, response, _ in run.turns)

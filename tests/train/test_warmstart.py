@@ -71,6 +71,23 @@ def test_decision_turns_are_take_and_go_to_off_the_search_frontier():
         expert_turns(load_config(CONFIG, {"warmstart.decision_repeats": 0}), 1, seed=0)
 
 
+def test_shop_decision_turns_are_the_option_value_clicks():
+    from sdar.train.warmstart import is_decision
+
+    turns = expert_turns(load_config("configs/shop-tiny.yaml"), 40, seed=5)
+    options = [t for t in turns if is_decision(t, "shop")]
+    assert 0.2 < len(options) / len(turns) < 0.45  # measured: 31% of the turns
+    for t in turns:
+        on_item_page = t["view"].observation.endswith(" [SEP] Buy Now")
+        value = t["action"][len("click["):-1]
+        assert is_decision(t, "shop") == (on_item_page and value in t["view"].observation.split(" [SEP] ")
+                                          and value not in ("buy now", "< prev", "back to search"))
+    # search, result and buy turns are not decisions; nor is any shop turn by the household rule
+    assert not any(is_decision(t, "shop") for t in turns if not t["action"].startswith("click[")
+                   or t["action"] in ("click[buy now]", "click[item 1]"))
+    assert not any(map(is_decision, turns))
+
+
 def test_decision_repeats_multiply_exactly_the_decision_examples(tmp_path, monkeypatch):
     from sdar.train import warmstart
 

@@ -62,7 +62,7 @@ def shopper_action(world: ShopWorld, goal: Goal, s: Session, query: str, check_p
         pick = shown[0]
         if check_price:
             pick = next((a for a in shown if world.by_asin[a].price < goal.price_upper), pick)
-        return f"click[{pick.lower()}]"
+        return f"click[{s.handle(pick)}]"
     if s.page == "sub":
         return "click[< prev]"
     if s.page == "item":
@@ -91,7 +91,7 @@ def expert_action(world: ShopWorld, goal: Goal, s: Session) -> str:
             return "click[back to search]"
         want = s.results.index(target) // s.page_size + 1
         if want == s.page_no:
-            return f"click[{target.lower()}]"
+            return f"click[{s.handle(target)}]"
         return "click[next >]" if want > s.page_no else "click[< prev]"
     if s.page == "sub":
         return "click[< prev]"

@@ -2,6 +2,9 @@
 
 Each renderer returns the observation and the page's clickables, lower-cased as WebShop's
 `get_available_actions` lists them ("back to search", "next >", "b0abc12345", "blue", "buy now").
+Two laptop-scale options (off by default) change what the pages show: results listed by rank
+("item 1") instead of product id (`Session.handles`), and the options already clicked named on the
+item page, as WebShop's own "text" observation mode does (`show_clicked`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ BUY_NOW = "Buy Now"
 SUB_PAGES = ("Description", "Features", "Reviews")
 SEARCH_TEMPLATE = "search[<query>]"  # listed on the search page: the query is free text
 SUGGESTED = "Suggested queries:"  # heads the ready queries of ShopConfig.suggest_queries
+HANDLES = ("asin", "rank")  # how results are named and clicked (Session.handles)
 
 
 @dataclass
@@ -36,6 +40,10 @@ class Session:
     options: option name -> selected value on the item page.
     sub: which sub page is open ("description", "features", "reviews").
     page_size: results per page (WebShop: 10; fewer keep a small model's prompt short).
+    handles: how the results page names its products and how they are clicked: "asin" (WebShop: the
+        id, "B0ABC12345" on the page, click[b0abc12345]) or "rank" ("item 3" on the page and in
+        click[item 3]: the product's place in the whole result list, so page 2 starts at item 6 of 5
+        a page). A handle says nothing about the product but where the search ranked it.
     """
 
     page: str = "search"
@@ -46,6 +54,19 @@ class Session:
     options: dict[str, str] = field(default_factory=dict)
     sub: str | None = None
     page_size: int = PAGE_SIZE
+    handles: str = "asin"
+
+    def handle(self, asin: str) -> str:
+        """The click text (lower case) that opens result `asin`."""
+        if self.handles == "rank":
+            return f"item {self.results.index(asin) + 1}"
+        return asin.lower()
+
+    def result(self, handle: str) -> str:
+        """The ASIN a result's click text opens (the inverse of `handle`)."""
+        if self.handles == "rank":
+            return self.results[int(handle.removeprefix("item ")) - 1]
+        return handle.upper()
 
     @property
     def num_pages(self) -> int:
@@ -88,13 +109,20 @@ def results_page(
         clicks.append(NEXT_PAGE.lower())
     for asin in s.shown:
         p = products[asin]
-        parts += [p.asin, p.title, p.price_tag]
-        clicks.append(p.asin.lower())
+        handle = s.handle(asin)
+        parts += [handle if s.handles == "rank" else p.asin, p.title, p.price_tag]
+        clicks.append(handle)
     return SEP.join(parts), clicks
 
 
-def item_page(instruction: str, s: Session, p: Product) -> tuple[str, list[str]]:
-    parts = [*_head(instruction), BACK_TO_SEARCH, PREV_PAGE]
+def item_page(
+    instruction: str, s: Session, p: Product, show_clicked: bool = False
+) -> tuple[str, list[str]]:
+    """The product page; with `show_clicked` it opens with "You have clicked <value>." per option value
+    selected, in the order chosen (WebShop's "text" mode says the same; its "simple" mode, which these
+    pages follow otherwise, shows no selection at all)."""
+    clicked = [f"You have clicked {v}." for v in s.options.values()] if show_clicked else []
+    parts = [*clicked, *_head(instruction), BACK_TO_SEARCH, PREV_PAGE]
     clicks = [BACK_TO_SEARCH.lower(), PREV_PAGE.lower()]
     for name, values in p.options.items():
         parts.append(name)
@@ -140,9 +168,11 @@ def render(
     reward: float = 0.0,
     suggestions: list[str] | None = None,
     compact: bool = False,
+    show_clicked: bool = False,
 ) -> tuple[str, list[str]]:
-    """The observation and clickables of the page `s` is on (`suggestions`: see `search_page`);
-    `compact` leaves the instruction out of every page but the search page."""
+    """The observation and clickables of the page `s` is on (`suggestions`: see `search_page`;
+    `show_clicked`: see `item_page`); `compact` leaves the instruction out of every page but the
+    search page."""
     if s.page == "search":
         return search_page(instruction, suggestions)
     if compact:
@@ -150,7 +180,7 @@ def render(
     if s.page == "results":
         return results_page(instruction, s, products)
     if s.page == "item":
-        return item_page(instruction, s, products[s.asin])
+        return item_page(instruction, s, products[s.asin], show_clicked)
     if s.page == "sub":
         return sub_page(instruction, s, products[s.asin])
     if s.page == "done":

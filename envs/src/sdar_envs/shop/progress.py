@@ -85,11 +85,12 @@ class ShopProgress:
             "query": query, "suggested": " ".join([*g.attributes, g.query]), "wanted": _wanted(g)
         }
 
-    def open_item(self, asin: str) -> Error | None:
-        """Opening (clicking) a result that does not fit the goal."""
+    def open_item(self, asin: str, handle: str | None = None) -> Error | None:
+        """Opening (clicking) a result that does not fit the goal; `handle`: the click text the agent
+        saw for it (default: the id in lower case)."""
         if self.fits(asin):
             return None
-        return "non_matching_item", NO_PROGRESS_HINTS["non_matching_item"], self._item_args(asin)
+        return "non_matching_item", NO_PROGRESS_HINTS["non_matching_item"], self._item_args(asin, handle)
 
     def click_option(self, name: str, value: str) -> Error | None:
         """Clicking an option value other than the one the instruction names for that option."""
@@ -100,17 +101,18 @@ class ShopProgress:
             "option": name, "value": value, "wanted_value": wanted
         }
 
-    def buy(self, asin: str, score: float) -> Error | None:
+    def buy(self, asin: str, score: float, handle: str | None = None) -> Error | None:
         """Buying what scores below 1: an item that does not fit, or a fitting one without the
-        instruction's options."""
+        instruction's options (`handle`: as in `open_item`)."""
         if score >= 1.0 - 1e-9:
             return None
         if not self.fits(asin):
-            return "buy_non_matching", NO_PROGRESS_HINTS["buy_non_matching"], self._item_args(asin)
+            return "buy_non_matching", NO_PROGRESS_HINTS["buy_non_matching"], self._item_args(asin, handle)
         options = ", ".join(f"{k}: {v}" for k, v in self.goal.goal_options.items())
         return "buy_wrong_options", NO_PROGRESS_HINTS["buy_wrong_options"], {
-            **self._item_args(asin), "options": options
+            **self._item_args(asin, handle), "options": options
         }
 
-    def _item_args(self, asin: str) -> dict[str, str]:
-        return {"item": asin.lower(), "title": self.products[asin].title, "wanted": _wanted(self.goal)}
+    def _item_args(self, asin: str, handle: str | None = None) -> dict[str, str]:
+        item = handle or asin.lower()
+        return {"item": item, "title": self.products[asin].title, "wanted": _wanted(self.goal)}
