@@ -29,6 +29,22 @@ if TYPE_CHECKING:  # annotations only: loading a config never imports torch
 PLACEMENTS = ("prefix", "user")  # rollout.privileged_placement (sdar.agent.prompts)
 PENALIZE = ("format", "invalid")  # rollout.penalize (sdar.agent.rollout.penalized)
 REWARDS = ("reference", "env")  # reward (sdar.agent.rollout.episode_reward)
+PRETOKENIZERS = ("qwen2", "trailing_space")  # warmstart.pretokenizer (sdar.models.tokenizer.PRETOKENIZERS)
+
+# Fields added after checkpoints and results were made with the behaviour of their default: at that default
+# they are left out of every identity (the warm-start cache key, a study run's fingerprint), so what was built
+# and recorded before they existed keeps its identity. "section.field" -> the default that changes nothing.
+ADDED_DEFAULTS: dict[str, Any] = {"warmstart.pretokenizer": "qwen2"}
+
+
+def drop_added_defaults(d: dict[str, Any], section: str = "") -> dict[str, Any]:
+    """`d` (asdict of a TrainConfig, or of its `section`) without the ADDED_DEFAULTS fields at their default."""
+    for key, default in ADDED_DEFAULTS.items():
+        head, _, name = key.rpartition(".")
+        sub = d if head == section else d.get(head, {}) if not section else None
+        if isinstance(sub, dict) and name in sub and sub[name] == default:
+            del sub[name]
+    return d
 
 
 @dataclass
@@ -166,6 +182,11 @@ class WarmStartConfig:
                 "Household: \"go to\" turns that do not follow the memory's search frontier (appliance, target, a seen "
                 "object) and \"take\" turns, ~15% of the examples, which a tiny model got right a quarter to half of the "
                 "time. Shop: option-value clicks (~30%; a tiny model copied the right value 36% of the time)."})
+    pretokenizer: str = field(default="qwen2", metadata={
+        "help": "How the tiny tokenizer splits text before its merges: qwen2 (Qwen2's pattern: a word carries the "
+                "character before it, \" nude\" in \"color: nude,\" but \"[nude\" in \"click[nude]\": two ids a model "
+                "trained from scratch must pair value by value) or trailing_space (a word carries the space after it: "
+                "\"nude\" in both, so copying a value from the instruction into an action is one id to match)."})
 
 
 @dataclass
@@ -341,7 +362,8 @@ class TrainConfig:
         self.arm_overrides = check_arm_overrides(self.arm_overrides)
         choices = {"loss_normalisation": (self.loss_normalisation, ("micro_batch", "mini_batch")),
                    "reward": (self.reward, REWARDS), "rollout.penalize": (self.rollout.penalize, PENALIZE),
-                   "rollout.privileged_placement": (self.rollout.privileged_placement, PLACEMENTS)}
+                   "rollout.privileged_placement": (self.rollout.privileged_placement, PLACEMENTS),
+                   "warmstart.pretokenizer": (self.warmstart.pretokenizer, PRETOKENIZERS)}
         for key, (value, valid) in choices.items():
             if value not in valid:
                 raise ValueError(f"{key}={value!r} is not one of {', '.join(valid)}")

@@ -46,6 +46,7 @@ def test_cache_key_follows_the_prompt_wording_not_just_the_config(monkeypatch):
     key = _cache_key(cfg, tiny_config(cfg))
     assert key == _cache_key(cfg, tiny_config(cfg))  # deterministic
     assert key != _cache_key(load_config(CONFIG, {"warmstart.noise": 0.1}), tiny_config(cfg))
+    assert key != _cache_key(load_config(CONFIG, {"warmstart.pretokenizer": "trailing_space"}), tiny_config(cfg))
     # a code change to what the prompts say (here the memory's wording) must not reuse the old model
     render = HouseholdMemory.render
     monkeypatch.setattr(HouseholdMemory, "render", lambda self: render(self).replace("Seen:", "Visited:"))
@@ -130,3 +131,28 @@ def test_the_alfworld_backend_keeps_the_sim_trained_warm_start(monkeypatch):
     # a sim setting still shapes the warm start
     harder = load_config(CONFIG, {"env.kwargs.backend": "alfworld", "env.kwargs.difficulty.max_steps": 12})
     assert _cache_key(harder, tiny_config(harder)) != key
+
+
+def test_fields_added_later_keep_the_keys_of_what_was_built_before(monkeypatch):
+    """A field added after warm starts were cached (config.ADDED_DEFAULTS) leaves the cache key as it was at its
+    neutral default: the key equals the one computed with the field absent from the config, as older code did."""
+    import dataclasses
+
+    from sdar import config as config_mod
+    from sdar.train.warmstart import _cache_key, tiny_config
+
+    cfg = load_config(CONFIG)
+    key = _cache_key(cfg, tiny_config(cfg))
+    assert config_mod.ADDED_DEFAULTS == {"warmstart.pretokenizer": "qwen2"}
+    real_asdict = dataclasses.asdict
+
+    def older_asdict(obj, *a, **kw):  # the config as code before the field saw it
+        d = real_asdict(obj, *a, **kw)
+        if isinstance(obj, config_mod.WarmStartConfig):
+            d.pop("pretokenizer")
+        return d
+
+    monkeypatch.setattr("sdar.train.warmstart.asdict", older_asdict)
+    assert _cache_key(cfg, tiny_config(cfg)) == key
+    with pytest.raises(ValueError, match="warmstart.pretokenizer='bpe' is not one of qwen2, trailing_space"):
+        load_config(CONFIG, {"warmstart.pretokenizer": "bpe"})

@@ -26,6 +26,15 @@ from sdar.models.chat_templates import DEFAULT_SYSTEM, chatml_template
 QWEN2_PATTERN = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
+# The same pieces, but a word (or digit, or punctuation run) carries the space AFTER it instead of the character
+# before it: "color: nude, and" -> "color", ": ", "nude", ", ", "and" and "click[nude]" -> "click", "[", "nude",
+# "]". Under Qwen2's pattern the value is " nude" in the instruction and "[nude" in the action, two unrelated ids
+# a model trained from scratch must pair value by value; here it is one id, so copying it is a generic match.
+TRAILING_SPACE_PATTERN = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|\p{L}+ ?|\p{N} ?|[^\s\p{L}\p{N}]+ ?[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+# how text is split before BPE (warmstart.pretokenizer); decoding is byte-exact under either
+PRETOKENIZERS = {"qwen2": QWEN2_PATTERN, "trailing_space": TRAILING_SPACE_PATTERN}
 
 PAD_TOKEN = "<|endoftext|>"  # padding and document separator, as in Qwen2.5
 BOS_TOKEN = "<|im_start|>"  # every ChatML turn starts with it (SmolLM2 uses it as bos too)
@@ -52,12 +61,12 @@ def _check_specials(special_tokens: Sequence[str]) -> list[str]:
     return list(SPECIAL_TOKENS) + [t for t in specials if t not in SPECIAL_TOKENS]
 
 
-def _bpe_skeleton() -> Tokenizer:
+def _bpe_skeleton(pattern: str = QWEN2_PATTERN) -> Tokenizer:
     tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
@@ -74,6 +83,7 @@ def train_tokenizer(
     min_frequency: int = 2,
     default_system: str = DEFAULT_SYSTEM,
     model_max_length: int = 4096,
+    pretokenizer: str = "qwen2",
 ) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE on `texts` and wrap it as a transformers tokenizer.
 
@@ -84,17 +94,21 @@ def train_tokenizer(
     agent_tags: added as single, non-special tokens (they survive skip_special_tokens).
     min_frequency: pairs seen fewer times are not merged.
     default_system: the system prompt the chat template inserts when a conversation has none.
+    pretokenizer: how text is split before the merges, a key of PRETOKENIZERS: "qwen2" (Qwen2's
+        pattern) or "trailing_space" (a piece carries the space after it, see TRAILING_SPACE_PATTERN).
     Returns a tokenizer with `chat_template` set to Qwen2.5's ChatML template, padding on the left
     (the rollout side); the trainer may pad either way (see `sdar.models.logprobs`).
     """
     specials = _check_specials(special_tokens)
+    if pretokenizer not in PRETOKENIZERS:
+        raise ValueError(f"unknown pretokenizer {pretokenizer!r}; choose one of {', '.join(PRETOKENIZERS)}")
     n_fixed = 256 + len(specials) + len(agent_tags)
     if vocab_size < n_fixed + 1:
         raise ValueError(
             f"vocab_size={vocab_size} leaves no room for merges: 256 bytes + {len(specials)} special "
             f"tokens + {len(agent_tags)} agent tags = {n_fixed}; use at least {n_fixed + 64}"
         )
-    tok = _bpe_skeleton()
+    tok = _bpe_skeleton(PRETOKENIZERS[pretokenizer])
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size - len(agent_tags),
         min_frequency=min_frequency,

@@ -30,6 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from sdar.config import drop_added_defaults
 from sdar.study.spec import Cell, StudySpec
 
 # the per-step metrics a result keeps (the analysis's curves); the full history stays in MLflow
@@ -65,7 +66,7 @@ def cell_config(spec: StudySpec, cell: Cell, work: Path, steps: int | None = Non
 
 def config_fingerprint(cfg) -> str:
     """A hash of everything in `cfg` that shapes a run's numbers (not where it writes or how long it runs)."""
-    d = cfg.to_dict()
+    d = drop_added_defaults(cfg.to_dict())  # fields newer than the committed results, at their neutral default
     for key in _NOT_IDENTITY:  # "section.field" names a field of a section
         head, _, field_name = key.partition(".")
         (d.get(head, {}) if field_name else d).pop(field_name or head, None)

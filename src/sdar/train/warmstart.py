@@ -28,7 +28,7 @@ from sdar.agent.constrained import action_trie
 from sdar.agent.parsing import format_action
 from sdar.agent.prompts import PromptBuilder, fit_prompt_ids
 from sdar.agent.rollout import EpisodeState
-from sdar.config import TrainConfig
+from sdar.config import TrainConfig, drop_added_defaults
 from sdar.models.scoring import response_logprobs
 
 WARMSTART_VERSION = 7
@@ -129,7 +129,7 @@ def _cache_key(cfg: TrainConfig, tiny) -> str:
     blob = json.dumps({
         "prompts": hashlib.sha256(_prompt_fingerprint(cfg).encode()).hexdigest(),
         # where episodes are served (env.url) does not change what the warm start imitates
-        "v": WARMSTART_VERSION, "env": {k: v for k, v in asdict(cfg.env).items() if k != "url"}, "warmstart": asdict(cfg.warmstart), "tiny": tiny.to_dict(),
+        "v": WARMSTART_VERSION, "env": {k: v for k, v in asdict(cfg.env).items() if k != "url"}, "warmstart": drop_added_defaults(asdict(cfg.warmstart), "warmstart"), "tiny": tiny.to_dict(),
         "rollout": {k: getattr(cfg.rollout, k) for k in ("history", "use_memory", "max_prompt_tokens", "max_turns", "constrained",
                                                           "show_admissible", "privileged_placement")},
         "teacher_max": cfg.teacher_max_prompt_tokens, "seed": cfg.seed,
@@ -153,7 +153,7 @@ def build_tiny_checkpoint(cfg: TrainConfig, out_dir: Path, console=None) -> dict
         for skills in (None, t["skills"]):
             msgs = builder.messages(t["view"], skills=skills)
             corpus.append("\n".join(m["content"] for m in msgs) + "\n" + format_action(cfg.env.family, t["action"]))
-    tokenizer = train_tokenizer(corpus, vocab_size=ws.vocab_size)
+    tokenizer = train_tokenizer(corpus, vocab_size=ws.vocab_size, pretokenizer=ws.pretokenizer)
     turns = expert_turns(cfg, ws.episodes, seed=cfg.seed + 1)
     tiny = tiny_config(cfg)
     model = build_tiny_model(tokenizer, tiny)
