@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # annotations only: loading a config never imports torch
 PLACEMENTS = ("prefix", "user")  # rollout.privileged_placement (sdar.agent.prompts)
 PENALIZE = ("format", "invalid")  # rollout.penalize (sdar.agent.rollout.penalized)
 REWARDS = ("reference", "env")  # reward (sdar.agent.rollout.episode_reward)
-PRETOKENIZERS = ("qwen2", "trailing_space")  # warmstart.pretokenizer (sdar.models.tokenizer.PRETOKENIZERS)
+PRETOKENIZERS = ("qwen2", "punct_space")  # warmstart.pretokenizer (sdar.models.tokenizer.PRETOKENIZERS)
 
 # Fields added after checkpoints and results were made with the behaviour of their default: at that default
 # they are left out of every identity (the warm-start cache key, a study run's fingerprint), so what was built
@@ -185,8 +185,9 @@ class WarmStartConfig:
     pretokenizer: str = field(default="qwen2", metadata={
         "help": "How the tiny tokenizer splits text before its merges: qwen2 (Qwen2's pattern: a word carries the "
                 "character before it, \" nude\" in \"color: nude,\" but \"[nude\" in \"click[nude]\": two ids a model "
-                "trained from scratch must pair value by value) or trailing_space (a word carries the space after it: "
-                "\"nude\" in both, so copying a value from the instruction into an action is one id to match)."})
+                "trained from scratch must pair value by value) or punct_space (punctuation carries the space after it and a "
+                "word nothing but a space before it: \"nude\" in both, so copying a value from the instruction into an "
+                "action is one id to match; about as many tokens)."})
 
 
 @dataclass

@@ -94,16 +94,16 @@ def test_bad_arguments_are_explained():
         train_tokenizer([b"bytes"], vocab_size=512)
 
 
-def test_trailing_space_pieces_read_a_value_the_same_in_text_and_in_an_action():
-    """warmstart.pretokenizer: trailing_space. Under Qwen2's pattern an option value is one id after "color: "
-    and another after "click[" (" nude" vs "[nude"); with trailing spaces it is the same ids in both."""
+def test_punct_space_pieces_read_a_value_the_same_in_text_and_in_an_action():
+    """warmstart.pretokenizer: punct_space. Under Qwen2's pattern an option value is one id after "color: "
+    and another after "click[" (" nude" vs "[nude"); with punct_space it is the same ids in both."""
     corpus = agent_corpus(100) + [
         "i need a nude eyeshadow palette with color: nude, and size: 12 fl oz, and price lower than 30.00 dollars",
         "Admissible actions: click[nude], click[rose gold], click[12 fl oz], click[buy now]",
         "color [SEP] nude [SEP] rose gold [SEP] size [SEP] 12 fl oz [SEP] Buy Now",
     ] * 40
     qwen = train_tokenizer(corpus, vocab_size=600)
-    trailing = train_tokenizer(corpus, vocab_size=600, pretokenizer="trailing_space")
+    punct = train_tokenizer(corpus, vocab_size=600, pretokenizer="punct_space")
 
     def ids(tok, text, value):  # the ids of `value` as it is tokenized inside `text`
         enc = tok(text, return_offsets_mapping=True)
@@ -113,14 +113,14 @@ def test_trailing_space_pieces_read_a_value_the_same_in_text_and_in_an_action():
     for value, text in (("nude", "with color: nude, and price"), ("rose gold", "with color: rose gold, and size"),
                         ("12 fl oz", "and size: 12 fl oz, and price")):
         action = f"click[{value}]"
-        assert ids(trailing, text, value) == ids(trailing, action, value), value
+        assert ids(punct, text, value) == ids(punct, action, value), value
         if value[0].isalpha():  # Qwen2 glues the character before a word to it (digits stand alone)
             assert ids(qwen, text, value) != ids(qwen, action, value), value
-    assert trailing.convert_ids_to_tokens(trailing("click[nude]")["input_ids"]) == ["click", "[", "nude", "]"]
+    assert punct.convert_ids_to_tokens(punct("click[nude]")["input_ids"]) == ["click", "[", "nude", "]"]
     # still byte-level: any text round-trips, and prose costs about as many tokens as under Qwen2's pattern
     for text in ["héllo wörld 😀 毕老师", "  two  spaces\n\n\ttab", "x" * 50, "price: $12.50!", EXPECTED_CHATML]:
-        assert trailing.decode(trailing(text)["input_ids"]) == text
+        assert punct.decode(punct(text)["input_ids"]) == text
     prose = " ".join(agent_corpus(30, seed=9))
-    assert len(trailing(prose)["input_ids"]) <= 1.15 * len(qwen(prose)["input_ids"])
-    with pytest.raises(ValueError, match="unknown pretokenizer 'gpt2'; choose one of qwen2, trailing_space"):
+    assert len(punct(prose)["input_ids"]) <= 1.1 * len(qwen(prose)["input_ids"])
+    with pytest.raises(ValueError, match="unknown pretokenizer 'gpt2'; choose one of qwen2, punct_space"):
         train_tokenizer(corpus, vocab_size=600, pretokenizer="gpt2")

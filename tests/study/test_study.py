@@ -66,7 +66,7 @@ def test_the_fingerprint_ignores_where_and_how_fast_but_not_what():
                                                        "steps": 90, "tracking": False})
     assert config_fingerprint(same) == config_fingerprint(base)
     for change in ({"lr": 2e-3}, {"arm": "grpo"}, {"seed": 1}, {"rollout.temperature": 0.9},
-                   {"warmstart.pretokenizer": "trailing_space"}):  # a field added later counts off its default
+                   {"warmstart.pretokenizer": "punct_space"}):  # a field added later counts off its default
         assert config_fingerprint(load_config("configs/household-tiny.yaml", change)) != config_fingerprint(base), change
     committed = json.loads(Path("docs/results/evidence/household/seed0/sdar.json").read_text())["fingerprint"]
     spec = parse_spec(yaml.safe_load(Path("configs/study/evidence.yaml").read_text()))

@@ -46,7 +46,7 @@ def test_cache_key_follows_the_prompt_wording_not_just_the_config(monkeypatch):
     key = _cache_key(cfg, tiny_config(cfg))
     assert key == _cache_key(cfg, tiny_config(cfg))  # deterministic
     assert key != _cache_key(load_config(CONFIG, {"warmstart.noise": 0.1}), tiny_config(cfg))
-    assert key != _cache_key(load_config(CONFIG, {"warmstart.pretokenizer": "trailing_space"}), tiny_config(cfg))
+    assert key != _cache_key(load_config(CONFIG, {"warmstart.pretokenizer": "punct_space"}), tiny_config(cfg))
     # a code change to what the prompts say (here the memory's wording) must not reuse the old model
     render = HouseholdMemory.render
     monkeypatch.setattr(HouseholdMemory, "render", lambda self: render(self).replace("Seen:", "Visited:"))
@@ -154,5 +154,5 @@ def test_fields_added_later_keep_the_keys_of_what_was_built_before(monkeypatch):
 
     monkeypatch.setattr("sdar.train.warmstart.asdict", older_asdict)
     assert _cache_key(cfg, tiny_config(cfg)) == key
-    with pytest.raises(ValueError, match="warmstart.pretokenizer='bpe' is not one of qwen2, trailing_space"):
+    with pytest.raises(ValueError, match="warmstart.pretokenizer='bpe' is not one of qwen2, punct_space"):
         load_config(CONFIG, {"warmstart.pretokenizer": "bpe"})
