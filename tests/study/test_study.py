@@ -297,3 +297,26 @@ def test_the_committed_gpu_cells_are_their_specs_and_apart_from_the_cpu_study():
     assert len(big.cells()) == 9 and big.configs == {"household": "configs/household-tiny-gpu.yaml"}
     cfg = cell_config(big, big.cells()[0], Path("/tmp/w"))
     assert cfg.device == "cuda" and cfg.tasks_per_step == 8 and cfg.eval_tasks == 240
+
+
+def test_the_composer_arms_are_compared_with_grpo_and_sdar_on_the_committed_runs():
+    """The committed household seed-0 Composer runs: each Composer arm against grpo, sdar_composer also against
+    sdar (what channels 2 and 3 add to SDAR); the paired mean is the difference of the two success rates."""
+    from sdar.study.analysis import difference_rows, load_results
+
+    r = load_results("docs/results/evidence")
+    rows = {(x["a"], x["b"], x["step"]): x for x in difference_rows(r, "household")}
+    for arm in ("grpo_hint", "grpo_replay", "composer", "sdar_composer"):
+        assert (arm, "grpo", 60) in rows and (arm, "warm start", 60) in rows
+    assert {(a, b) for a, b, _ in rows if b == "sdar"} == {("sdar_composer", "sdar")}
+    root = Path("docs/results/evidence/household")
+    diffs = []
+    for seed_dir in sorted(root.glob("seed*")):
+        got = {arm: json.loads((seed_dir / f"{arm}.json").read_text())["evals"]["60"]["success"]
+               for arm in ("sdar", "sdar_composer") if (seed_dir / f"{arm}.json").is_file()}
+        if len(got) == 2:
+            diffs.append(got["sdar_composer"] - got["sdar"])
+    row = rows[("sdar_composer", "sdar", 60)]
+    # the same 120 tasks per seed: the paired mean is the mean over seeds of the two success rates' difference
+    assert row["seeds"] == len(diffs) >= 1 and row["ci"][0] == pytest.approx(sum(diffs) / len(diffs))
+    assert row["ci"][1] <= row["ci"][0] <= row["ci"][2]

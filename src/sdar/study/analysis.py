@@ -159,8 +159,9 @@ def _paired_rows(a: str, b: str, seeds: list[int], evals) -> list[dict[str, Any]
 
 def difference_rows(r: Runs, family: str, pairs: tuple[tuple[str, str], ...] = (
         ("sdar", "grpo"), ("sdar", "grpo_opsd"), ("grpo_opsd", "grpo"))) -> list[dict[str, Any]]:
-    """Paired differences a - b at every eval step both arms reached, over the seeds both ran; then each arm
-    against its own warm start (the step-0 student of the same seed, at every eval step)."""
+    """Paired differences a - b at every eval step both arms reached, over the seeds both ran: `pairs`, every
+    other arm against grpo, and an SDAR arm with more channels (sdar_composer) against sdar (what the channels
+    add to SDAR); then each arm against its own warm start (the step-0 student of the same seed)."""
 
     def evals(who: str, seed: int) -> dict[str, dict[str, Any]]:
         if who == WARM:
@@ -168,8 +169,9 @@ def difference_rows(r: Runs, family: str, pairs: tuple[tuple[str, str], ...] = (
         return r.runs[(family, seed, who)]["evals"]
 
     rows = []
-    for a, b in list(pairs) + [(arm, "grpo") for arm in r.arms(family)
-                                if arm not in ("grpo", "sdar", "grpo_opsd")]:
+    extra = [(arm, "grpo") for arm in r.arms(family) if arm not in ("grpo", "sdar", "grpo_opsd")]
+    extra += [(arm, "sdar") for arm in r.arms(family) if arm.startswith("sdar_")]
+    for a, b in list(pairs) + extra:
         rows += _paired_rows(a, b, sorted(set(r.seeds(family, a)) & set(r.seeds(family, b))), evals)
     for arm in r.arms(family):
         rows += _paired_rows(arm, WARM, [s for s in r.seeds(family, arm) if (family, s) in r.warm], evals)
