@@ -322,3 +322,40 @@ def test_show_clicked_names_the_selected_options_in_click_order():
 def test_bad_result_handles_are_refused():
     with pytest.raises(ValueError, match="result_handles.*asin, rank"):
         ShopEnv(result_handles="index")
+
+
+# ---- goals that name at most k options ----------------------------------------------------------------
+def test_max_goal_options_names_at_most_k_of_the_products_options():
+    """max_goal_options: each goal names a value for at most k options (drawn), its instruction says exactly
+    those, and the reward counts exactly those: buying the target with them selected scores 1, without them less;
+    the default world (None) is WebShop's, a value for every option (its digest is pinned above)."""
+    from sdar_envs.shop.reward import get_reward
+
+    full, capped = ShopEnv(), ShopEnv(max_goal_options=1, suggest_queries=True)  # suggestions: _play checks admissibility
+    assert full.task_ids("test") == capped.task_ids("test")  # the same task ids and products
+    named = {0: 0, 1: 0}
+    for tid in capped.task_ids("test"):
+        goal, product = capped.world.goal(tid), capped.world.by_asin[capped.world.goal(tid).asin]
+        assert len(goal.goal_options) == min(1, len(product.options))
+        named[len(goal.goal_options)] += 1
+        for name, value in goal.goal_options.items():
+            assert value in product.options[name] and f"{name}: {value}" in goal.instruction_text
+        for name in set(product.options) - set(goal.goal_options):
+            assert f"{name}: " not in goal.instruction_text
+        if goal.goal_options:  # the named option is what the score asks for; the others are free
+            assert get_reward(product, goal, product.price, dict(goal.goal_options))[0] == 1.0
+            assert get_reward(product, goal, product.price, {})[0] < 1.0
+    assert named[1] > 0.9 * len(capped.task_ids("test"))
+    assert sum(len(full.world.goal(t).goal_options) == 2 for t in full.task_ids("test")) > 200  # WebShop's: all
+    # every shopper still plays it: the target-knowing expert wins each goal, clicking one option at most
+    for tid in capped.task_ids("test")[:60]:
+        actions, last = _play(capped, tid, "expert_action")
+        assert last.metadata["won"] and sum(a[6:-1] in sum(capped.world.by_asin[capped.world.goal(tid).asin]
+                                                           .options.values(), []) for a in actions) <= 1
+    with pytest.raises(ValueError, match="max_goal_options=-1 must be >= 0"):
+        ShopEnv(max_goal_options=-1)
+
+
+def test_shop_tiny_names_one_option_per_goal(tiny_env):
+    assert tiny_env.config.max_goal_options == 1
+    assert all(len(tiny_env.world.goal(t).goal_options) <= 1 for t in tiny_env.task_ids("test"))

@@ -62,6 +62,10 @@ class ShopConfig:
         the result list, `pages.Session.handles`). Only the name changes: which product a handle
         opens, and everything after, is the same. A laptop-scale deviation: a tiny model picked the
         right id 47% of the time (configs/shop-tiny.yaml).
+    max_goal_options: a goal names a value for at most this many of its product's options (drawn per goal);
+        None (the default) names one for every option, as WebShop's goals do. A laptop-scale deviation:
+        the tiny model clicks the named value of an option about half the time, so success falls with
+        every option a goal names (configs/shop-tiny.yaml).
     show_clicked: the item page opens with "You have clicked <value>." for each option value
         selected, as WebShop's "text" observation mode does; off by default (WebShop's "simple" mode,
         whose pages these are, shows no selection, so an agent must remember its clicks).
@@ -80,6 +84,7 @@ class ShopConfig:
     compact_skills: bool = False
     result_handles: str = "asin"
     show_clicked: bool = False
+    max_goal_options: int | None = None
 
 
 class ShopEnv(TextEnv):
@@ -116,6 +121,7 @@ class ShopEnv(TextEnv):
             self.config.num_products,
             self.config.goals_per_product,
             self.config.test_products,
+            self.config.max_goal_options,
         )
         self._rng = random.Random()
         self._goal: Goal | None = None

@@ -61,13 +61,17 @@ def _item_phrase(rng: random.Random, ptype: ProductType, attrs: list[Attribute])
     return f"{article}{front}{ptype.name}{after}{tail}"
 
 
-def make_goal(rng: random.Random, product: Product) -> Goal:
-    """One goal whose target is `product` (attributes, options and price ceiling drawn with `rng`)."""
+def make_goal(rng: random.Random, product: Product, max_options: int | None = None) -> Goal:
+    """One goal whose target is `product` (attributes, options and price ceiling drawn with `rng`); it names
+    a value for every option of the product (WebShop's goals), or for `max_options` of them drawn at random."""
     ptype = TYPES_BY_NAME[product.query]
     k = min(rng.choice((2, 3, 3)), len(product.attributes))
     picked = set(rng.sample(product.attributes, k))
     attrs = [a for a in ptype.attributes if a.name in picked]
     goal_options = {name: rng.choice(product.options[name]) for name in sorted(product.options)}
+    if max_options is not None and len(goal_options) > max_options:
+        keep = set(rng.sample(sorted(goal_options), max_options))
+        goal_options = {name: v for name, v in goal_options.items() if name in keep}
     price_upper = price_ceiling(rng, product.price)
     text = rng.choice(_TEMPLATES).format(item=_item_phrase(rng, ptype, attrs))
     if goal_options:
@@ -139,11 +143,15 @@ def task_index(task_id: str, n: int) -> int:
 
 @lru_cache(maxsize=4)
 def build_world(
-    seed: int = 0, num_products: int = 1200, goals_per_product: int = 2, test_products: int = 250
+    seed: int = 0, num_products: int = 1200, goals_per_product: int = 2, test_products: int = 250,
+    max_goal_options: int | None = None,
 ) -> ShopWorld:
-    """The catalogue, its index and its goals; test goals target `test_products` products never targeted in train."""
+    """The catalogue, its index and its goals; test goals target `test_products` products never targeted in
+    train; `max_goal_options`: see `make_goal` (None: WebShop's, a value for every option)."""
     if goals_per_product < 1:
         raise ValueError(f"goals_per_product={goals_per_product} must be >= 1")
+    if max_goal_options is not None and max_goal_options < 0:
+        raise ValueError(f"max_goal_options={max_goal_options} must be >= 0, or null for a value of every option")
     products = generate_catalogue(seed, num_products)
     if not 0 < test_products < num_products:
         raise ValueError(
@@ -158,7 +166,7 @@ def build_world(
         seen: set[str] = set()
         for _ in range(goals_per_product):
             for _try in range(8):  # a product with few attributes/options may repeat a goal; redraw
-                g = make_goal(rng, products[pi])
+                g = make_goal(rng, products[pi], max_goal_options)
                 if g.instruction_text not in seen:
                     break
             seen.add(g.instruction_text)
