@@ -22,7 +22,9 @@ import re
 import time
 
 
-SHOP_NAV = {"back to search", "next >", "< prev", "description", "features", "reviews"}
+from sdar_envs.shop.pages import BUTTONS as SHOP_BUTTONS
+
+SHOP_NAV = SHOP_BUTTONS - {"buy now"}
 
 
 def shop_click_kind(action: str) -> str:

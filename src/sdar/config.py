@@ -41,7 +41,10 @@ def drop_added_defaults(d: dict[str, Any], section: str = "") -> dict[str, Any]:
     """`d` (asdict of a TrainConfig, or of its `section`) without the ADDED_DEFAULTS fields at their default."""
     for key, default in ADDED_DEFAULTS.items():
         head, _, name = key.rpartition(".")
-        sub = d if head == section else d.get(head, {}) if not section else None
+        if section:  # d is that section alone
+            sub = d if head == section else None
+        else:  # d is the whole config
+            sub = d.get(head) if head else d
         if isinstance(sub, dict) and name in sub and sub[name] == default:
             del sub[name]
     return d

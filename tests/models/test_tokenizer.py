@@ -122,5 +122,9 @@ def test_punct_space_pieces_read_a_value_the_same_in_text_and_in_an_action():
         assert punct.decode(punct(text)["input_ids"]) == text
     prose = " ".join(agent_corpus(30, seed=9))
     assert len(punct(prose)["input_ids"]) <= 1.1 * len(qwen(prose)["input_ids"])
+    from sdar import config
+    from sdar.models import tokenizer
+
+    assert config.PRETOKENIZERS == tuple(tokenizer.PRETOKENIZERS)  # the torch-free mirror load_config checks
     with pytest.raises(ValueError, match="unknown pretokenizer 'gpt2'; choose one of qwen2, punct_space"):
         train_tokenizer(corpus, vocab_size=600, pretokenizer="gpt2")

@@ -30,6 +30,7 @@ from sdar.agent.prompts import PromptBuilder, fit_prompt_ids
 from sdar.agent.rollout import EpisodeState
 from sdar.config import TrainConfig, drop_added_defaults
 from sdar.models.scoring import response_logprobs
+from sdar_envs.shop import pages as shop_pages
 
 WARMSTART_VERSION = 7
 MARKER = "warmstart.json"
@@ -99,8 +100,8 @@ def expert_turns(cfg: TrainConfig, episodes: int, seed: int) -> list[dict[str, A
     return out
 
 
-# the shop item page's buttons that are not option values
-_SHOP_BUTTONS = frozenset(f"click[{b}]" for b in ("back to search", "< prev", "description", "features", "reviews", "buy now"))
+# the shop's clicks that are not option values (on the item page: not results either)
+_SHOP_BUTTONS = frozenset(f"click[{b}]" for b in shop_pages.BUTTONS)
 
 
 def is_decision(turn: dict[str, Any], family: str = "household") -> bool:
@@ -108,7 +109,7 @@ def is_decision(turn: dict[str, Any], family: str = "household") -> bool:
     "Search next: go to X" (to an appliance, the target, a seen object). Shop: clicking an option value
     on the item page (the value the instruction names must be copied from it; a tiny model got 36% right)."""
     if family == "shop":
-        return turn["view"].observation.endswith(" [SEP] Buy Now") and turn["action"] not in _SHOP_BUTTONS
+        return turn["view"].observation.endswith(shop_pages.SEP + shop_pages.BUY_NOW) and turn["action"] not in _SHOP_BUTTONS
     action, memory = turn["action"], turn["view"].memory or ""
     if action.startswith("take "):
         return True

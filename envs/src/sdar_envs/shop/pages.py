@@ -23,6 +23,8 @@ NEXT_PAGE = "Next >"
 PREV_PAGE = "< Prev"
 BUY_NOW = "Buy Now"
 SUB_PAGES = ("Description", "Features", "Reviews")
+# what a click can name besides a result and an option value, lower-cased as in click[...]
+BUTTONS = frozenset(b.lower() for b in (BACK_TO_SEARCH, NEXT_PAGE, PREV_PAGE, BUY_NOW, *SUB_PAGES))
 SEARCH_TEMPLATE = "search[<query>]"  # listed on the search page: the query is free text
 SUGGESTED = "Suggested queries:"  # heads the ready queries of ShopConfig.suggest_queries
 HANDLES = ("asin", "rank")  # how results are named and clicked (Session.handles)

@@ -85,9 +85,9 @@ class ShopProgress:
             "query": query, "suggested": " ".join([*g.attributes, g.query]), "wanted": _wanted(g)
         }
 
-    def open_item(self, asin: str, handle: str | None = None) -> Error | None:
+    def open_item(self, asin: str, handle: str) -> Error | None:
         """Opening (clicking) a result that does not fit the goal; `handle`: the click text the agent
-        saw for it (default: the id in lower case)."""
+        saw for it (`pages.Session.handle`)."""
         if self.fits(asin):
             return None
         return "non_matching_item", NO_PROGRESS_HINTS["non_matching_item"], self._item_args(asin, handle)
@@ -101,7 +101,7 @@ class ShopProgress:
             "option": name, "value": value, "wanted_value": wanted
         }
 
-    def buy(self, asin: str, score: float, handle: str | None = None) -> Error | None:
+    def buy(self, asin: str, score: float, handle: str) -> Error | None:
         """Buying what scores below 1: an item that does not fit, or a fitting one without the
         instruction's options (`handle`: as in `open_item`)."""
         if score >= 1.0 - 1e-9:
@@ -113,6 +113,5 @@ class ShopProgress:
             **self._item_args(asin, handle), "options": options
         }
 
-    def _item_args(self, asin: str, handle: str | None = None) -> dict[str, str]:
-        item = handle or asin.lower()
-        return {"item": item, "title": self.products[asin].title, "wanted": _wanted(self.goal)}
+    def _item_args(self, asin: str, handle: str) -> dict[str, str]:
+        return {"item": handle, "title": self.products[asin].title, "wanted": _wanted(self.goal)}
