@@ -27,7 +27,7 @@ from pathlib import Path
 
 # the speed-ups, each a config flag (default on); --compare-off sets every one of them to its "off" value
 SPEEDUPS_OFF = {"rollout.jump_forward": False, "rollout.share_prefix": False, "old_logp_from_sampler": False, "reuse_old_logp": False,
-                "prefix_cache": False, "length_buckets": False, "merged_inference": False}
+                "prefix_cache": False, "length_buckets": False, "merged_inference": False, "dedup_scoring": False}
 
 
 def _timed(fn) -> float:

@@ -7,7 +7,9 @@ Builds (or loads from the cache) the warm-started tiny model of a config, then p
   X"), go-next ("Next: go to X", a known place), go-other (neither: the skills' search order);
   shop clicks by what they do: click-item (open a result), click-option, click-buy, click-nav;
 - success on the held-out eval tasks of the student and of the teacher (skills in the prompt)
-  at the eval temperature, with 95% Wilson intervals, and the teacher-student log-prob gap.
+  at the eval temperature, with 95% Wilson intervals, and the teacher-student log-prob gap;
+- shop, with --by-options N: student and teacher success on the first N held-out goals that name
+  0, 1, 2, ... option values (how the shop's max_goal_options was chosen).
 This is how the household difficulty and warm-start size of configs/household-tiny.yaml were
 chosen (target: student 20-60%, teacher at least 10 points better). Run:
   .venv/bin/python benchmarks/bench_warmstart.py [--config configs/household-tiny.yaml] [--set warmstart.episodes=2000]
@@ -35,12 +37,32 @@ def shop_click_kind(action: str) -> str:
     return "buy" if arg == "buy now" else "nav" if arg in SHOP_NAV else "option"
 
 
+def options_breakdown(runtime, n: int) -> dict[str, dict]:
+    """Shop: student and teacher success on the first `n` held-out goals naming k option values, per k."""
+    if runtime.cfg.env.family != "shop" or runtime.cfg.env.url:
+        raise SystemExit("--by-options needs the in-process shop (a shop config without env.url)")
+    world = runtime.env_factory().world  # the world the runtime's episodes are drawn from, config caps included
+    groups: dict[int, list[str]] = collections.defaultdict(list)
+    for t in world.splits["test"]:
+        groups[len(world.goal(t).goal_options)].append(t)
+    out = {}
+    for k, ids in sorted(groups.items()):
+        ids = ids[:n]
+        s, t = runtime.evaluate(tasks=ids), runtime.evaluate(tasks=ids, privileged=True)
+        out[str(k)] = {"goals": len(ids), "student": round(s.success, 3), "student_ci": s.ci95,
+                       "teacher": round(t.success, 3), "teacher_ci": t.ci95}
+        print(f"goals naming {k} option value(s): student {s.success:.3f}  teacher {t.success:.3f}  on {len(ids)}", flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="configs/household-tiny.yaml")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config overrides")
     ap.add_argument("--probe-episodes", type=int, default=60, help="fresh expert episodes for the greedy accuracy")
     ap.add_argument("--json", default=None, help="also write the figures to this file")
+    ap.add_argument("--by-options", type=int, default=0, metavar="N",
+                    help="shop: also score student and teacher on the first N held-out goals per count of option values named")
     args = ap.parse_args()
     import tempfile
 
@@ -92,6 +114,7 @@ def main() -> None:
         student = runtime.evaluate()
         teacher = runtime.evaluate(privileged=True)
         gap = runtime.teacher_gap(student.trajectories)
+        by_options = options_breakdown(runtime, args.by_options) if args.by_options else None
     n = len(runtime.eval_tasks)
     out = {
         "build_s": round(build_s, 1),
@@ -101,6 +124,7 @@ def main() -> None:
         "teacher_minus_student": teacher.success - student.success, "gap": gap, "eval_tasks": n,
         "student_per_type": {k: round(v["success"], 3) for k, v in student.per_type.items()},
         "teacher_per_type": {k: round(v["success"], 3) for k, v in teacher.per_type.items()},
+        **({"by_options": by_options} if by_options else {}),
         "device": str(runtime.device), "overrides": overrides, "total_s": round(time.perf_counter() - t0, 1),
     }
     print(json.dumps(out, indent=1))

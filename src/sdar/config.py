@@ -34,7 +34,7 @@ PRETOKENIZERS = ("qwen2", "punct_space")  # warmstart.pretokenizer (sdar.models.
 # Fields added after checkpoints and results were made with the behaviour of their default: at that default
 # they are left out of every identity (the warm-start cache key, a study run's fingerprint), so what was built
 # and recorded before they existed keeps its identity. "section.field" -> the default that changes nothing.
-ADDED_DEFAULTS: dict[str, Any] = {"warmstart.pretokenizer": "qwen2"}
+ADDED_DEFAULTS: dict[str, Any] = {"warmstart.pretokenizer": "qwen2", "dedup_scoring": True}
 
 
 def drop_added_defaults(d: dict[str, Any], section: str = "") -> dict[str, Any]:
@@ -299,6 +299,10 @@ class TrainConfig:
         "help": "The teacher and reference passes encode the prompt start a task's turn-samples share (system "
                 "prompt, task, skills in either placement) once per step and continue each turn-sample from its KV "
                 "cache (the same log-probs as the plain forward); false = a plain forward per turn-sample."})
+    dedup_scoring: bool = field(default=True, metadata={
+        "help": "The no-grad scoring passes (old_logp, reference, teacher) forward each distinct turn-sample once: "
+                "rows with the same prompt, response and allowed tokens (a task's rollouts often play the same first "
+                "turns) take that forward's log-probs (the same numbers up to float rounding); false = every row."})
     merged_inference: bool = field(default=True, metadata={
         "help": "With LoRA, the no-grad forwards run on plain modules without peft's per-layer wrappers: sampling, "
                 "the old_logp pass and the teacher on a copy of the adapted layers with the adapter merged in (base "

@@ -451,3 +451,92 @@ def test_the_update_with_length_groups_and_prefix_reuse_changes_nothing(tiny_ckp
         assert m1[key] == pytest.approx(m0[key], abs=1e-5), key
     for k in w0:
         torch.testing.assert_close(w1[k], w0[k], atol=1e-6, rtol=1e-5)
+
+
+def test_unique_rows_merges_only_rows_equal_in_prompt_response_allowed_and_group():
+    from sdar.models.scoring import unique_rows
+
+    prompts = [[1, 2], [1, 2], [1, 2], [1, 2], [1, 3], [1, 2]]
+    responses = [[5, 6], [5, 6], [5, 6], [5, 7], [5, 6], [5, 6]]
+    allowed = [[[5, 9], [6]], [[5, 9], [6]], [[5], [6]], [[5, 9], [7]], [[5, 9], [6]], [[5, 9], [6]]]
+    first, inverse = unique_rows(prompts, responses, allowed)
+    assert first == [0, 2, 3, 4] and inverse == [0, 0, 1, 2, 3, 0]  # row 2: other allowed set; 3: other response
+    first, inverse = unique_rows(prompts, responses, allowed, groups=["a", "a", "a", "a", "a", "b"])
+    assert first == [0, 2, 3, 4, 5] and inverse == [0, 0, 1, 2, 3, 4]  # another group is another row
+    assert unique_rows(prompts, responses, None) == ([0, 3, 4], [0, 0, 0, 1, 2, 0])
+    assert unique_rows([], [], None) == ([], [])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("grouped", [False, True])
+def test_dedup_scoring_forwards_each_distinct_row_once_with_the_same_numbers(tiny_ckpt, tmp_path, dtype, grouped):
+    """Issue 14 (dedup_scoring): rows equal in prompt, response and allowed tokens are forwarded once and take
+    that forward's log-probs and entropies: the same numbers as scoring every row (fp32 1e-5, bf16 3e-2), fewer
+    positions through the model, constrained rows and temperature 0.7 included."""
+    import copy
+
+    from sdar.models.scoring import grouped_prefix_logprobs, response_logprobs, unique_rows
+
+    trainer = make_trainer(small_config(tmp_path, arm="sdar", steps=1, tracking=False))
+    flat = [(tr.task_id, t) for tr in trainer.collect(0) for t in tr.turns][:20]
+    n = len(flat)
+    assert n >= 10
+    flat = flat + flat[3:9] + flat[:2]  # some rows twice, at other places of the batch
+    prompts, responses = [t.prompt_ids for _, t in flat], [t.response_ids for _, t in flat]
+    allowed, groups = [t.allowed for _, t in flat], [g for g, _ in flat]
+    first, _ = unique_rows(prompts, responses, allowed, groups)
+    assert len(first) <= n < len(flat)
+    model = copy.deepcopy(trainer.model).to(dtype).eval()
+    seen = []
+    model.register_forward_pre_hook(lambda m, a, k: seen.append(int((k.get("input_ids") if k.get("input_ids")
+                                    is not None else a[0]).numel())), with_kwargs=True)
+    out = {}
+    for dedup in (True, False):
+        seen.clear()
+        kw = dict(pad_id=trainer.pad_id, allowed=allowed, temperature=0.7, with_entropy=True, batch_size=8,
+                  dedup=dedup)
+        out[dedup] = (grouped_prefix_logprobs(model, prompts, responses, groups, **kw) if grouped else
+                      response_logprobs(model, prompts, responses, **kw), sum(seen))
+    (on, n_on), (off, n_off) = out[True], out[False]
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    assert torch.equal(on.mask, off.mask) and on.logp.shape == off.logp.shape
+    torch.testing.assert_close(on.logp, off.logp, rtol=0, atol=tol)
+    torch.testing.assert_close(on.entropy, off.entropy, rtol=0, atol=tol)
+    assert n_on < n_off  # positions through the model
+    # a duplicated row carries exactly its first copy's numbers
+    assert torch.equal(on.logp[n], on.logp[3]) and torch.equal(on.logp[n + 6], on.logp[0])
+
+
+def test_dedup_scoring_changes_no_step_and_switches_off(tiny_ckpt, tmp_path, monkeypatch):
+    """Issue 14 (dedup_scoring): a step with the scoring passes deduplicated makes the same update and statistics
+    as with it off, and scores fewer rows when the batch repeats a turn-sample."""
+    import sdar.models.scoring as sc
+
+    results = {}
+    for on in (True, False):
+        trainer = make_trainer(small_config(tmp_path / str(on), arm="sdar", steps=1, tracking=False,
+                                            mini_batch_size=100000, group_size=4, dedup_scoring=on,
+                                            **{"rollout.temperature": 0.3}))  # a task's rollouts often agree
+        rows, trajs = [], []
+
+        def counted(model, p, *a, real=sc._grouped_prefix_logprobs, **k):
+            if not k.get("grad"):  # the no-grad passes (reference, teacher), not the update's forwards
+                rows.append(len(p))
+            return real(model, p, *a, **k)
+
+        monkeypatch.setattr(sc, "_grouped_prefix_logprobs", counted)
+        trainer.collect = lambda step, real_c=trainer.collect: trajs.append(real_c(step)) or trajs[-1]
+        m = trainer.train_step(0).metrics
+        monkeypatch.undo()
+        t = [x for tr in trajs[0] for x in tr.turns]
+        distinct = len(sc.unique_rows([x.prompt_ids for x in t], [x.response_ids for x in t], [x.allowed for x in t])[0])
+        results[on] = (m, sum(r for r in rows if r > 1), len(t), distinct,
+                       {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad})
+    (m1, r1, n1, d1, w1), (m0, r0, n0, d0, w0) = results[True], results[False]
+    assert (n1, d1) == (n0, d0) and d1 < n1  # the same batch, and it repeats turn-samples (a task's first turns)
+    assert r0 == 2 * n0 and r1 < r0  # reference + teacher: every row when off, fewer when on
+    for key in ("loss/pg", "loss/kl", "loss/sdar", "pg/ratio_mean", "sdar/gap_mean", "teacher/gap_free_tokens",
+                "loss/total"):
+        assert m1[key] == pytest.approx(m0[key], abs=1e-5), key
+    for k in w0:
+        torch.testing.assert_close(w1[k], w0[k], atol=1e-6, rtol=1e-5)

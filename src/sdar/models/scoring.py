@@ -40,6 +40,37 @@ class ScoredBatch:
     prompt_tokens: int = 0
 
 
+def unique_rows(prompts: list[list[int]], responses: list[list[int]],
+                allowed: list[list[list[int]] | None] | None = None, groups: list | None = None) -> tuple[list[int], list[int]]:
+    """(first, inverse): the first row of each distinct (prompt, response, allowed tokens, group), and per row the
+    index of its distinct one in `first`. Rows equal in all of these score the same, so one forward serves them
+    all: the G rollouts of a task often play the same first turns (identical prompts and, at low entropy, the same
+    sampled action)."""
+    first: list[int] = []
+    inverse: list[int] = []
+    seen: dict = {}
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        a = allowed[i] if allowed is not None else None
+        key = (tuple(p), tuple(r), None if a is None else tuple(tuple(x) for x in a[: len(r)]),
+               None if groups is None else groups[i])
+        k = seen.setdefault(key, len(first))
+        if k == len(first):
+            first.append(i)
+        inverse.append(k)
+    return first, inverse
+
+
+def _scored_once(score, prompts, responses, allowed, groups=None) -> ScoredBatch | None:
+    """`score(rows)` over the distinct rows only, expanded back to every row; None when no two rows are equal."""
+    first, inverse = unique_rows(prompts, responses, allowed, groups)
+    if len(first) == len(prompts):
+        return None
+    out = score(first)
+    inv = torch.tensor(inverse, dtype=torch.long, device=out.logp.device)
+    return ScoredBatch(logp=out.logp[inv], entropy=None if out.entropy is None else out.entropy[inv],
+                       mask=out.mask[inv])
+
+
 def response_logprobs(
     model,
     prompts: list[list[int]],
@@ -53,6 +84,7 @@ def response_logprobs(
     prompt_lm: bool = False,
     temperature: float = 1.0,
     length_buckets: bool = True,
+    dedup: bool = False,
 ) -> ScoredBatch:
     """Score `responses[i]` after `prompts[i]` for every i.
 
@@ -70,10 +102,19 @@ def response_logprobs(
     length_buckets: forward rows sorted by length (less padding) and return them in the caller's order: without
         grad in chunks of batch_size, with grad in groups of similar length (`length_groups`, at most batch_size
         rows each), so a micro-batch's one long prompt no longer pads all its rows. Same numbers either way.
+    dedup: without grad, rows equal to an earlier row (prompt, response, allowed tokens: `unique_rows`) are not
+        forwarded again but take that row's scores (the same numbers up to the batch's float rounding).
     """
     if len(prompts) != len(responses):
         raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
     n = len(prompts)
+    if dedup and not grad and not prompt_lm and n > 1:
+        once = _scored_once(lambda rows: response_logprobs(
+            model, [prompts[i] for i in rows], [responses[i] for i in rows], pad_id=pad_id, batch_size=batch_size,
+            with_entropy=with_entropy, allowed=None if allowed is None else [allowed[i] for i in rows],
+            temperature=temperature, length_buckets=length_buckets), prompts, responses, allowed)
+        if once is not None:
+            return once
     if length_buckets and grad and n > 1:
         # with gradients: rows of similar lengths in one forward each (the update's micro-batch keeps its rows
         # and its loss; only the padding goes). Every group's activations stay alive until backward either way
@@ -285,11 +326,27 @@ def shared_prefix_logprobs(model, prefix: list[int], prompts: list[list[int]], r
 def grouped_prefix_logprobs(model, prompts: list[list[int]], responses: list[list[int]], groups: list, *,
                             pad_id: int, batch_size: int | None = None,
                             allowed: list[list[list[int]] | None] | None = None, temperature: float = 1.0,
-                            grad: bool = False, with_entropy: bool = False) -> ScoredBatch:
+                            grad: bool = False, with_entropy: bool = False, dedup: bool = False) -> ScoredBatch:
     """`response_logprobs` of every row, with the rows of one group (`groups[i]`: any hashable, e.g. the task)
     continuing from one KV cache of the prompt start they all share (the system prompt, the task, the skills):
     that start is encoded once per group instead of once per row. grad: with gradients (the update's
-    micro-batch), the same numbers and gradients as a forward per row."""
+    micro-batch), the same numbers and gradients as a forward per row. dedup: as in `response_logprobs`."""
+    if dedup and not grad and len(prompts) > 1:
+        def pick_rows(xs, rows):
+            return None if xs is None else [xs[i] for i in rows]
+
+        once = _scored_once(lambda rows: _grouped_prefix_logprobs(
+            model, pick_rows(prompts, rows), pick_rows(responses, rows), pick_rows(groups, rows), pad_id=pad_id,
+            batch_size=batch_size, allowed=pick_rows(allowed, rows), temperature=temperature,
+            with_entropy=with_entropy), prompts, responses, allowed, groups)
+        if once is not None:
+            return once
+    return _grouped_prefix_logprobs(model, prompts, responses, groups, pad_id=pad_id, batch_size=batch_size,
+                                    allowed=allowed, temperature=temperature, grad=grad, with_entropy=with_entropy)
+
+
+def _grouped_prefix_logprobs(model, prompts, responses, groups, *, pad_id, batch_size, allowed, temperature,
+                             grad: bool = False, with_entropy: bool = False) -> ScoredBatch:
     import os
 
     n, T = len(prompts), max((len(r) for r in responses), default=0)

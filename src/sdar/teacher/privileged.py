@@ -44,6 +44,8 @@ class TeacherScorer:
     student_has_skills: bool = False
     # placement "prefix": encode each task's skills prefix once and reuse its KV for the task's turn-samples
     prefix_cache: bool = True
+    # forward each distinct (prompt, response, allowed) row once (models.scoring.unique_rows)
+    dedup: bool = True
 
     def prompts(self, batch: TurnBatch | list[Trajectory]) -> list[list[int]]:
         """The teacher's prompt ids of every row of `batch` (a TurnBatch, or the trajectories it is made of)."""
@@ -89,7 +91,7 @@ class TeacherScorer:
         if self.prefix_cache:
             return self._score_by_prefix(model, batch, prompts, responses, allowed, pad_id, temperature)
         return response_logprobs(model, prompts, responses, pad_id=pad_id, batch_size=self.batch_size,
-                                 allowed=allowed, temperature=temperature)
+                                 allowed=allowed, temperature=temperature, dedup=self.dedup)
 
     def _score_by_prefix(self, model, batch: TurnBatch, prompts, responses, allowed, pad_id: int,
                          temperature: float) -> ScoredBatch:
@@ -98,7 +100,7 @@ class TeacherScorer:
         common prefix is encoded once per task and its KV reused for each of them."""
         groups = [batch.trajectories[k].task_id + "\0" + batch.trajectories[k].skills for k in batch.traj_of_row]
         return grouped_prefix_logprobs(model, prompts, responses, groups, pad_id=pad_id, batch_size=self.batch_size,
-                                       allowed=allowed, temperature=temperature)
+                                       allowed=allowed, temperature=temperature, dedup=self.dedup)
 
     @property
     def fallback_frac(self) -> float:

@@ -106,7 +106,8 @@ class Runtime:
         temp = self.rollout_cfg.temperature
         model = self.policy.inference_model()
         old = response_logprobs(model, batch.prompts, batch.responses, pad_id=self.pad_id,
-                                batch_size=self.cfg.score_batch_size, allowed=batch.allowed, temperature=temp)
+                                batch_size=self.cfg.score_batch_size, allowed=batch.allowed, temperature=temp,
+                                dedup=self.cfg.dedup_scoring)
         teacher = self.teacher.score(model, batch, self.pad_id, temperature=temp)
         free = free_token_mask(batch.allowed, old.mask, forced_free=not self.rollout_cfg.mask_forced_tokens)
         return masked_mean(teacher.logp - old.logp, free)
@@ -172,7 +173,7 @@ def build_runtime(cfg: TrainConfig, *, policy=None, env_factory: Callable[[], An
     teacher = TeacherScorer(builder, policy.tokenizer, cfg.teacher_max_prompt_tokens, cfg.score_batch_size,
                             engine=select_teacher_engine(cfg.teacher_engine, backend), engine_topk=cfg.vllm.teacher_topk,
                             placement=rollout_cfg.privileged_placement, student_has_skills=rollout_cfg.skills_in_prompt,
-                            prefix_cache=cfg.prefix_cache)
+                            prefix_cache=cfg.prefix_cache, dedup=cfg.dedup_scoring)
     env_factory = env_factory or make_env_factory(cfg)
     probe = env_factory()
     try:

@@ -203,7 +203,7 @@ class Trainer:
             part = response_logprobs(self.policy.inference_model(), [prompts[i] for i in scored], [responses[i] for i in scored],
                                      pad_id=self.pad_id, batch_size=cfg.score_batch_size,
                                      allowed=[allowed[i] for i in scored], temperature=temp,
-                                     length_buckets=cfg.length_buckets)
+                                     length_buckets=cfg.length_buckets, dedup=cfg.dedup_scoring)
             old_logp[torch.tensor(scored), : part.logp.shape[1]] = part.logp.to(old_logp.device)
         for i, lp in sampled.items():
             old_logp[i, : len(lp)] = torch.tensor(lp, dtype=old_logp.dtype)
@@ -218,11 +218,11 @@ class Trainer:
 
                     ref = grouped_prefix_logprobs(ref_model, prompts, responses, self._row_tasks,
                                                   pad_id=self.pad_id, batch_size=cfg.score_batch_size,
-                                                  allowed=allowed, temperature=temp)
+                                                  allowed=allowed, temperature=temp, dedup=cfg.dedup_scoring)
                 else:
                     ref = response_logprobs(ref_model, prompts, responses, pad_id=self.pad_id,
                                             batch_size=cfg.score_batch_size, allowed=allowed, temperature=temp,
-                                            length_buckets=cfg.length_buckets)
+                                            length_buckets=cfg.length_buckets, dedup=cfg.dedup_scoring)
         # the teacher is theta_old with the skills in context; scored for every arm so the
         # teacher-student gap can be compared across arms, used in the loss only by SDAR/OPSD
         teacher = None
