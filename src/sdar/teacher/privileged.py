@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sdar.agent.prompts import PromptBuilder, teacher_prompt_ids
+from sdar.agent.prompts import PromptBuilder, prefix_ids, teacher_prompt_ids
 from sdar.agent.rollout import Trajectory, TurnBatch
 from sdar.models.scoring import ScoredBatch, grouped_prefix_logprobs, response_logprobs
 
@@ -53,13 +53,19 @@ class TeacherScorer:
         for traj in batch.trajectories:
             self.skills_seen.setdefault(traj.task_type, {}).setdefault(traj.task_id, traj.skills)
         out = []
+        heads: dict[str, list[int]] = {}  # the skills prefix's ids, tokenized once per distinct skills text
         for turn, k in zip(batch.turns, batch.traj_of_row):
             traj = batch.trajectories[k]
             if self.student_has_skills:
                 ids = list(turn.prompt_ids)
             else:
+                head = None
+                if self.placement == "prefix":
+                    if traj.skills not in heads:
+                        heads[traj.skills] = prefix_ids(self.tokenizer, traj.skills)
+                    head = heads[traj.skills]
                 ids = teacher_prompt_ids(self.tokenizer, self.builder, turn.view, turn.prompt_ids,
-                                         turn.history_dropped, traj.skills, self.placement)
+                                         turn.history_dropped, traj.skills, self.placement, prefix=head)
             if len(ids) > self.max_prompt_tokens:
                 raise ValueError(
                     f"the teacher's prompt for task {traj.task_id!r} needs {len(ids)} tokens (the student's "
