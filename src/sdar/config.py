@@ -34,7 +34,7 @@ PRETOKENIZERS = ("qwen2", "punct_space")  # warmstart.pretokenizer (sdar.models.
 # Fields added after checkpoints and results were made with the behaviour of their default: at that default
 # they are left out of every identity (the warm-start cache key, a study run's fingerprint), so what was built
 # and recorded before they existed keeps its identity. "section.field" -> the default that changes nothing.
-ADDED_DEFAULTS: dict[str, Any] = {"warmstart.pretokenizer": "qwen2", "dedup_scoring": True}
+ADDED_DEFAULTS: dict[str, Any] = {"warmstart.pretokenizer": "qwen2"}
 
 
 def drop_added_defaults(d: dict[str, Any], section: str = "") -> dict[str, Any]:
