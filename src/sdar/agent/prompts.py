@@ -135,15 +135,16 @@ def fit_prompt_ids(tokenizer, builder: PromptBuilder, view: TurnView, max_tokens
 
 def teacher_prompt_ids(tokenizer, builder: PromptBuilder, view: TurnView, student_ids: list[int],
                        history_dropped: int, skills: str, placement: str = "prefix",
-                       prefix: list[int] | None = None) -> list[int]:
+                       skills_ids: list[int] | None = None) -> list[int]:
     """The privileged teacher's prompt for a turn the student saw as `student_ids`: exactly the student's
     context plus the privileged text, never rebuilt with more (or less) history than the student had.
-    prefix: `prefix_ids(tokenizer, skills)` when the caller has it already (the turns of an episode share it).
+    skills_ids: `prefix_ids(tokenizer, skills)` when the caller has it already (placement prefix; the turns of an
+        episode share it).
 
     prefix: prefix ids + the student's very ids (token for token; the reference decodes the student
         prompt and re-encodes `prefix + text`, which is the same sequence since the chat starts with a
         special token). user: the same turn with the same history pairs, the skills in the user message.
     """
     if check_placement(placement) == "prefix":
-        return (prefix_ids(tokenizer, skills) if prefix is None else list(prefix)) + list(student_ids)
+        return (prefix_ids(tokenizer, skills) if skills_ids is None else list(skills_ids)) + list(student_ids)
     return chat_ids(tokenizer, builder.messages(view, skills=skills, history=builder.history - history_dropped))

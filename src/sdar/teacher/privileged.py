@@ -65,7 +65,7 @@ class TeacherScorer:
                         heads[traj.skills] = prefix_ids(self.tokenizer, traj.skills)
                     head = heads[traj.skills]
                 ids = teacher_prompt_ids(self.tokenizer, self.builder, turn.view, turn.prompt_ids,
-                                         turn.history_dropped, traj.skills, self.placement, prefix=head)
+                                         turn.history_dropped, traj.skills, self.placement, skills_ids=head)
             if len(ids) > self.max_prompt_tokens:
                 raise ValueError(
                     f"the teacher's prompt for task {traj.task_id!r} needs {len(ids)} tokens (the student's "
