@@ -281,7 +281,7 @@ def transfer_lines(r: Runs, family: str) -> list[str]:
         return []
     any_rec = next(rec for (f, _, _), rec in r.transfer.items() if f == family)
     types = sorted({t for (f, _, _), rec in r.transfer.items() if f == family for t in rec["student"]["per_type"]})
-    lines = ["", f"On the real engine ({any_rec['backend']} {any_rec['split']}; games: those each policy played at each "
+    lines = ["", f"On the real engine ({any_rec['backend']} {any_rec['split']}; games: those the policy played at every "
              "seed; pooled over seeds):", "",
              "| policy | seeds | games | student [95% CI] | teacher | " + " | ".join(types)
              + " | failed: never took / took, never placed / placed, lost | refused turns |",
