@@ -320,3 +320,18 @@ def test_the_composer_arms_are_compared_with_grpo_and_sdar_on_the_committed_runs
     # the same 120 tasks per seed: the paired mean is the mean over seeds of the two success rates' difference
     assert row["seeds"] == len(diffs) >= 1 and row["ci"][0] == pytest.approx(sum(diffs) / len(diffs))
     assert row["ci"][1] <= row["ci"][0] <= row["ci"][2]
+
+
+@pytest.mark.parametrize("path", sorted(Path("configs/study").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_study_spec_parses_and_builds_each_cells_config(path, tmp_path):
+    """A committed spec whose cells do not load fails here, not hours into a run."""
+    from sdar.study.runner import cell_config
+
+    spec = parse_spec(yaml.safe_load(path.read_text()), str(path))
+    cells = spec.cells()
+    assert cells
+    for cell in cells:
+        cfg = cell_config(spec, cell, tmp_path)
+        assert (cfg.arm, cfg.seed) == (cell.arm, cell.seed)
+        for key, value in spec.overrides_for(cell.family).get("arm_overrides", {}).items():
+            assert getattr(cfg.resolved_arm(), key) == value
