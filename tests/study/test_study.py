@@ -205,9 +205,17 @@ def test_transfer_plays_the_real_engine_and_lands_in_the_report(tmp_path, monkey
     results, work = tmp_path / "results", tmp_path / "work"
     runner = StudyRunner(spec, results, work)
     runner.run()
-    written = runner.transfer(games=3)
+    written = runner.transfer(games=3, env_workers=2)  # the engine in two worker processes
     assert [p.name for p in written] == ["warmstart.transfer.json", "grpo.transfer.json"]
     rec = json.loads(written[1].read_text())
+    assert rec["env_workers"] == 2
+    # the engine in this process plays the same episodes as in the two workers
+    from sdar.study.spec import Cell
+
+    here = runner._transfer_one(Cell("household", "grpo", 0), None, "alfworld", "valid_seen", 3, env_workers=1)
+    pooled = json.loads(written[0].read_text())
+    assert here["student"]["tasks"] == pooled["student"]["tasks"] and here["env_workers"] == 1
+    assert here["student"]["mean_length"] == pooled["student"]["mean_length"]
     assert rec["backend"] == "alfworld" and rec["split"] == "valid_seen" and rec["step"] == 1
     assert len(rec["student"]["tasks"]) == 3 and len(rec["teacher"]["tasks"]) == 3
     assert rec["student"]["failures"]["failed"] == 3 - sum(rec["student"]["tasks"].values())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 DEFAULT_RESULTS = "docs/results"
@@ -63,7 +64,8 @@ def _cmd_transfer(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     runner = StudyRunner(load_spec(args.spec), args.results, args.work or _default_work(), console=console,
                          commit=args.commit)
-    written = runner.transfer(backend=args.backend, split=args.split, only=_only(args.only), games=args.games)
+    written = runner.transfer(backend=args.backend, split=args.split, only=_only(args.only), games=args.games,
+                              env_workers=args.env_workers)
     console.print(f"{len(written)} evaluation(s) on {args.backend} {args.split} written under {runner.results}")
     return 0
 
@@ -122,6 +124,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--split", default="valid_seen", help="its split (all of its games are played)")
     t.add_argument("--only", help="a subset of runs: family=household,arm=sdar,seed=0")
     t.add_argument("--games", type=int, help="play only this many games (stratified over task types; default all)")
+    t.add_argument("--env-workers", type=int, default=min(4, os.cpu_count() or 1),
+                   help="engine processes the episodes are spread over (default: the cores, at most 4; 1 = in this "
+                        "process); the same episodes either way")
     t.add_argument("--commit", action="store_true", help="git-commit each result file as it is written")
     t.set_defaults(func=_cmd_transfer)
     st = s.add_parser("status", help="which runs of a study are done, partial or pending")
