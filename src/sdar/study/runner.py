@@ -399,8 +399,9 @@ class StudyRunner:
         engine's `split` (all of its games, or the first `games` stratified over task types), student and
         teacher, per task type and with where episodes fail. Runs whose checkpoints are gone from the work
         directory are reported and skipped; finished evaluations are kept. env_workers: engine processes the
-        episodes are spread over (the ALFWorld backend's `workers`; 1 = in this process): the same episodes,
-        faster, since the engine's resets and steps are Python that threads of one process take in turn."""
+        episodes are spread over (the ALFWorld backend's `workers`; 1 = in this process; other backends always
+        run in this process): the same episodes, faster, since the engine's resets and steps are Python that
+        threads of one process take in turn."""
         if env_workers < 1:
             raise ValueError(f"env_workers={env_workers} must be >= 1 (1 runs the engine in this process)")
         written = []
@@ -432,7 +433,7 @@ class StudyRunner:
         cfg = cell_config(self.spec, cell, self.work)
         cfg = replace(cfg, eval_tasks=games or 10**6, eval_task_ids=[], tracking=False,
                       env=replace(cfg.env, eval_split=split, kwargs={**cfg.env.kwargs, "backend": backend,
-                                                                     **({"workers": env_workers} if env_workers > 1 else {})}))
+                                                                     **({"workers": env_workers} if env_workers > 1 and backend == "alfworld" else {})}))
         ensure_warm_start(cfg, self.console)
         rt = build_runtime(cfg, train=False)
         step = rt.load_weights(str(out)) if out is not None else 0
@@ -443,7 +444,8 @@ class StudyRunner:
         return {"version": RESULT_VERSION, "family": cell.family, "seed": cell.seed, "step": step, "backend": backend,
                 "split": split, "student": {**eval_record(student), "failures": failure_modes(student.trajectories)},
                 "teacher": {**eval_record(teacher), "failures": failure_modes(teacher.trajectories)},
-                "wall_s": round(time.perf_counter() - t0, 1), "env_workers": env_workers}
+                "wall_s": round(time.perf_counter() - t0, 1),
+                "env_workers": env_workers if backend == "alfworld" else 1}
 
     def _log_eval(self, run_id: str | None, ev, step: int) -> None:
         """The held-out evaluation into the cell's MLflow run (at the step it was taken)."""
