@@ -195,6 +195,58 @@ def test_invalid_actions_carry_error_markers_and_change_nothing(engine):
     assert engine.step(engine.expert_action()).metadata["won"]
 
 
+def _downward_copies() -> set[str]:
+    """The deleted libdownward.so copies this process maps (each holds 34 MB of disk until exit)."""
+    maps = Path("/proc/self/maps").read_text().splitlines()
+    return {line.split(None, 5)[-1] for line in maps if "libdownward.so" in line and "(deleted)" in line}
+
+
+@needs_data
+def test_a_closed_engine_hands_its_fast_downward_copy_to_the_next(root):
+    """One engine per episode (an evaluation) must not load one library copy per episode.
+
+    TextWorld loads a fresh libdownward.so copy per environment, a temporary file deleted at
+    once but mapped (its disk held) until the process exits: 280 episodes held 9.5 GB and a
+    long transfer evaluation ran the disk full. Closed engines' copies are recycled.
+    """
+    from sdar_envs.household.alfworld_engine import DOWNWARD_LIBS
+
+    before, loaded = _downward_copies(), DOWNWARD_LIBS.loaded
+    # two engines open at once keep a copy each (the library holds its task in globals)
+    a, b = ab.AlfworldEngine(root), ab.AlfworldEngine(root)
+    lib_a = a._env.unwrapped.downward_lib
+    assert lib_a is not b._env.unwrapped.downward_lib
+    fresh = a.reset(QUICK_GAME)
+    b.reset(QUICK_GAME)
+    assert a.step("go to desk 1").metadata["valid_action"]  # a's copy now holds a moved state
+    b.close()
+    a.close()
+    with pytest.raises(RuntimeError, match="closed; create a new one"):
+        a.reset(QUICK_GAME)
+    # the next engine takes a's copy (last closed, first reused) and plays from a clean start
+    c = ab.AlfworldEngine(root)
+    assert c._env.unwrapped.downward_lib is lib_a
+    again = c.reset(QUICK_GAME)
+    assert (again.observation, again.metadata) == (fresh.observation, fresh.metadata)
+    c.close()
+    for _ in range(6):
+        e = ab.AlfworldEngine(root)
+        episode = e.gold_episode(QUICK_GAME)
+        assert episode.won and episode.steps == 3, episode
+        e.close()
+    # an engine nobody closed gives its copy back when it is collected
+    d = ab.AlfworldEngine(root)
+    lib_d = d._env.unwrapped.downward_lib
+    del d
+    import gc
+
+    gc.collect()
+    assert any(lib is lib_d for lib in DOWNWARD_LIBS._free)
+    # 10 engines, at most two open at once: at most two new copies
+    assert DOWNWARD_LIBS.loaded - loaded <= 2
+    assert len(_downward_copies() - before) <= 2
+
+
 @needs_data
 def test_backend_calls_a_missing_or_overlong_task_id_unknown(root):
     """A KeyError (the env server's 404 "unknown task") before any engine sees the id: not a

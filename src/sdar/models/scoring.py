@@ -60,6 +60,11 @@ def unique_rows(prompts: list[list[int]], responses: list[list[int]],
     return first, inverse
 
 
+def _pick(xs: list | None, rows: list[int]) -> list | None:
+    """`xs` at `rows` (None stays None: a batch without allowed tokens)."""
+    return None if xs is None else [xs[i] for i in rows]
+
+
 def _scored_once(score, prompts, responses, allowed, groups=None) -> ScoredBatch | None:
     """`score(rows)` over the distinct rows only, expanded back to every row; None when no two rows are equal."""
     first, inverse = unique_rows(prompts, responses, allowed, groups)
@@ -110,8 +115,8 @@ def response_logprobs(
     n = len(prompts)
     if dedup and not grad and not prompt_lm and n > 1:
         once = _scored_once(lambda rows: response_logprobs(
-            model, [prompts[i] for i in rows], [responses[i] for i in rows], pad_id=pad_id, batch_size=batch_size,
-            with_entropy=with_entropy, allowed=None if allowed is None else [allowed[i] for i in rows],
+            model, _pick(prompts, rows), _pick(responses, rows), pad_id=pad_id, batch_size=batch_size,
+            with_entropy=with_entropy, allowed=_pick(allowed, rows),
             temperature=temperature, length_buckets=length_buckets), prompts, responses, allowed)
         if once is not None:
             return once
@@ -121,16 +126,16 @@ def response_logprobs(
         groups = length_groups([len(p) + len(r) for p, r in zip(prompts, responses)], batch_size or n)
         if len(groups) > 1:
             return _regrouped(groups, n, lambda rows: response_logprobs(
-                model, [prompts[i] for i in rows], [responses[i] for i in rows], pad_id=pad_id,
-                with_entropy=with_entropy, grad=True, allowed=None if allowed is None else [allowed[i] for i in rows],
+                model, _pick(prompts, rows), _pick(responses, rows), pad_id=pad_id,
+                with_entropy=with_entropy, grad=True, allowed=_pick(allowed, rows),
                 prompt_lm=prompt_lm, temperature=temperature, length_buckets=False))
     if length_buckets and not grad and batch_size and n > batch_size:
         # batches of similar lengths pad far less (a student prompt beside a privileged one, a 3-token
         # action beside a long answer); rows go back to their order after, so nothing else changes
         order = sorted(range(n), key=lambda i: len(prompts[i]) + len(responses[i]))
-        out = response_logprobs(model, [prompts[i] for i in order], [responses[i] for i in order], pad_id=pad_id,
+        out = response_logprobs(model, _pick(prompts, order), _pick(responses, order), pad_id=pad_id,
                                 batch_size=batch_size, with_entropy=with_entropy, grad=False,
-                                allowed=None if allowed is None else [allowed[i] for i in order],
+                                allowed=_pick(allowed, order),
                                 prompt_lm=prompt_lm, temperature=temperature, length_buckets=False)
         inv = torch.empty(n, dtype=torch.long)
         inv[torch.tensor(order)] = torch.arange(n)
@@ -161,7 +166,7 @@ def response_logprobs(
             mask_v = None
             if allowed is not None and any(allowed[i] is not None for i in rows):
                 vocab = model.get_output_embeddings().weight.shape[0]
-                mask_v = allowed_mask([prompts[i] for i in rows], [responses[i] for i in rows],
+                mask_v = allowed_mask(_pick(prompts, rows), _pick(responses, rows),
                                       [allowed[i] for i in rows], L, vocab, start=first)
             lp, e = token_logprobs(model, ids.to(device), att.to(device), return_entropy=with_entropy,
                                    allowed=mask_v, temperature=temperature, first_position=first)
@@ -305,7 +310,7 @@ def shared_prefix_logprobs(model, prefix: list[int], prompts: list[list[int]], r
                 logits = logits / temperature
             if allowed is not None and any(allowed[i] is not None for i in rows):
                 vocab = logits.shape[-1]
-                keep = allowed_mask([prompts[i] for i in rows], [responses[i] for i in rows],
+                keep = allowed_mask(_pick(prompts, rows), _pick(responses, rows),
                                     [allowed[i] for i in rows], L, vocab, start=first)
                 logits = logits.masked_fill(~keep.to(device), -1e9)
             target = torch.cat([ids[:, first + 1 :], torch.zeros_like(ids[:, :1])], dim=1).to(device)
@@ -332,12 +337,9 @@ def grouped_prefix_logprobs(model, prompts: list[list[int]], responses: list[lis
     that start is encoded once per group instead of once per row. grad: with gradients (the update's
     micro-batch), the same numbers and gradients as a forward per row. dedup: as in `response_logprobs`."""
     if dedup and not grad and len(prompts) > 1:
-        def pick_rows(xs, rows):
-            return None if xs is None else [xs[i] for i in rows]
-
         once = _scored_once(lambda rows: _grouped_prefix_logprobs(
-            model, pick_rows(prompts, rows), pick_rows(responses, rows), pick_rows(groups, rows), pad_id=pad_id,
-            batch_size=batch_size, allowed=pick_rows(allowed, rows), temperature=temperature,
+            model, _pick(prompts, rows), _pick(responses, rows), _pick(groups, rows), pad_id=pad_id,
+            batch_size=batch_size, allowed=_pick(allowed, rows), temperature=temperature,
             with_entropy=with_entropy), prompts, responses, allowed, groups)
         if once is not None:
             return once
@@ -355,9 +357,6 @@ def _grouped_prefix_logprobs(model, prompts, responses, groups, *, pad_id, batch
     for i, g in enumerate(groups):
         by_group.setdefault(g, []).append(i)
 
-    def pick(xs, rows):
-        return None if xs is None else [xs[i] for i in rows]
-
     parts: list[tuple[list[int], ScoredBatch]] = []
     alone: list[int] = []  # rows sharing nothing with another row: scored together, in one plain pass
     for rows in by_group.values():
@@ -369,12 +368,12 @@ def _grouped_prefix_logprobs(model, prompts, responses, groups, *, pad_id, batch
             alone += rows
             continue
         parts.append((rows, shared_prefix_logprobs(
-            model, group[0][:shared], [p[shared:] for p in group], pick(responses, rows), pad_id=pad_id,
-            batch_size=batch_size, allowed=pick(allowed, rows), temperature=temperature, grad=grad,
+            model, group[0][:shared], [p[shared:] for p in group], _pick(responses, rows), pad_id=pad_id,
+            batch_size=batch_size, allowed=_pick(allowed, rows), temperature=temperature, grad=grad,
             with_entropy=with_entropy)))
     if alone:
-        parts.append((alone, response_logprobs(model, pick(prompts, alone), pick(responses, alone), pad_id=pad_id,
-                                               batch_size=batch_size, allowed=pick(allowed, alone),
+        parts.append((alone, response_logprobs(model, _pick(prompts, alone), _pick(responses, alone), pad_id=pad_id,
+                                               batch_size=batch_size, allowed=_pick(allowed, alone),
                                                temperature=temperature, grad=grad, with_entropy=with_entropy)))
     if not parts:
         z = torch.zeros(0, T, device=device)

@@ -208,11 +208,14 @@ def gold_path_eval(
     if workers <= 1:
         engine = AlfworldEngine(root, planner=planner)
         episodes = []
-        for task_id in games:
-            episode = engine.gold_episode(task_id, max_steps)
-            episodes.append(episode)
-            if progress is not None:
-                progress(episode)
+        try:
+            for task_id in games:
+                episode = engine.gold_episode(task_id, max_steps)
+                episodes.append(episode)
+                if progress is not None:
+                    progress(episode)
+        finally:
+            engine.close()
     else:
         with AlfworldPool(workers=workers, root=root) as pool:
             episodes = pool.gold_episodes(

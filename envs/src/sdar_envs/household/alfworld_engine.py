@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,41 @@ def forbid_network() -> None:
 ENGINE_LOCK = threading.RLock()
 
 
+class _DownwardLibraries:
+    """fast-downward's shared library, one loaded copy per live engine, recycled on close.
+
+    TextWorld's PddlEnv loads its own copy of libdownward.so (34 MB) in every constructor:
+    `fast_downward.load_lib` copies the file into a temporary directory, dlopens it and deletes
+    the directory, so each copy holds its disk blocks (deleted, still mapped) until the process
+    exits. The library keeps the loaded task in globals, hence a copy per engine; but an
+    engine that has closed no longer needs its copy, and the next engine's `load` re-sends its
+    own task (`load_sas` in PddlState), so a closed engine's copy serves the next one. Without
+    this, a process that makes one engine per episode (an evaluation) held ~9.5 GB of deleted
+    files per 280 episodes and ran the disk full.
+    """
+
+    def __init__(self) -> None:
+        self._free: list[Any] = []
+        self._lock = threading.Lock()
+        self.loaded = 0  # copies this process has loaded (the disk they hold: 34 MB each)
+
+    def acquire(self) -> Any:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+            self.loaded += 1
+        import fast_downward
+
+        return fast_downward.load_lib()
+
+    def release(self, lib: Any) -> None:
+        with self._lock:
+            self._free.append(lib)
+
+
+DOWNWARD_LIBS = _DownwardLibraries()
+
+
 def _make_pddl_env_class() -> type:
     """TextWorld's PddlEnv without the duplicate translation of the first reset after a load.
 
@@ -51,10 +87,17 @@ def _make_pddl_env_class() -> type:
     translations, half of a reset's 0.2-3 s). The state right after load is identical, so the
     first reset reuses it.
     """
+    import textworld
     from textworld.envs.pddl.pddl import PddlEnv
 
     class _FreshPddlEnv(PddlEnv):
         _fresh = False
+
+        def __init__(self, infos: Any = None) -> None:
+            # PddlEnv.__init__ minus its own fast_downward.load_lib(): the copy comes from the
+            # process's recycled ones and goes back when the engine closes
+            textworld.core.Environment.__init__(self, infos)
+            self.downward_lib = DOWNWARD_LIBS.acquire()
 
         def load(self, filename_or_data: Any) -> None:
             super().load(filename_or_data)
@@ -161,6 +204,8 @@ class AlfworldEngine:
         infos = textworld.EnvInfos(won=True, admissible_commands=True)
         env = _make_pddl_env_class()(infos)
         self._env = _make_demangler_class()(env)
+        # the library copy goes back on close(), or when an unclosed engine is collected
+        self._library = weakref.finalize(self, DOWNWARD_LIBS.release, env.downward_lib)
         self._loaded: str | None = None
         self._state: Any = None
         self._plan: list[str] | None = None
@@ -198,6 +243,8 @@ class AlfworldEngine:
         return path
 
     def reset(self, task_id: str) -> EnvStep:
+        if not self._library.alive:
+            raise RuntimeError("this AlfworldEngine is closed; create a new one")
         path = self.game_path(task_id)
         # a reload re-parses the domain and grammar; replaying the same game reuses them
         if self._loaded != str(path):
@@ -372,3 +419,11 @@ class AlfworldEngine:
     def close(self) -> None:
         self._state = None
         self._plan = None
+        if self._library.alive:
+            # after this the copy may serve another engine: this one must not touch it again
+            pddl = self._env.unwrapped
+            pddl.downward_lib = None
+            if getattr(pddl, "_pddl_state", None) is not None:
+                pddl._pddl_state.downward_lib = None
+            self._loaded = None
+            self._library()
