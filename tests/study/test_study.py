@@ -330,6 +330,40 @@ def test_the_composer_arms_are_compared_with_grpo_and_sdar_on_the_committed_runs
     assert row["ci"][1] <= row["ci"][0] <= row["ci"][2]
 
 
+def _transfer_rec(seed: int, who: str, outcomes: list[int]) -> dict:
+    tasks = {f"g{i}": o for i, o in enumerate(outcomes)}
+    student = {"success": sum(outcomes) / len(outcomes), "tasks": tasks, "per_type": {"x": {"success": 0.0, "n": 0}},
+               "failures": {"failed": outcomes.count(0), "never_took": outcomes.count(0), "took_never_placed": 0,
+                            "placed_not_won": 0, "refused_turn_share": 0.0}}
+    return {"family": "household", "seed": seed, "who": who, "backend": "alfworld", "split": "valid_seen",
+            "student": student, "teacher": {"success": 0.5}}
+
+
+def test_transfer_differences_pair_each_policy_with_its_own_warm_start():
+    """Policy - warm start on the real engine: paired by seed and game, over the seeds where both were played."""
+    from sdar.study.analysis import Runs, transfer_difference_rows, transfer_lines
+
+    r = Runs(name="t", spec={})
+    r.transfer[("household", 0, "warmstart")] = _transfer_rec(0, "warmstart", [1, 0, 0, 0])
+    r.transfer[("household", 1, "warmstart")] = _transfer_rec(1, "warmstart", [1, 1, 0, 0])
+    r.transfer[("household", 2, "warmstart")] = _transfer_rec(2, "warmstart", [0, 0, 0, 0])
+    r.transfer[("household", 0, "grpo")] = _transfer_rec(0, "grpo", [1, 1, 1, 0])   # +2 games at seed 0
+    r.transfer[("household", 1, "grpo")] = _transfer_rec(1, "grpo", [0, 1, 0, 0])   # -1 game at seed 1
+    r.transfer[("household", 2, "sdar")] = _transfer_rec(2, "sdar", [0, 0, 1, 0])   # one seed only
+    r.transfer[("household", 3, "grpo_opsd")] = _transfer_rec(3, "grpo_opsd", [1, 1, 1, 1])  # no warm start: no row
+    rows = {x["a"]: x for x in transfer_difference_rows(r, "household")}
+    assert set(rows) == {"grpo", "sdar"} and rows["grpo"]["b"] == "warm start"
+    assert rows["grpo"]["seeds"] == 2 and rows["grpo"]["tasks"] == 4
+    assert rows["grpo"]["ci"][0] == pytest.approx((2 - 1) / 8)  # (+2 - 1) games over 2 seeds x 4 games
+    assert rows["sdar"]["seeds"] == 1 and rows["sdar"]["ci"][0] == pytest.approx(0.25)
+    lo, hi = rows["grpo"]["ci"][1:]
+    assert lo <= 0.125 <= hi
+    text = "\n".join(transfer_lines(r, "household"))
+    assert "| grpo | 2 | 4 | 0.500 [" in text and "| 0.750, 0.250 |" in text  # pooled student, per seed
+    assert "| warm start | 3 | 4 | 0.250 [" in text and "| 0.250, 0.500, 0.000 |" in text
+    assert "| grpo - warm start | 2 | 4 | +0.125 [" in text and "grpo_opsd - warm start" not in text
+
+
 @pytest.mark.parametrize("path", sorted(Path("configs/study").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_study_spec_parses_and_builds_each_cells_config(path, tmp_path):
     """A committed spec whose cells do not load fails here, not hours into a run."""

@@ -283,9 +283,9 @@ def transfer_lines(r: Runs, family: str) -> list[str]:
     types = sorted({t for (f, _, _), rec in r.transfer.items() if f == family for t in rec["student"]["per_type"]})
     lines = ["", f"On the real engine ({any_rec['backend']} {any_rec['split']}; games: those the policy played at every "
              "seed; pooled over seeds):", "",
-             "| policy | seeds | games | student [95% CI] | teacher | " + " | ".join(types)
+             "| policy | seeds | games | student [95% CI] | per seed | teacher | " + " | ".join(types)
              + " | failed: never took / took, never placed / placed, lost | refused turns |",
-             "|---|---:|---:|---|---|" + "---:|" * len(types) + "---|---:|"]
+             "|---|---:|---:|---|---|---|" + "---:|" * len(types) + "---|---:|"]
     for who in whos:
         recs = [rec for (f, _, w), rec in sorted(r.transfer.items()) if f == family and w == who]
         tasks = common_tasks([rec["student"] for rec in recs])
@@ -301,10 +301,33 @@ def transfer_lines(r: Runs, family: str) -> list[str]:
                  for k in ("failed", "never_took", "took_never_placed", "placed_not_won")}
         refused = float(np.mean([rec["student"]["failures"]["refused_turn_share"] for rec in recs]))
         name = "warm start" if who == "warmstart" else who
-        lines.append(f"| {name} | {len(recs)} | {len(tasks)} | {_ci(*student)} | {_fmt(teacher)} | "
+        per_seed = ", ".join(_fmt(rec["student"]["success"]) for rec in recs)
+        lines.append(f"| {name} | {len(recs)} | {len(tasks)} | {_ci(*student)} | {per_seed} | {_fmt(teacher)} | "
                      + " | ".join(per_type) + f" | {fails['never_took']} / {fails['took_never_placed']} / "
                      f"{fails['placed_not_won']} of {fails['failed']} | {_fmt(refused, 2)} |")
+    diffs = transfer_difference_rows(r, family)
+    if diffs:
+        lines += ["", "On the real engine, each trained policy against its own warm start (student; paired by seed "
+                  "and game, over the seeds both were played):", "",
+                  "| difference | seeds | games | mean [95% CI] |", "|---|---:|---:|---|"]
+        lines += [f"| {d['a']} - {d['b']} | {d['seeds']} | {d['tasks']} | {_ci(*d['ci'], sign=True)} |" for d in diffs]
     return lines
+
+
+def transfer_difference_rows(r: Runs, family: str) -> list[dict[str, Any]]:
+    """Each trained policy's real-engine student minus its warm start's, paired by seed and game, over the
+    seeds at which both were played (does what the sim taught carry over to the real engine?)."""
+    rows = []
+    for who in dict.fromkeys(w for f, _, w in sorted(r.transfer) if f == family and w != "warmstart"):
+        seeds = sorted(s for f, s, w in r.transfer if f == family and w == who and (f, s, "warmstart") in r.transfer)
+        if not seeds:
+            continue
+        a = [r.transfer[(family, s, who)]["student"] for s in seeds]
+        b = [r.transfer[(family, s, "warmstart")]["student"] for s in seeds]
+        tasks = common_tasks(a + b)
+        rows.append({"a": who, "b": WARM, "seeds": len(seeds), "tasks": len(tasks),
+                     "ci": paired_difference(outcome_matrix(a, tasks), outcome_matrix(b, tasks))})
+    return rows
 
 
 BEGIN, END = "<!-- study:{name}:begin -->", "<!-- study:{name}:end -->"
