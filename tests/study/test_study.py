@@ -335,7 +335,8 @@ def _transfer_rec(seed: int, who: str, outcomes: list[int]) -> dict:
     student = {"success": sum(outcomes) / len(outcomes), "tasks": tasks, "per_type": {"x": {"success": 0.0, "n": 0}},
                "failures": {"failed": outcomes.count(0), "never_took": outcomes.count(0), "took_never_placed": 0,
                             "placed_not_won": 0, "refused_turn_share": 0.0}}
-    return {"family": "household", "seed": seed, "who": who, "backend": "alfworld", "split": "valid_seen",
+    return {"family": "household", "seed": seed, "who": who, "step": 0 if who == "warmstart" else 60,
+            "backend": "alfworld", "split": "valid_seen",
             "student": student, "teacher": {"success": 0.5}}
 
 

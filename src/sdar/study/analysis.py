@@ -318,15 +318,15 @@ def transfer_difference_rows(r: Runs, family: str) -> list[dict[str, Any]]:
     """Each trained policy's real-engine student minus its warm start's, paired by seed and game, over the
     seeds at which both were played (does what the sim taught carry over to the real engine?)."""
     rows = []
-    for who in dict.fromkeys(w for f, _, w in sorted(r.transfer) if f == family and w != "warmstart"):
-        seeds = sorted(s for f, s, w in r.transfer if f == family and w == who and (f, s, "warmstart") in r.transfer)
-        if not seeds:
-            continue
-        a = [r.transfer[(family, s, who)]["student"] for s in seeds]
-        b = [r.transfer[(family, s, "warmstart")]["student"] for s in seeds]
-        tasks = common_tasks(a + b)
-        rows.append({"a": who, "b": WARM, "seeds": len(seeds), "tasks": len(tasks),
-                     "ci": paired_difference(outcome_matrix(a, tasks), outcome_matrix(b, tasks))})
+    for policy in dict.fromkeys(w for f, _, w in sorted(r.transfer) if f == family and w != "warmstart"):
+        seeds = sorted(s for f, s, w in r.transfer if f == family and w == policy and (f, s, "warmstart") in r.transfer)
+
+        def evals(who: str, seed: int, policy: str = policy) -> dict[str, dict[str, Any]]:
+            # one real-engine evaluation each, keyed by the policy's step so that the pair lines up
+            step = str(r.transfer[(family, seed, policy)]["step"])
+            return {step: r.transfer[(family, seed, "warmstart" if who == WARM else who)]["student"]}
+
+        rows += _paired_rows(policy, WARM, seeds, evals)
     return rows
 
 

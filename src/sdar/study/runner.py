@@ -430,10 +430,11 @@ class StudyRunner:
         from sdar.train.runtime import build_runtime
         from sdar.train.warmstart import ensure_warm_start
 
+        workers = env_workers if backend == "alfworld" else 1  # other backends have no engine processes
         cfg = cell_config(self.spec, cell, self.work)
         cfg = replace(cfg, eval_tasks=games or 10**6, eval_task_ids=[], tracking=False,
                       env=replace(cfg.env, eval_split=split, kwargs={**cfg.env.kwargs, "backend": backend,
-                                                                     **({"workers": env_workers} if env_workers > 1 and backend == "alfworld" else {})}))
+                                                                     **({"workers": workers} if workers > 1 else {})}))
         ensure_warm_start(cfg, self.console)
         rt = build_runtime(cfg, train=False)
         step = rt.load_weights(str(out)) if out is not None else 0
@@ -445,7 +446,7 @@ class StudyRunner:
                 "split": split, "student": {**eval_record(student), "failures": failure_modes(student.trajectories)},
                 "teacher": {**eval_record(teacher), "failures": failure_modes(teacher.trajectories)},
                 "wall_s": round(time.perf_counter() - t0, 1),
-                "env_workers": env_workers if backend == "alfworld" else 1}
+                "env_workers": workers}
 
     def _log_eval(self, run_id: str | None, ev, step: int) -> None:
         """The held-out evaluation into the cell's MLflow run (at the step it was taken)."""
