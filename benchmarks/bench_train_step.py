@@ -12,7 +12,10 @@ production GRPO run would. For the last timed step's own batch the benchmark als
   update:  plain forward + backward + AdamW over the update's sequences in the same micro-batches (rows of
            similar length per forward when length_buckets is on, as the trainer does).
 "passes" counts no-grad scoring passes per step in units of the step's whole batch (old_logp, reference,
-teacher); the update's own forwards are not counted. Run:
+teacher); the update's own forwards are not counted. For the arms with a teacher it also prints the
+teacher pass's seconds and the positions it forwarded (padding included) beside the exact minimum, the
+nodes of its sequences' prefix trie (`sdar.models.scoring.prefix_trie_positions`: no exact scheme forwards
+fewer), and the SDAR/GRPO floor that minimum implies at the same seconds per position. Run:
   .venv/bin/python benchmarks/bench_train_step.py [--config configs/household-tiny.yaml] [--steps 2] [--compare-off]
 """
 
@@ -27,7 +30,8 @@ from pathlib import Path
 
 # the speed-ups, each a config flag (default on); --compare-off sets every one of them to its "off" value
 SPEEDUPS_OFF = {"rollout.jump_forward": False, "rollout.share_prefix": False, "old_logp_from_sampler": False, "reuse_old_logp": False,
-                "prefix_cache": False, "length_buckets": False, "merged_inference": False, "dedup_scoring": False}
+                "prefix_cache": False, "length_buckets": False, "merged_inference": False, "dedup_scoring": False,
+                "head_at_free_tokens": False}
 
 
 def _timed(fn) -> float:
@@ -166,19 +170,45 @@ def run_arm(config: str, arm: str, steps: int, overrides: dict, console) -> dict
 
         trainer.collect = collect
 
+        teacher_pass: dict = {}  # this step's teacher pass: seconds, positions forwarded, trie minimum
+
         def teacher_score(real):
             def score(model, batch, *a, **k):  # a TurnBatch (the trainer) or trajectories
-                rows_scored.append(len(batch) if hasattr(batch, "turns") else sum(len(t.turns) for t in batch))
-                return real(model, batch, *a, **k)
+                from sdar.agent.rollout import TurnBatch
+                from sdar.models.scoring import prefix_trie_positions
+
+                batch = batch if isinstance(batch, TurnBatch) else TurnBatch.of(batch)
+                rows_scored.append(len(batch.turns))
+                positions = [0]
+
+                def count(_module, _args, kwargs):  # every position the model computes, padding included
+                    positions[0] += kwargs["input_ids"].numel()
+
+                # the decoder: scoring runs it, then the output head at the needed positions (logits_at)
+                decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
+                hook = decoder.register_forward_pre_hook(count, with_kwargs=True)
+                t0 = time.perf_counter()
+                try:
+                    out = real(model, batch, *a, **k)
+                finally:
+                    hook.remove()
+                teacher_pass["teacher_s"] = time.perf_counter() - t0
+                teacher_pass["teacher_positions"] = positions[0]
+                seqs = [p + r for p, r in zip(real_prompts(batch), batch.responses)]
+                teacher_pass["teacher_trie"] = prefix_trie_positions(seqs)
+                return out
             return score
 
+        real_prompts = trainer.teacher.prompts
         trainer.teacher.score = teacher_score(trainer.teacher.score)
         results = []
         try:
             for step in range(steps + 1):
                 last.clear()
                 rows_scored.clear()
+                teacher_pass.clear()
                 m = trainer.train_step(step).metrics
+                m.update(teacher_pass)
                 # the guard's one-row probe is not a scoring pass
                 m["passes"] = sum(r for r in rows_scored if r > 1) / max(m["turn_samples"], 1)
                 # the arms' batches differ after step 0 (other episodes, other lengths): per 1k tokens of the
@@ -190,9 +220,12 @@ def run_arm(config: str, arm: str, steps: int, overrides: dict, console) -> dict
             tr.response_logprobs = real_score
             sc.grouped_prefix_logprobs = real_grouped
         results = results[1:]  # the first step warms up
-        out = {k: statistics.median(r[k] for r in results)
-               for k in ("time/step_s", "time/rollout_s", "time/score_s", "time/update_s", "turn_samples", "passes",
-                         "tokens/forced_frac", "ktokens", "s_per_ktok")}
+        keys = ("time/step_s", "time/rollout_s", "time/score_s", "time/update_s", "turn_samples", "passes",
+                "tokens/forced_frac", "ktokens", "s_per_ktok", "teacher_s", "teacher_positions", "teacher_trie")
+        out = {k: statistics.median(r[k] for r in results) for k in keys if all(k in r for r in results)}
+        if "teacher_s" in out:  # the teacher's seconds had it forwarded no more positions than the exact minimum
+            out["teacher_floor_s"] = statistics.median(r["teacher_s"] * r["teacher_trie"] / max(r["teacher_positions"], 1)
+                                                       for r in results)
         lim = limits(trainer, last["trajs"])
         arm_cfg = trainer.arm
         lim["score_s"] = (lim["student_forward_s"] if arm_cfg.kl_coef else 0.0) + \
@@ -241,6 +274,16 @@ def main() -> None:
             console.print(f"SDAR/GRPO seconds per step, speed-ups {mode}: {sd['time/step_s'] / gr['time/step_s']:.2f}x; "
                           f"per 1k batch tokens: {sd['s_per_ktok'] / gr['s_per_ktok']:.2f}x "
                           f"(batches of {sd['ktokens']:.1f}k and {gr['ktokens']:.1f}k tokens)")
+    for (arm, mode), r in rows.items():
+        if "teacher_s" in r:
+            console.print(f"{arm}, speed-ups {mode}: teacher pass {r['teacher_s']:.2f} s, {r['teacher_positions'] / 1e3:.1f}k "
+                          f"positions forwarded (padding included); the exact minimum, the prefix trie of its sequences: "
+                          f"{r['teacher_trie'] / 1e3:.1f}k ({r['teacher_trie'] / max(r['teacher_positions'], 1):.2f}x)")
+            if ("grpo", mode) in rows:
+                # GRPO's step only shrinks under any further speed-up of its passes, so this bounds the ratio from below
+                floor = 1 + r["teacher_floor_s"] / rows[("grpo", mode)]["time/step_s"]
+                console.print(f"  SDAR/GRPO floor, speed-ups {mode}: {floor:.2f}x = 1 + the teacher pass at its trie minimum "
+                              f"({r['teacher_floor_s']:.2f} s at the same seconds per position) / GRPO's step")
     if args.compare_off:
         for arm in args.arms.split(","):
             on, off = rows[(arm, "on")], rows[(arm, "off")]

@@ -315,6 +315,11 @@ class TrainConfig:
         "help": "Forward rows of similar length together (scoring chunks and, inside each update micro-batch, groups "
                 "of similar length: the micro-batch and its loss are unchanged, only padding goes); false = one "
                 "padded forward per micro-batch and unsorted scoring chunks."})
+    head_at_free_tokens: bool = field(default=True, metadata={
+        "help": "Every forward of a step (scoring passes and the update) runs the output head and the softmax only "
+                "at the response tokens that are not forced: a constrained step allowing just the sampled token has "
+                "log-prob 0, entropy 0 and no gradient, and no prompt position is scored (the same numbers up to "
+                "float rounding); false = the head over each forward's response span, forced tokens included."})
     teacher_for_all_arms: bool = field(default=True, metadata={
         "help": "Score the teacher for arms that do not need it (the gap metrics)."})
     teacher_engine: str = field(default="train", metadata={

@@ -233,3 +233,156 @@ def test_first_position_computes_only_the_needed_logits_with_the_same_numbers(mo
     torch.testing.assert_close(kept[:, 2:], whole[:, 2:], atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="first_position"):
         token_logprobs(model, x, m, first_position=x.shape[1])
+
+
+def test_prefix_trie_positions_counts_each_distinct_prefix_once():
+    """The exact minimum of positions a causal forward computes: one per distinct non-empty prefix."""
+    import random
+
+    from sdar.models.scoring import prefix_trie_positions
+
+    # 1, 1-2, 1-2-3, 1-2-4, 1-5 (the repeated row and the empty one add nothing)
+    assert prefix_trie_positions([[1, 2, 3], [1, 2, 4], [1, 5], [1, 2, 3], []]) == 5
+    assert prefix_trie_positions([]) == 0 and prefix_trie_positions([[7, 7, 7]]) == 3
+    assert prefix_trie_positions([[1, 2], [2, 1]]) == 4  # nothing shared: every token
+    rng = random.Random(0)
+    for _ in range(50):
+        seqs = [[rng.randrange(3) for _ in range(rng.randrange(8))] for _ in range(rng.randrange(1, 12))]
+        assert prefix_trie_positions(seqs) == len({tuple(s[:k]) for s in seqs for k in range(1, len(s) + 1)})
+
+
+class _SoftCapped(torch.nn.Module):
+    """A causal LM whose logits are post-processed (soft-capped): not its head applied to its decoder's output."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def get_decoder(self):
+        return self.inner.get_decoder()
+
+    def get_output_embeddings(self):
+        return self.inner.get_output_embeddings()
+
+    def forward(self, **kw):
+        out = self.inner(**kw)
+        out.logits = 2.0 * torch.tanh(out.logits / 2.0)
+        return out
+
+
+def _hand_scores(model, prompts, responses, allowed, temperature):
+    """Per row: the whole model's logits over the whole sequence, masked to the allowed tokens, log-softmaxed."""
+    lps, ents = [], []
+    for p, r, a in zip(prompts, responses, allowed):
+        logits = model(input_ids=torch.tensor([p + r])).logits.float()[0] / temperature
+        lp_row, ent_row = [], []
+        for k, tok in enumerate(r):
+            z = logits[len(p) - 1 + k]
+            if a is not None and k < len(a) and a[k]:
+                keep = torch.zeros_like(z, dtype=torch.bool)
+                keep[a[k]] = True
+                z = z.masked_fill(~keep, -1e9)
+            logq = torch.log_softmax(z, -1)
+            lp_row.append(logq[tok])
+            ent_row.append(-(logq.exp() * logq).sum())
+        lps.append(torch.stack(lp_row))
+        ents.append(torch.stack(ent_row))
+    return lps, ents
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_scoring_runs_the_head_only_at_free_response_tokens_with_the_same_numbers_and_gradients(model, tokenizer, dtype):
+    """Issue 14: a constrained step that allows exactly the sampled token (a forced token) has log-prob 0 and
+    entropy 0 under the renormalised distribution, so scoring computes the output head only at the other response
+    tokens. Log-probs, entropies and gradients equal the whole model's masked log-softmax (fp32 1e-5, bf16 3e-2),
+    for plain and prefix-shared forwards, with rows unconstrained, partly forced and entirely forced."""
+    import copy
+
+    from sdar.models.logprobs import _decoder_and_head, head_where_needed
+    from sdar.models.scoring import response_logprobs, shared_prefix_logprobs
+
+    m = copy.deepcopy(model).to(dtype).train()
+    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
+    prefix = ids[1][:4]
+    prompts = [prefix + ids[1][4:], prefix + ids[2][:2], prefix + ids[0][:5], prefix + ids[2][:1]]
+    responses = [ids[0][5:11], ids[0][11:15], ids[0][5:9], ids[0][1:4]]
+    V = m.get_output_embeddings().weight.shape[0]
+    allowed = [
+        # forced, free (3 tokens), unconstrained (empty step), forced, free (2), and no steps left for the last
+        [[responses[0][0]], [responses[0][1], 7, 9], [], [responses[0][3]], [responses[0][4], (responses[0][4] + 1) % V]],
+        None,  # unconstrained row
+        [[t] for t in responses[2]],  # every token forced
+        [[responses[3][0]], [responses[3][1], 5], [responses[3][2]]],
+    ]
+    free = sum(1 for r, a in zip(responses, allowed) for k, t in enumerate(r)
+               if not (a is not None and k < len(a) and a[k] == [t]))
+    head_rows = []
+    assert _decoder_and_head(m) is not None  # the check (three positions) runs before the count
+    m.get_output_embeddings().register_forward_pre_hook(lambda mod, a: head_rows.append(a[0].numel() // a[0].shape[-1]))
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    weights = torch.randn(4, 6, generator=torch.Generator().manual_seed(0))
+
+    def loss_of(lp, ent):
+        return (lp * weights[:, : lp.shape[1]]).sum() + 0.3 * (ent * weights[:, : ent.shape[1]]).sum()
+
+    hand_lp, hand_ent = _hand_scores(m, prompts, responses, allowed, 0.7)
+    T = max(map(len, responses))
+    hand_lp_t = torch.stack([torch.nn.functional.pad(x, (0, T - len(x))) for x in hand_lp])
+    hand_ent_t = torch.stack([torch.nn.functional.pad(x, (0, T - len(x))) for x in hand_ent])
+    loss_of(hand_lp_t, hand_ent_t).backward()
+    hand_grads = {n: p.grad.clone() for n, p in m.named_parameters()}
+    for score in (lambda: response_logprobs(m, prompts, responses, pad_id=0, allowed=allowed, temperature=0.7,
+                                            with_entropy=True, grad=True, length_buckets=False),
+                  lambda: shared_prefix_logprobs(m, prefix, [p[len(prefix):] for p in prompts], responses, pad_id=0,
+                                                 allowed=allowed, temperature=0.7, with_entropy=True, grad=True)):
+        m.zero_grad(set_to_none=True)
+        head_rows.clear()
+        out = score()
+        for i, r in enumerate(responses):
+            torch.testing.assert_close(out.logp[i, : len(r)], hand_lp[i].detach(), atol=tol, rtol=0)
+            torch.testing.assert_close(out.entropy[i, : len(r)], hand_ent[i].detach(), atol=tol, rtol=0)
+            assert not out.logp[i, len(r):].any()
+        assert not out.logp[2].any() and not out.entropy[2].any()  # the forced row: exactly 0
+        assert sum(head_rows) == free  # the head ran at the free tokens only
+        loss_of(out.logp, out.entropy).backward()
+        for n, p in m.named_parameters():
+            torch.testing.assert_close(p.grad, hand_grads[n], atol=tol * 10, rtol=tol * 10, msg=n)
+
+    # switched off (head_at_free_tokens: false): the same numbers, the head over every response span
+    with torch.no_grad():
+        on = response_logprobs(m, prompts, responses, pad_id=0, allowed=allowed, temperature=0.7, with_entropy=True)
+        head_rows.clear()
+        with head_where_needed(False):
+            off = response_logprobs(m, prompts, responses, pad_id=0, allowed=allowed, temperature=0.7,
+                                    with_entropy=True)
+    torch.testing.assert_close(off.logp, on.logp, atol=tol, rtol=0)
+    torch.testing.assert_close(off.entropy, on.entropy, atol=tol, rtol=0)
+    assert sum(head_rows) >= len(prompts) * max(map(len, responses)) > free
+
+    # a batch of forced tokens only still gives a loss with a graph (zero gradient)
+    m.zero_grad(set_to_none=True)
+    only = response_logprobs(m, prompts[2:3], responses[2:3], pad_id=0, allowed=allowed[2:3], grad=True)
+    assert not only.logp.any()
+    only.logp.sum().backward()
+    assert all(not p.grad.any() for p in m.parameters() if p.grad is not None)
+
+
+def test_a_model_that_post_processes_its_logits_is_scored_whole(model, tokenizer):
+    """The head-only-where-needed path applies where the logits are the head of the decoder's output; a model that
+    soft-caps them fails that check and is scored from its own logits, with the same numbers as by hand."""
+    from sdar.models.logprobs import _decoder_and_head
+    from sdar.models.scoring import response_logprobs
+
+    capped = _SoftCapped(model).eval()
+    assert _decoder_and_head(capped) is None and _decoder_and_head(model) is not None
+    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
+    prompts, responses = [ids[0][:6], ids[1][:4]], [ids[0][6:10], ids[1][4:7]]
+    allowed = [[[responses[0][0]], [responses[0][1], 3]], None]
+    with torch.no_grad():
+        out = response_logprobs(capped, prompts, responses, pad_id=0, allowed=allowed, with_entropy=True)
+        hand_lp, hand_ent = _hand_scores(capped, prompts, responses, allowed, 1.0)
+        plain = response_logprobs(model, prompts, responses, pad_id=0, allowed=allowed)
+    for i, r in enumerate(responses):
+        torch.testing.assert_close(out.logp[i, : len(r)], hand_lp[i], atol=1e-5, rtol=0)
+        torch.testing.assert_close(out.entropy[i, : len(r)], hand_ent[i], atol=1e-5, rtol=0)
+    assert (out.logp - plain.logp).abs().max() > 1e-3  # the capping matters: the whole model's logits were used

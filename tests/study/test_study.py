@@ -62,6 +62,7 @@ def test_the_fingerprint_ignores_where_and_how_fast_but_not_what():
 
     base = load_config("configs/household-tiny.yaml")
     same = load_config("configs/household-tiny.yaml", {"merged_inference": False, "rollout.share_prefix": False,
+                                                       "head_at_free_tokens": False,
                                                        "output_dir": "/elsewhere",
                                                        "steps": 90, "tracking": False})
     assert config_fingerprint(same) == config_fingerprint(base)

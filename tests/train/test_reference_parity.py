@@ -475,7 +475,7 @@ def test_dedup_scoring_forwards_each_distinct_row_once_with_the_same_numbers(tin
     positions through the model, constrained rows and temperature 0.7 included."""
     import copy
 
-    from sdar.models.scoring import grouped_prefix_logprobs, response_logprobs, unique_rows
+    from sdar.models.scoring import grouped_prefix_logprobs, prefix_trie_positions, response_logprobs, unique_rows
 
     trainer = make_trainer(small_config(tmp_path, arm="sdar", steps=1, tracking=False))
     flat = [(tr.task_id, t) for tr in trainer.collect(0) for t in tr.turns][:20]
@@ -488,7 +488,8 @@ def test_dedup_scoring_forwards_each_distinct_row_once_with_the_same_numbers(tin
     assert len(first) <= n < len(flat)
     model = copy.deepcopy(trainer.model).to(dtype).eval()
     seen = []
-    model.register_forward_pre_hook(lambda m, a, k: seen.append(int((k.get("input_ids") if k.get("input_ids")
+    # the decoder: scoring runs it and the output head at the needed positions (sdar.models.logprobs.logits_at)
+    model.get_decoder().register_forward_pre_hook(lambda m, a, k: seen.append(int((k.get("input_ids") if k.get("input_ids")
                                     is not None else a[0]).numel())), with_kwargs=True)
     out = {}
     for dedup in (True, False):
@@ -503,6 +504,8 @@ def test_dedup_scoring_forwards_each_distinct_row_once_with_the_same_numbers(tin
     torch.testing.assert_close(on.logp, off.logp, rtol=0, atol=tol)
     torch.testing.assert_close(on.entropy, off.entropy, rtol=0, atol=tol)
     assert n_on < n_off  # positions through the model
+    # neither forwards fewer positions than the exact minimum, the prefix trie of the distinct sequences
+    assert n_on >= prefix_trie_positions([p + r for p, r in zip(prompts, responses)])
     # a duplicated row carries exactly its first copy's numbers
     assert torch.equal(on.logp[n], on.logp[3]) and torch.equal(on.logp[n + 6], on.logp[0])
 
@@ -537,6 +540,30 @@ def test_dedup_scoring_changes_no_step_and_switches_off(tiny_ckpt, tmp_path, mon
     assert r0 == 2 * n0 and r1 < r0  # reference + teacher: every row when off, fewer when on
     for key in ("loss/pg", "loss/kl", "loss/sdar", "pg/ratio_mean", "sdar/gap_mean", "teacher/gap_free_tokens",
                 "loss/total"):
+        assert m1[key] == pytest.approx(m0[key], abs=1e-5), key
+    for k in w0:
+        torch.testing.assert_close(w1[k], w0[k], atol=1e-6, rtol=1e-5)
+
+
+def test_head_at_free_tokens_changes_no_step_and_switches_off(tiny_ckpt, tmp_path, monkeypatch):
+    """Issue 14 (head_at_free_tokens): a step whose forwards (scoring passes and update) run the output head only at
+    the response tokens that are not forced makes the same update and statistics as with the head over every
+    response span, and runs the head at fewer positions."""
+    results = {}
+    for on in (True, False):
+        trainer = make_trainer(small_config(tmp_path / str(on), arm="sdar", steps=1, tracking=False,
+                                            head_at_free_tokens=on))
+        rows = []
+        for module in {trainer.model, trainer.policy.inference_model()}:
+            module.get_output_embeddings().register_forward_pre_hook(
+                lambda mod, a: rows.append(a[0].numel() // a[0].shape[-1]))
+        m = trainer.train_step(0).metrics
+        results[on] = (m, sum(rows), {n: p.detach().clone() for n, p in trainer.model.named_parameters()
+                                      if p.requires_grad})
+    (m1, h1, w1), (m0, h0, w0) = results[True], results[False]
+    assert m1["tokens/forced_frac"] > 0.3 and h1 < 0.7 * h0  # the forced tokens (and prompt positions) skipped
+    for key in ("loss/pg", "loss/kl", "loss/sdar", "pg/ratio_mean", "sdar/gap_mean", "teacher/gap_free_tokens",
+                "loss/total", "loss/entropy"):
         assert m1[key] == pytest.approx(m0[key], abs=1e-5), key
     for k in w0:
         torch.testing.assert_close(w1[k], w0[k], atol=1e-6, rtol=1e-5)

@@ -156,3 +156,47 @@ def test_fields_added_later_keep_the_keys_of_what_was_built_before(monkeypatch):
     assert _cache_key(cfg, tiny_config(cfg)) == key
     with pytest.raises(ValueError, match="warmstart.pretokenizer='bpe' is not one of qwen2, punct_space"):
         load_config(CONFIG, {"warmstart.pretokenizer": "bpe"})
+
+
+def test_sft_batches_are_the_batches_the_sft_runs(monkeypatch):
+    """`sft_batches` (what benchmarks/bench_warmstart_sft.py measures) cuts each epoch into batches from
+    length-sorted windows of a random permutation, every example once, and `sft` trains on exactly those
+    batches in that order, epoch after epoch."""
+    import random
+    from types import SimpleNamespace
+
+    import torch
+
+    from sdar.train import warmstart
+
+    rng = random.Random(1)
+    lengths = [rng.randrange(3, 40) for _ in range(150)]
+    batches = warmstart.sft_batches(lengths, 4, torch.Generator().manual_seed(5))
+    assert sorted(i for b in batches for i in b) == list(range(150)) and max(map(len, batches)) == 4
+    # a batch lies inside one window of 16 batches and holds neighbours in length order there
+    again = warmstart.sft_batches(lengths, 4, torch.Generator().manual_seed(5))
+    assert again == batches and warmstart.sft_batches(lengths, 4, torch.Generator().manual_seed(6)) != batches
+    order = torch.randperm(150, generator=torch.Generator().manual_seed(5)).tolist()
+    for b in batches:
+        window = {order.index(i) // 64 for i in b}
+        assert len(window) == 1
+        w = window.pop()
+        ranked = sorted(order[64 * w : 64 * w + 64], key=lengths.__getitem__)
+        pos = [ranked.index(i) for i in b]
+        assert pos == list(range(pos[0], pos[0] + len(b)))
+
+    # sft consumes them: the prompts of every update, two epochs, are those batches' prompts in order
+    examples = [([100 + i] * lengths[i], [1, 2], None) for i in range(150)]
+    seen = []
+
+    def fake_scoring(model, prompts, responses, **kw):
+        seen.append([p[0] - 100 for p in prompts])
+        return SimpleNamespace(logp=torch.zeros(len(prompts), 2, requires_grad=True), mask=torch.ones(len(prompts), 2),
+                               prompt_tokens=0)
+
+    monkeypatch.setattr(warmstart, "response_logprobs", fake_scoring)
+    model = torch.nn.Linear(1, 1)
+    warmstart.sft(model, examples, pad_id=0, epochs=2, lr=0.1, batch_size=4, seed=5)
+    g = torch.Generator().manual_seed(5)
+    full = [len(p) + len(r) for p, r, _ in examples]
+    assert seen == warmstart.sft_batches(full, 4, g) + warmstart.sft_batches(full, 4, g)

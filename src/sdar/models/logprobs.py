@@ -6,6 +6,12 @@ tensors that `sdar.algos` consumes.
 
 from __future__ import annotations
 
+import contextvars
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
 import torch
 
 
@@ -57,6 +63,84 @@ def logp_and_entropy(
     shape = target.shape
     logp, ent = _LogpEntropy.apply(z.reshape(-1, z.shape[-1]), target.reshape(-1), want_entropy)
     return logp.view(shape), ent.view(shape)
+
+
+# per module: whether its logits are exactly its output head applied to its decoder's last hidden state
+_HEAD_SPLITS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# the switch of `head_at_free_tokens` (TrainConfig): scoring runs the output head at the needed positions only
+_HEAD_WHERE_NEEDED = contextvars.ContextVar("head_where_needed", default=True)
+
+
+@contextmanager
+def head_where_needed(on: bool = True) -> Iterator[None]:
+    """Inside: scoring runs the output head only at the response tokens it needs (on, the default) or, off, over
+    each forward's whole response span, forced tokens included (the same numbers; what `--set head_at_free_tokens=
+    false` measures)."""
+    token = _HEAD_WHERE_NEEDED.set(on)
+    try:
+        yield
+    finally:
+        _HEAD_WHERE_NEEDED.reset(token)
+
+
+def head_where_needed_on() -> bool:
+    """Whether `head_where_needed` is on here."""
+    return _HEAD_WHERE_NEEDED.get()
+
+
+def _decoder_and_head(model: torch.nn.Module):
+    """(decoder, output head) of a causal LM whose logits are `head(decoder(...).last_hidden_state)`, else None.
+
+    Checked once per module on three tokens (in eval mode, dropout off): an architecture that post-processes
+    its logits (soft-capping, a logit scale) fails the check and keeps the whole-model forward."""
+    if model in _HEAD_SPLITS:
+        return _HEAD_SPLITS[model]
+    split = None
+    try:
+        decoder, head = model.get_decoder(), model.get_output_embeddings()
+    except (AttributeError, NotImplementedError, ValueError):
+        decoder = head = None
+    if isinstance(decoder, torch.nn.Module) and isinstance(head, torch.nn.Module):
+        modes = [(m, m.training) for m in model.modules()]
+        model.eval()
+        try:
+            with torch.no_grad():
+                ids = torch.tensor([[0, 1, 2]], device=next(model.parameters()).device)
+                whole = model(input_ids=ids, use_cache=False).logits.float()
+                parts = head(decoder(input_ids=ids, use_cache=False).last_hidden_state).float()
+            if whole.shape == parts.shape and torch.allclose(whole, parts, rtol=1e-4, atol=1e-4):
+                split = (decoder, head)
+        finally:
+            for m, mode in modes:
+                m.training = mode
+    _HEAD_SPLITS[model] = split
+    return split
+
+
+def logits_at(model: torch.nn.Module, rows: torch.Tensor, cols: torch.Tensor, **forward: Any) -> tuple[torch.Tensor, Any]:
+    """The logits [N, V] at positions (rows[k], cols[k]) of the forward `model(**forward)`, and that forward's
+    output (for its `past_key_values`). Where the logits are the output head applied to the decoder's last hidden
+    state (`_decoder_and_head`), the head runs at those positions only: on a small model with a large vocabulary
+    it is a large share of the forward, and scoring needs few positions (not the forced tokens of a constrained
+    decoder, not the prompt). Other models run whole and the positions are picked from their logits."""
+    split = _decoder_and_head(model) if _HEAD_WHERE_NEEDED.get() else None
+    if split is None:  # the head over the span from the first needed position on (the model's logits_to_keep)
+        L = forward["input_ids"].shape[1]
+        first = int(cols.min()) if cols.numel() else L - 1
+        out = model(**forward, logits_to_keep=L - first)
+        return out.logits[rows, cols - first], out
+    decoder, head = split
+    out = decoder(**forward)
+    return head(out.last_hidden_state[rows, cols]), out
+
+
+def encode_kv(model: torch.nn.Module, input_ids: torch.Tensor):
+    """The KV cache of `input_ids` (a prefix every row continues from), with no logits computed: the decoder alone
+    where `_decoder_and_head` splits the model, else the whole model keeping one position's logits."""
+    split = _decoder_and_head(model)
+    if split is None:
+        return model(input_ids=input_ids, use_cache=True, logits_to_keep=1).past_key_values
+    return split[0](input_ids=input_ids, use_cache=True).past_key_values
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:

@@ -3,11 +3,13 @@ reference and teacher log-probs and the training pass itself (plain, length-buck
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 
-from sdar.models.logprobs import token_logprobs
+from sdar.models.logprobs import (encode_kv, head_where_needed_on, logits_at, logp_and_entropy, position_ids_from_mask,
+                                  token_logprobs)
 
 
 def allowed_mask(prompts: list[list[int]], responses: list[list[int]], allowed: list[list[list[int]] | None],
@@ -74,6 +76,53 @@ def _scored_once(score, prompts, responses, allowed, groups=None) -> ScoredBatch
     inv = torch.tensor(inverse, dtype=torch.long, device=out.logp.device)
     return ScoredBatch(logp=out.logp[inv], entropy=None if out.entropy is None else out.entropy[inv],
                        mask=out.mask[inv])
+
+
+def _response_scores(model, forward: dict, prompt_lens: list[int], responses: list[list[int]],
+                     allowed: list[list[list[int]] | None] | None, T: int, temperature: float, with_entropy: bool,
+                     grad: bool) -> tuple[torch.Tensor, torch.Tensor | None, object]:
+    """logp and entropy [b, T] of each row's response tokens from one forward `model(**forward)` whose row j holds
+    its response after `prompt_lens[j]` tokens, and the forward's output. Logits are computed only where a token
+    is not forced: a constrained step that allows exactly the sampled token has the renormalised log-prob 0 and
+    entropy 0 (what the masked softmax gives there, exactly, and no gradient), so it needs no output head
+    (`sdar.models.logprobs.head_where_needed`; off, the forced tokens are scored like the others)."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    picked = []  # (row, position of the logits, response index, target token, allowed tokens or None)
+    skip_forced = head_where_needed_on()
+    for j, (n_prompt, r) in enumerate(zip(prompt_lens, responses)):
+        if n_prompt < 1:
+            raise ValueError(f"row {j} has an empty prompt: the first response token is predicted from the last prompt token")
+        steps = allowed[j] if allowed is not None else None
+        for k, tok in enumerate(r):
+            toks = steps[k] if steps is not None and k < len(steps) else None
+            if not (skip_forced and toks and len(toks) == 1 and toks[0] == tok):
+                picked.append((j, n_prompt - 1 + k, k, tok, toks or None))
+    rows, cols, ks, targets, sets = (list(c) for c in zip(*picked)) if picked else ([], [], [], [], [])
+    b = len(prompt_lens)
+    device = forward["input_ids"].device
+    probe = not rows  # every token forced: one position still runs, so that a loss keeps its graph
+    if probe:
+        rows, cols, targets, sets = [0], [prompt_lens[0] - 1], [0], [None]
+    logits, out = logits_at(model, torch.tensor(rows, device=device), torch.tensor(cols, device=device), **forward)
+    logits = logits.float()  # bf16 log-softmax over a large vocabulary loses ~2 decimal digits
+    if temperature != 1.0:
+        logits = logits / temperature
+    if any(t is not None for t in sets):
+        keep = torch.ones(logits.shape, dtype=torch.bool)
+        for n, toks in enumerate(sets):
+            if toks is not None:
+                keep[n] = False
+                keep[n, toks] = True
+        # a large finite value, not -inf: p * logits must stay 0 (not NaN) in the entropy
+        logits = logits.masked_fill(~keep.to(device), -1e9)
+    lp, ent = logp_and_entropy(logits, torch.tensor(targets, device=device), with_entropy)
+    zero = torch.zeros(b, T, device=device)
+    if probe:
+        nothing = lp.sum() * 0.0 if grad else 0.0
+        return zero + nothing, (zero.clone() if with_entropy else None), out
+    where = (torch.tensor(rows, device=device), torch.tensor(ks, device=device))
+    return zero.index_put(where, lp), (zero.index_put(where, ent) if with_entropy else None), out
 
 
 def response_logprobs(
@@ -161,8 +210,24 @@ def response_logprobs(
             for j, s in enumerate(seqs):
                 ids[j, : len(s)] = torch.tensor(s)
                 att[j, : len(s)] = 1
-            # logits only where a response token is predicted (all positions for the prompt LM term)
-            first = 0 if prompt_lm else max(0, min(len(prompts[i]) for i in rows) - 1)
+            if not prompt_lm:  # logits only where a response token is predicted and not forced
+                m = torch.zeros(len(seqs), T)
+                for j, i in enumerate(rows):
+                    m[j, : len(responses[i])] = 1
+                m = m.to(device)
+                att = att.to(device)
+                lp, e, _ = _response_scores(
+                    model, dict(input_ids=ids.to(device), attention_mask=att, position_ids=position_ids_from_mask(att),
+                                use_cache=False),
+                    [len(prompts[i]) for i in rows], _pick(responses, rows), _pick(allowed, rows), T, temperature,
+                    with_entropy, grad)
+                chunks_lp.append(lp * m)
+                if with_entropy:
+                    chunks_ent.append(e * m)
+                mask[start : start + len(seqs)] = m
+                continue
+            # the prompt LM term (the warm start's SFT) needs the logits at every position
+            first = 0
             mask_v = None
             if allowed is not None and any(allowed[i] is not None for i in rows):
                 vocab = model.get_output_embeddings().weight.shape[0]
@@ -214,6 +279,19 @@ def length_groups(lengths: list[int], max_rows: int, slack: float = 0.2) -> list
     if cur:
         groups.append(cur)
     return groups
+
+
+def prefix_trie_positions(seqs: list[list[int]]) -> int:
+    """How many positions an exact causal forward over `seqs` must compute at least: the number of distinct
+    non-empty prefixes (the nodes of their prefix trie). Two positions with the same prefix have the same
+    hidden states, so no exact scheme (prefix caching, deduplication, packing) forwards fewer; the benchmarks
+    print it beside the positions a pass really forwards."""
+    total, prev = 0, ()
+    for s in sorted(map(tuple, seqs)):  # in sorted order, the predecessor shares the longest prefix of any earlier
+        common = len(os.path.commonprefix([prev, s]))
+        total += len(s) - common
+        prev = s
+    return total
 
 
 def _regrouped(groups: list[list[int]], n: int, score) -> ScoredBatch:
@@ -271,8 +349,6 @@ def shared_prefix_logprobs(model, prefix: list[int], prompts: list[list[int]], r
     same numbers as a forward per row."""
     from transformers import DynamicCache
 
-    from sdar.models.logprobs import logp_and_entropy
-
     if not prefix:
         return response_logprobs(model, prompts, responses, pad_id=pad_id, batch_size=batch_size, allowed=allowed,
                                  temperature=temperature, grad=grad, with_entropy=with_entropy)
@@ -284,7 +360,8 @@ def shared_prefix_logprobs(model, prefix: list[int], prompts: list[list[int]], r
         return ScoredBatch(logp=z, entropy=z if with_entropy else None, mask=z)
     ctx = torch.enable_grad() if grad else torch.no_grad()
     with ctx:
-        base = model(input_ids=torch.tensor([prefix], device=device), use_cache=True).past_key_values
+        # the prefix's KV cache only: none of its logits is ever read (its last token stays in every row's part)
+        base = encode_kv(model, torch.tensor([prefix], device=device))
         kv = [(layer.keys, layer.values) for layer in base.layers]
         lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
         groups = length_groups(lengths, batch_size or n) if grad else \
@@ -299,32 +376,20 @@ def shared_prefix_logprobs(model, prefix: list[int], prompts: list[list[int]], r
             for j, s in enumerate(seqs):
                 ids[j, : len(s)] = torch.tensor(s)
                 att[j, P : P + len(s)] = 1
-            first = max(0, min(len(prompts[i]) for i in rows) - 1)
             # every row reads the one prefix: expand (a view) and let the cache's concatenation copy it
             cache = DynamicCache([(k.expand(b, -1, -1, -1), v.expand(b, -1, -1, -1)) for k, v in kv])
             pos = (P + torch.arange(L)).unsqueeze(0).expand(b, L)
-            out = model(input_ids=ids.to(device), attention_mask=att.to(device), position_ids=pos.to(device),
-                        past_key_values=cache, use_cache=True, logits_to_keep=L - first)
-            logits = out.logits.float()
-            if temperature != 1.0:
-                logits = logits / temperature
-            if allowed is not None and any(allowed[i] is not None for i in rows):
-                vocab = logits.shape[-1]
-                keep = allowed_mask(_pick(prompts, rows), _pick(responses, rows),
-                                    [allowed[i] for i in rows], L, vocab, start=first)
-                logits = logits.masked_fill(~keep.to(device), -1e9)
-            target = torch.cat([ids[:, first + 1 :], torch.zeros_like(ids[:, :1])], dim=1).to(device)
-            lp, ent = logp_and_entropy(logits, target, with_entropy)  # column c scores token first + c + 1
-            idx = torch.zeros(b, T, dtype=torch.long)
+            lp, ent, out = _response_scores(
+                model, dict(input_ids=ids.to(device), attention_mask=att.to(device), position_ids=pos.to(device),
+                            past_key_values=cache, use_cache=True),
+                [len(prompts[i]) for i in rows], _pick(responses, rows), _pick(allowed, rows), T, temperature,
+                with_entropy, grad)
             m = torch.zeros(b, T)
             for j, i in enumerate(rows):
-                r, p0 = len(responses[i]), len(prompts[i]) - 1 - first
-                idx[j, :r] = torch.arange(p0, p0 + r)
-                m[j, :r] = 1
-            idx, m = idx.to(device), m.to(device)
-            parts.append(ScoredBatch(logp=lp.gather(1, idx) * m, mask=m,
-                                     entropy=ent.gather(1, idx) * m if with_entropy else None))
-            del out, logits, cache
+                m[j, : len(responses[i])] = 1
+            m = m.to(device)
+            parts.append(ScoredBatch(logp=lp * m, mask=m, entropy=ent * m if with_entropy else None))
+            del out, cache
     return _in_row_order(groups, parts, n)
 
 
@@ -349,8 +414,6 @@ def grouped_prefix_logprobs(model, prompts: list[list[int]], responses: list[lis
 
 def _grouped_prefix_logprobs(model, prompts, responses, groups, *, pad_id, batch_size, allowed, temperature,
                              grad: bool = False, with_entropy: bool = False) -> ScoredBatch:
-    import os
-
     n, T = len(prompts), max((len(r) for r in responses), default=0)
     device = next(model.parameters()).device
     by_group: dict = {}

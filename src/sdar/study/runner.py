@@ -45,7 +45,7 @@ _NOT_IDENTITY = ("steps", "output_dir", "experiment", "parent_run_id", "tracking
                  "checkpoint_every",
                  # a speed-up whose on/off runs give the same samples and statistics (tests/train/test_reference_parity.py);
                  # the older speed-up flags stay in: the committed results' fingerprints were taken with them
-                 "merged_inference", "rollout.share_prefix", "dedup_scoring")
+                 "merged_inference", "rollout.share_prefix", "dedup_scoring", "head_at_free_tokens")
 
 
 class StaleResult(RuntimeError):

@@ -154,6 +154,13 @@ class Trainer:
         return trajs
 
     def train_step(self, step: int) -> StepResult:
+        """One RL step: rollouts, the scoring passes, the update (see the module docstring)."""
+        from sdar.models.logprobs import head_where_needed
+
+        with head_where_needed(self.cfg.head_at_free_tokens):
+            return self._train_step(step)
+
+    def _train_step(self, step: int) -> StepResult:
         cfg, arm = self.cfg, self.arm
         t0 = time.perf_counter()
         trajs = self.collect(step)

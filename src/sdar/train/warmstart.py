@@ -158,6 +158,24 @@ def build_tiny_checkpoint(cfg: TrainConfig, out_dir: Path, console=None) -> dict
     turns = expert_turns(cfg, ws.episodes, seed=cfg.seed + 1)
     tiny = tiny_config(cfg)
     model = build_tiny_model(tokenizer, tiny)
+    examples = sft_examples(cfg, tokenizer, builder, turns)
+    # the SFT runs where the trainer would (cfg.device: a GPU when one is visible); saved from the CPU
+    model.to(cfg.resolved_device())
+    stats = sft(model, examples, pad_id=tokenizer.pad_token_id, epochs=ws.epochs, lr=ws.lr,
+                batch_size=ws.batch_size, seed=cfg.seed, console=console, prompt_lm=ws.prompt_lm_weight)
+    model.to("cpu").save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    info = {"device": str(cfg.resolved_device()), "examples": len(examples), "privileged_examples": sum(t["privileged"] for t in turns),
+            "episodes": ws.episodes, "seconds": time.perf_counter() - t0, **stats}
+    (out_dir / MARKER).write_text(json.dumps(info, indent=2))
+    return info
+
+
+def sft_examples(cfg: TrainConfig, tokenizer, builder: PromptBuilder,
+                 turns: list[dict[str, Any]]) -> list[tuple[list[int], list[int], list | None]]:
+    """The SFT's examples of expert `turns` (from `expert_turns`): (prompt ids, response ids + eos, the allowed
+    tokens along the response or None), decisions repeated `warmstart.decision_repeats` times."""
+    cfg = warmstart_config(cfg)
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     examples = []
     for t in turns:
@@ -170,17 +188,19 @@ def build_tiny_checkpoint(cfg: TrainConfig, out_dir: Path, console=None) -> dict
             # imitate the choice among admissible actions: the same constrained distribution
             # the policy samples from, so no capacity goes into spelling actions
             allowed = action_trie(tokenizer, cfg.env.family, t["view"].admissible_actions, eos).allowed_along(resp)
-        examples.extend([(ids, resp, allowed)] * (ws.decision_repeats if is_decision(t, cfg.env.family) else 1))
-    # the SFT runs where the trainer would (cfg.device: a GPU when one is visible); saved from the CPU
-    model.to(cfg.resolved_device())
-    stats = sft(model, examples, pad_id=tokenizer.pad_token_id, epochs=ws.epochs, lr=ws.lr,
-                batch_size=ws.batch_size, seed=cfg.seed, console=console, prompt_lm=ws.prompt_lm_weight)
-    model.to("cpu").save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
-    info = {"device": str(cfg.resolved_device()), "examples": len(examples), "privileged_examples": sum(t["privileged"] for t in turns),
-            "episodes": ws.episodes, "seconds": time.perf_counter() - t0, **stats}
-    (out_dir / MARKER).write_text(json.dumps(info, indent=2))
-    return info
+        examples.extend([(ids, resp, allowed)] * (cfg.warmstart.decision_repeats if is_decision(t, cfg.env.family) else 1))
+    return examples
+
+
+def sft_batches(lengths: list[int], batch_size: int, g: torch.Generator) -> list[list[int]]:
+    """One epoch's batches (example indices, in the order they run) for examples of these lengths: a random
+    permutation cut into windows of 16 batches, each window sorted by length (student and privileged prompts
+    differ a lot: far less padding), cut into batches, and the batches shuffled. Draws from `g`."""
+    order = torch.randperm(len(lengths), generator=g).tolist()
+    window = batch_size * 16
+    order = [i for w in range(0, len(order), window) for i in sorted(order[w : w + window], key=lengths.__getitem__)]
+    batches = [order[k : k + batch_size] for k in range(0, len(order), batch_size)]
+    return [batches[b] for b in torch.randperm(len(batches), generator=g).tolist()]
 
 
 def sft(model, examples: list[tuple[list[int], list[int], list | None]], *, pad_id: int, epochs: int, lr: float,
@@ -197,15 +217,10 @@ def sft(model, examples: list[tuple[list[int], list[int], list | None]], *, pad_
     losses = []
     with Progress(console=console, transient=True) as progress:
         bar = progress.add_task("warm-start (SFT on expert turns)", total=steps)
+        lengths = [len(p) + len(r) for p, r, _ in examples]
         for _ in range(epochs):
-            order = torch.randperm(len(examples), generator=g).tolist()
-            # batches of similar lengths (student vs privileged prompts differ a lot): far less padding
-            window = batch_size * 16
-            order = [i for w in range(0, len(order), window)
-                     for i in sorted(order[w : w + window], key=lambda i: len(examples[i][0]) + len(examples[i][1]))]
-            batches = [order[k : k + batch_size] for k in range(0, len(order), batch_size)]
-            for b in torch.randperm(len(batches), generator=g).tolist():
-                rows = [examples[i] for i in batches[b]]
+            for batch in sft_batches(lengths, batch_size, g):
+                rows = [examples[i] for i in batch]
                 # one padded forward per batch: the batches are length-sorted already (3% padding), and regrouping
                 # changes float summation order, which over ~600 updates moved a demo-size warm start from 17.5% to
                 # 4.2% of 120 held-out tasks; this keeps the warm start every README figure was measured with
