@@ -133,8 +133,34 @@ def limits(trainer, trajs) -> dict[str, float]:
     return out
 
 
-def run_arm(config: str, arm: str, steps: int, overrides: dict, console) -> dict[str, float]:
+# the scoring passes of the step running now are counted here (the wrappers installed by `count_scoring_passes`)
+ACTIVE: dict = {"rows": []}
+
+
+def count_scoring_passes() -> None:
+    """Wrap the trainer's no-grad scoring calls (old_logp, reference) so that each appends its row count to
+    ACTIVE["rows"]; the teacher's pass is counted at its trainer's teacher.score (see arm_steps)."""
+    import sdar.models.scoring as sc
     import sdar.train.trainer as tr
+
+    real_score, real_grouped = tr.response_logprobs, sc.grouped_prefix_logprobs
+
+    def counted(*a, **k):  # no-grad calls only: the update's own forwards (grad=True) are not scoring passes
+        if not k.get("grad"):
+            ACTIVE["rows"].append(len(a[1]))
+        return real_score(*a, **k)
+
+    def grouped(*a, **k):  # the reference pass (the teacher's is counted at teacher.score); no-grad calls only
+        if not k.get("grad"):
+            ACTIVE["rows"].append(len(a[1]))
+        return real_grouped(*a, **k)
+
+    tr.response_logprobs, sc.grouped_prefix_logprobs = counted, grouped
+
+
+def arm_steps(config: str, arm: str, steps: int, overrides: dict, console):
+    """One arm's run, a step per `next()`: the first builds the trainer and runs the warm-up step, then one timed
+    step each; the generator's return value (StopIteration.value) is the arm's figures, its limits included."""
     from sdar.config import load_config
     from sdar.train import Trainer
 
@@ -145,31 +171,14 @@ def run_arm(config: str, arm: str, steps: int, overrides: dict, console) -> dict
 
         ensure_warm_start(cfg, console)
         trainer = Trainer(cfg, console=console)
-        rows_scored: list[int] = []
-        real_score, real_collect = tr.response_logprobs, trainer.collect
-        def counted(*a, **k):  # no-grad calls only: the update's own forwards (grad=True) are not scoring passes
-            if not k.get("grad"):
-                rows_scored.append(len(a[1]))
-            return real_score(*a, **k)
-
-        tr.response_logprobs = counted
-        import sdar.models.scoring as sc
-
-        real_grouped = sc.grouped_prefix_logprobs  # the reference pass (the teacher's is counted at teacher.score)
-
-        def grouped(*a, **k):  # the update's own forwards (grad=True) are not scoring passes here either
-            if not k.get("grad"):
-                rows_scored.append(len(a[1]))
-            return real_grouped(*a, **k)
-
-        sc.grouped_prefix_logprobs = grouped
+        real_collect = trainer.collect
         last: dict = {}
+
         def collect(step):
             last["trajs"] = real_collect(step)
             return last["trajs"]
 
         trainer.collect = collect
-
         teacher_pass: dict = {}  # this step's teacher pass: seconds, positions forwarded, trie minimum
 
         def teacher_score(real):
@@ -178,7 +187,7 @@ def run_arm(config: str, arm: str, steps: int, overrides: dict, console) -> dict
                 from sdar.models.scoring import prefix_trie_positions
 
                 batch = batch if isinstance(batch, TurnBatch) else TurnBatch.of(batch)
-                rows_scored.append(len(batch.turns))
+                ACTIVE["rows"].append(len(batch.turns))
                 positions = [0]
 
                 def count(_module, _args, kwargs):  # every position the model computes, padding included
@@ -202,23 +211,21 @@ def run_arm(config: str, arm: str, steps: int, overrides: dict, console) -> dict
         real_prompts = trainer.teacher.prompts
         trainer.teacher.score = teacher_score(trainer.teacher.score)
         results = []
-        try:
-            for step in range(steps + 1):
-                last.clear()
-                rows_scored.clear()
-                teacher_pass.clear()
-                m = trainer.train_step(step).metrics
-                m.update(teacher_pass)
-                # the guard's one-row probe is not a scoring pass
-                m["passes"] = sum(r for r in rows_scored if r > 1) / max(m["turn_samples"], 1)
-                # the arms' batches differ after step 0 (other episodes, other lengths): per 1k tokens of the
-                # step's turn-samples (prompt + response) the arms compare on the same unit of work
-                m["ktokens"] = sum(len(t.prompt_ids) + len(t.response_ids) for tr in last["trajs"] for t in tr.turns) / 1e3
-                m["s_per_ktok"] = m["time/step_s"] / max(m["ktokens"], 1e-9)
-                results.append(m)
-        finally:
-            tr.response_logprobs = real_score
-            sc.grouped_prefix_logprobs = real_grouped
+        for step in range(steps + 1):
+            if step:
+                yield
+            last.clear()
+            ACTIVE["rows"] = []
+            teacher_pass.clear()
+            m = trainer.train_step(step).metrics
+            m.update(teacher_pass)
+            # the guard's one-row probe is not a scoring pass
+            m["passes"] = sum(r for r in ACTIVE["rows"] if r > 1) / max(m["turn_samples"], 1)
+            # the arms' batches differ after step 0 (other episodes, other lengths): per 1k tokens of the
+            # step's turn-samples (prompt + response) the arms compare on the same unit of work
+            m["ktokens"] = sum(len(t.prompt_ids) + len(t.response_ids) for tr in last["trajs"] for t in tr.turns) / 1e3
+            m["s_per_ktok"] = m["time/step_s"] / max(m["ktokens"], 1e-9)
+            results.append(m)
         results = results[1:]  # the first step warms up
         keys = ("time/step_s", "time/rollout_s", "time/score_s", "time/update_s", "turn_samples", "passes",
                 "tokens/forced_frac", "ktokens", "s_per_ktok", "teacher_s", "teacher_positions", "teacher_trie")
@@ -226,6 +233,7 @@ def run_arm(config: str, arm: str, steps: int, overrides: dict, console) -> dict
         if "teacher_s" in out:  # the teacher's seconds had it forwarded no more positions than the exact minimum
             out["teacher_floor_s"] = statistics.median(r["teacher_s"] * r["teacher_trie"] / max(r["teacher_positions"], 1)
                                                        for r in results)
+        yield  # the limits are timed after every arm's steps (a round of their own)
         lim = limits(trainer, last["trajs"])
         arm_cfg = trainer.arm
         lim["score_s"] = (lim["student_forward_s"] if arm_cfg.kl_coef else 0.0) + \
@@ -250,10 +258,21 @@ def main() -> None:
     overrides = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.set)}
     console = Console()
     modes = {"on": {}} | ({"off": SPEEDUPS_OFF} if args.compare_off else {})
+    count_scoring_passes()
+    runs = {(arm, mode): arm_steps(args.config, arm, args.steps, {**overrides, **extra}, console)
+            for arm in args.arms.split(",") for mode, extra in modes.items()}
+    # interleaved: a round runs one step of every arm in turn, so a machine that drifts (another tenant, heat)
+    # slows every arm alike and the ratios between them stay side by side
     rows: dict[tuple[str, str], dict] = {}
-    for arm in args.arms.split(","):
-        for mode, extra in modes.items():
-            rows[(arm, mode)] = run_arm(args.config, arm, args.steps, {**overrides, **extra}, console)
+    while len(rows) < len(runs):
+        for key, run in runs.items():
+            if key in rows:
+                continue
+            try:
+                next(run)
+            except StopIteration as done:
+                rows[key] = done.value
+    rows = {key: rows[key] for key in runs}
     table = Table(title=f"seconds per RL step (median of {args.steps}), {args.config}; [x] = phase / its raw limit")
     for col in ("arm", "speed-ups", "step", "rollout", "score", "update", "passes", "forced", "s/1k tok", "x grpo"):
         table.add_column(col, justify="right")

@@ -120,9 +120,10 @@ def _decoder_and_head(model: torch.nn.Module):
 def logits_at(model: torch.nn.Module, rows: torch.Tensor, cols: torch.Tensor, **forward: Any) -> tuple[torch.Tensor, Any]:
     """The logits [N, V] at positions (rows[k], cols[k]) of the forward `model(**forward)`, and that forward's
     output (for its `past_key_values`). Where the logits are the output head applied to the decoder's last hidden
-    state (`_decoder_and_head`), the head runs at those positions only: on a small model with a large vocabulary
-    it is a large share of the forward, and scoring needs few positions (not the forced tokens of a constrained
-    decoder, not the prompt). Other models run whole and the positions are picked from their logits."""
+    state (`_decoder_and_head`), the head and the [N, V] logits exist at those positions only (scoring needs few:
+    not the forced tokens of a constrained decoder, not the prompt; 5-10% of a pass's time on the tiny model and on
+    SmolLM2-135M, benchmarks/bench_scoring_head.py). Other models run from the first of those positions on and the
+    positions are picked from their logits."""
     split = _decoder_and_head(model) if _HEAD_WHERE_NEEDED.get() else None
     if split is None:  # the head over the span from the first needed position on (the model's logits_to_keep)
         L = forward["input_ids"].shape[1]
