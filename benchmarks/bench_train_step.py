@@ -143,19 +143,16 @@ def count_scoring_passes() -> None:
     import sdar.models.scoring as sc
     import sdar.train.trainer as tr
 
-    real_score, real_grouped = tr.response_logprobs, sc.grouped_prefix_logprobs
+    def counting(real):
+        def counted(*a, **k):  # no-grad calls only: the update's own forwards (grad=True) are not scoring passes
+            if not k.get("grad"):
+                ACTIVE["rows"].append(len(a[1]))
+            return real(*a, **k)
+        return counted
 
-    def counted(*a, **k):  # no-grad calls only: the update's own forwards (grad=True) are not scoring passes
-        if not k.get("grad"):
-            ACTIVE["rows"].append(len(a[1]))
-        return real_score(*a, **k)
-
-    def grouped(*a, **k):  # the reference pass (the teacher's is counted at teacher.score); no-grad calls only
-        if not k.get("grad"):
-            ACTIVE["rows"].append(len(a[1]))
-        return real_grouped(*a, **k)
-
-    tr.response_logprobs, sc.grouped_prefix_logprobs = counted, grouped
+    # old_logp (when not from the sampler) and the reference pass (prefix-cached or plain)
+    tr.response_logprobs = counting(tr.response_logprobs)
+    sc.grouped_prefix_logprobs = counting(sc.grouped_prefix_logprobs)
 
 
 def arm_steps(config: str, arm: str, steps: int, overrides: dict, console):
@@ -203,12 +200,18 @@ def arm_steps(config: str, arm: str, steps: int, overrides: dict, console):
                     hook.remove()
                 teacher_pass["teacher_s"] = time.perf_counter() - t0
                 teacher_pass["teacher_positions"] = positions[0]
-                seqs = [p + r for p, r in zip(real_prompts(batch), batch.responses)]
+                seqs = [p + r for p, r in zip(teacher_pass.pop("prompts"), batch.responses)]
                 teacher_pass["teacher_trie"] = prefix_trie_positions(seqs)
                 return out
             return score
 
-        real_prompts = trainer.teacher.prompts
+        def teacher_prompts(real):
+            def prompts(batch):  # the prompts the pass scored, kept for its trie (not built a second time)
+                teacher_pass["prompts"] = real(batch)
+                return teacher_pass["prompts"]
+            return prompts
+
+        trainer.teacher.prompts = teacher_prompts(trainer.teacher.prompts)
         trainer.teacher.score = teacher_score(trainer.teacher.score)
         results = []
         for step in range(steps + 1):

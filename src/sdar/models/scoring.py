@@ -80,9 +80,9 @@ def _scored_once(score, prompts, responses, allowed, groups=None) -> ScoredBatch
 
 def _response_scores(model, forward: dict, prompt_lens: list[int], responses: list[list[int]],
                      allowed: list[list[list[int]] | None] | None, T: int, temperature: float, with_entropy: bool,
-                     grad: bool) -> tuple[torch.Tensor, torch.Tensor | None, object]:
-    """logp and entropy [b, T] of each row's response tokens from one forward `model(**forward)` whose row j holds
-    its response after `prompt_lens[j]` tokens, and the forward's output. Logits are computed only where a token
+                     grad: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, object]:
+    """logp, entropy and mask [b, T] of each row's response tokens (0 past a row's response) from one forward
+    `model(**forward)` whose row j holds its response after `prompt_lens[j]` tokens, and the forward's output. Logits are computed only where a token
     is not forced: a constrained step that allows exactly the sampled token has the renormalised log-prob 0 and
     entropy 0 (what the masked softmax gives there, exactly, and no gradient), so it needs no output head
     (`sdar.models.logprobs.head_where_needed`; off, the forced tokens are scored like the others)."""
@@ -117,12 +117,16 @@ def _response_scores(model, forward: dict, prompt_lens: list[int], responses: li
         # a large finite value, not -inf: p * logits must stay 0 (not NaN) in the entropy
         logits = logits.masked_fill(~keep.to(device), -1e9)
     lp, ent = logp_and_entropy(logits, torch.tensor(targets, device=device), with_entropy)
+    mask = torch.zeros(b, T)
+    for j, r in enumerate(responses):
+        mask[j, : len(r)] = 1
+    mask = mask.to(device)
     zero = torch.zeros(b, T, device=device)
     if probe:
         nothing = lp.sum() * 0.0 if grad else 0.0
-        return zero + nothing, (zero.clone() if with_entropy else None), out
+        return zero + nothing, (zero.clone() if with_entropy else None), mask, out
     where = (torch.tensor(rows, device=device), torch.tensor(ks, device=device))
-    return zero.index_put(where, lp), (zero.index_put(where, ent) if with_entropy else None), out
+    return zero.index_put(where, lp), (zero.index_put(where, ent) if with_entropy else None), mask, out
 
 
 def response_logprobs(
@@ -211,19 +215,15 @@ def response_logprobs(
                 ids[j, : len(s)] = torch.tensor(s)
                 att[j, : len(s)] = 1
             if not prompt_lm:  # logits only where a response token is predicted and not forced
-                m = torch.zeros(len(seqs), T)
-                for j, i in enumerate(rows):
-                    m[j, : len(responses[i])] = 1
-                m = m.to(device)
                 att = att.to(device)
-                lp, e, _ = _response_scores(
+                lp, e, m, _ = _response_scores(
                     model, dict(input_ids=ids.to(device), attention_mask=att, position_ids=position_ids_from_mask(att),
                                 use_cache=False),
                     [len(prompts[i]) for i in rows], _pick(responses, rows), _pick(allowed, rows), T, temperature,
                     with_entropy, grad)
-                chunks_lp.append(lp * m)
+                chunks_lp.append(lp)
                 if with_entropy:
-                    chunks_ent.append(e * m)
+                    chunks_ent.append(e)
                 mask[start : start + len(seqs)] = m
                 continue
             # the prompt LM term (the warm start's SFT) needs the logits at every position
@@ -379,16 +379,12 @@ def shared_prefix_logprobs(model, prefix: list[int], prompts: list[list[int]], r
             # every row reads the one prefix: expand (a view) and let the cache's concatenation copy it
             cache = DynamicCache([(k.expand(b, -1, -1, -1), v.expand(b, -1, -1, -1)) for k, v in kv])
             pos = (P + torch.arange(L)).unsqueeze(0).expand(b, L)
-            lp, ent, out = _response_scores(
+            lp, ent, m, out = _response_scores(
                 model, dict(input_ids=ids.to(device), attention_mask=att.to(device), position_ids=pos.to(device),
                             past_key_values=cache, use_cache=True),
                 [len(prompts[i]) for i in rows], _pick(responses, rows), _pick(allowed, rows), T, temperature,
                 with_entropy, grad)
-            m = torch.zeros(b, T)
-            for j, i in enumerate(rows):
-                m[j, : len(responses[i])] = 1
-            m = m.to(device)
-            parts.append(ScoredBatch(logp=lp * m, mask=m, entropy=ent * m if with_entropy else None))
+            parts.append(ScoredBatch(logp=lp, mask=m, entropy=ent))
             del out, cache
     return _in_row_order(groups, parts, n)
 
