@@ -1,15 +1,24 @@
 """Reliability figures, each measured against real servers and processes on 127.0.0.1.
 
   fuzz      per family (household sim, shop, searchqa): requests generated with hypothesis from the served
-            OpenAPI schema, malformed raw-socket requests and WebSocket frames (tests/reliability/
-            test_env_server_fuzz.py's generators) -> requests sent, 5xx, unanswered
+            OpenAPI schema (request bodies included), malformed raw-socket requests and WebSocket frames
+            (tests/reliability/test_env_server_fuzz.py's generators), reset and step bodies with reserved keys
+            and wrongly typed ids over HTTP and WebSocket -> requests sent, 5xx, unanswered
   sessions  reads, steps and closes of other clients' sessions (HTTP, /mcp, another WebSocket) -> allowed;
             N concurrent WebSocket sessions (benchmarks/bench_env_load.py) -> sessions lost or mixed
+  flood     N slow connections (silent, trickled heads, trickled bodies) from one address at R per second,
+            /health probed throughout on the probe port (from that address, as a kubelet would) and on the
+            clients' port (from another), another client playing meanwhile -> failed probes, failed episodes
+  reclaim   N WebSocket sessions left idle until the server reclaims them -> WebSockets left open, connections
+            the server still counts
   kill      `sdar train` of the small household config killed with SIGKILL at seeded random points and rerun,
             against an uninterrupted run -> MLflow rows duplicated or missing, curve difference, checkpoints lost
+  damage    a finished run's newest checkpoint damaged in each way (a file cut short, scrambled or missing, its
+            manifest or latest.json garbage), then `sdar train` rerun -> failed resumes, damaged checkpoints deleted
   outage    the S3 server (moto) and the MLflow server stopped for D s mid-run -> checkpoints and rows lost
 
-    .venv/bin/python benchmarks/bench_reliability.py [--quick] [--only fuzz,sessions,kill,outage] [--json PATH]
+    .venv/bin/python benchmarks/bench_reliability.py [--quick] [--only fuzz,sessions,flood,reclaim,kill,damage,outage]
+        [--json PATH]
 
 Prints one table; every figure in the "must be" column must read 0 (exit status 1 otherwise). The details go
 to a JSON file whose path is printed.
@@ -41,7 +50,7 @@ for _p in (ROOT, ROOT / "benchmarks"):  # the tests' generators and bench_env_lo
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-SECTIONS = ("fuzz", "sessions", "kill", "outage")
+SECTIONS = ("fuzz", "sessions", "flood", "reclaim", "kill", "damage", "outage")
 FAMILIES = {"household": {"backend": "sim"}, "shop": {}, "searchqa": {}}
 
 
@@ -71,6 +80,7 @@ class FuzzResult:
     statuses: dict[str, int] = field(default_factory=dict)
     ws_replies: dict[str, int] = field(default_factory=dict)
     ws_session_kept: bool = False
+    reserved_bodies: int = 0  # reset/step bodies with reserved keys or wrongly typed ids, over HTTP and WebSocket
     plays_after: bool = False
     rss_mb: tuple[float, float] = (0.0, 0.0)
     wall_s: float = 0.0
@@ -179,6 +189,39 @@ def ws_fuzz(url: str, task: str, n: int, seed: int, res: FuzzResult) -> None:
     res.ws_replies = dict(kinds)
 
 
+def reserved_bodies(url: str, task: str, res: FuzzResult) -> None:
+    """Reset and step bodies whose keys were once the server's own argument names, or whose ids have the wrong
+    type (tests/envs/test_server_connections.py's lists), over HTTP and over a WebSocket; each must be refused
+    below 500, and the session's state must read back after each."""
+    from tests.envs.test_server import _http
+    from tests.envs.test_server_connections import RESERVED, WRONG_IDS
+    from websockets.sync.client import connect
+
+    from sdar_envs.client import http_json
+
+    created = http_json("POST", f"{url}/sessions")
+    sid, token = created["session_id"], created["session_token"]
+    base = f"{url}/sessions/{sid}"
+    _http("POST", f"{base}/reset", {"task_id": task}, token=token)
+    for body in RESERVED + WRONG_IDS:
+        for method, target, payload in (("POST", f"{base}/reset", body), ("POST", f"{base}/step", {"action": {"message": "look"}, **body}),
+                                        ("GET", f"{base}/state", None)):  # fmt: skip
+            status, _ = _http(method, target, payload, token=token)
+            res.record("bodies", status, json.dumps(payload).encode())
+            res.reserved_bodies += 1
+    with connect(url.replace("http://", "ws://") + "/ws", open_timeout=10) as ws:
+        for body in RESERVED + WRONG_IDS:
+            for message in ({"type": "reset", "data": body}, {"type": "step", "data": {"message": "look", **body}}, {"type": "state"}):
+                ws.send(json.dumps(message))
+                reply = json.loads(ws.recv(timeout=30))
+                data = reply.get("data", {})
+                res.reserved_bodies += 1
+                if reply["type"] == "error" and data.get("code") == "EXECUTION_ERROR" and "error" not in data:
+                    res.server_errors += 1  # the catch-all: an exception nobody expected
+                    res.examples.append(f"ws {json.dumps(message)[:80]}: {data.get('message', '')[:120]}")
+    http_json("DELETE", base, token=token)
+
+
 def plays_normally(url: str, task: str) -> bool:
     """An episode starts, steps, and reads back as usual."""
     from bench_env_load import sample_action
@@ -216,6 +259,7 @@ def fuzz_family(family: str, n_schema: int, n_raw: int, n_frames: int, seed: int
         _close_all_but(url, {s for s, _ in live.pool}, OPERATOR)
         raw_fuzz(port, live.pool, n_raw, seed, res)
         ws_fuzz(url, tasks[0], n_frames, seed + 1, res)
+        reserved_bodies(url, tasks[0], res)
         res.plays_after = handle.alive() and plays_normally(url, tasks[1])
         res.rss_mb = (round(before, 1), round(rss_mb(handle.pid), 1))
     res.wall_s = time.monotonic() - t0
@@ -311,6 +355,224 @@ def _count(res: CrossResult, status: int | str, what: str) -> None:
     else:
         res.allowed += 1
         res.problems.append(f"{status}: {what[:200]}")
+
+
+# ---- flood ----------------------------------------------------------------------------------------------
+@dataclass
+class FloodResult:
+    connections: int
+    rate_per_s: float
+    opened_s: float = 0.0
+    refused_at_once: int = 0  # answered 429 within a second of connecting
+    answered_later: dict[str, int] = field(default_factory=dict)  # status (or "closed") of the held ones
+    held_at_most: int = 0  # connections of the flooding address the server held at once (its /sessions count)
+    probes: dict[str, list[int]] = field(default_factory=dict)  # where -> [answered 200, failed]
+    episodes: list[int] = field(default_factory=lambda: [0, 0])  # another client's episodes: [played, failed]
+    open_after: int = 0  # connections the server still holds once the flood's deadlines passed
+    rss_mb: tuple[float, float] = (0.0, 0.0)
+    problems: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+def flood_section(n: int, rate: float, header_timeout_s: float = 10.0) -> FloodResult:
+    """`n` slow connections from 127.0.0.1 at `rate` per second against a household server at its default limits
+    (a probe port added, as the chart runs it): a third say nothing, a third trickle a request head a byte every
+    2 s, a third send a head and trickle its body. /health is probed every 0.2 s on the probe port from 127.0.0.1
+    and on the clients' port from 127.0.0.2, and a client on 127.0.0.3 plays episodes over HTTP throughout."""
+    import selectors
+    import threading
+
+    from tests.envs.test_server import _http
+    from tests.envs.test_server_limits import rss_mb
+
+    from sdar_envs.client import serve_in_background
+    from sdar_envs.server_config import ServerOptions
+
+    res = FloodResult(n, rate)
+    t0 = time.monotonic()
+    opts = ServerOptions(probe_port=0, header_timeout_s=header_timeout_s)
+    url, handle = serve_in_background("household", options=opts, backend="sim")
+    port = urllib.parse.urlsplit(url).port
+    tasks = _http("GET", f"{url}/tasks?split=test")[1]["task_ids"][:20]
+    stop = threading.Event()
+    lock = threading.Lock()
+
+    def probe(where: str, target: str, source: str | None) -> None:
+        counts = res.probes.setdefault(where, [0, 0])
+        while not stop.is_set():
+            try:
+                status = _http("GET", f"{target}/health", source=source)[0]
+            except OSError as exc:
+                status = f"{type(exc).__name__}"
+            with lock:
+                counts[0 if status == 200 else 1] += 1
+                if status != 200 and len(res.problems) < 10:
+                    res.problems.append(f"{where}: /health gave {status}")
+            stop.wait(0.2)
+
+    def play() -> None:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            try:
+                status, created = _http("POST", f"{url}/sessions", source="127.0.0.3")
+                sid, token = created["session_id"], created["session_token"]
+                base = f"{url}/sessions/{sid}"
+                status, out = _http("POST", f"{base}/reset", {"task_id": tasks[i % len(tasks)]}, token=token, source="127.0.0.3")
+                ok = status == 200 and out["observation"]["step"] == 0
+                if not ok:
+                    raise RuntimeError(f"reset gave {status}: {str(out)[:120]}")
+                for action in ("look", "inventory"):
+                    status, out = _http("POST", f"{base}/step", {"action": {"message": action}}, token=token, source="127.0.0.3")
+                    ok = ok and status == 200
+                ok = ok and _http("DELETE", base, token=token, source="127.0.0.3")[0] == 200
+            except Exception as exc:  # noqa: BLE001 - counted as a failed episode
+                ok = False
+                with lock:
+                    res.problems.append(f"episode {i}: {type(exc).__name__}: {exc}"[:200])
+            with lock:
+                res.episodes[0 if ok else 1] += 1
+            stop.wait(0.1)
+
+    with handle:
+        before = rss_mb(handle.pid)
+        threads = [threading.Thread(target=probe, args=("probe port (the flooding address)", handle.probe_url, None)),
+                   threading.Thread(target=probe, args=("clients' port (another address)", url, "127.0.0.2")),
+                   threading.Thread(target=play)]  # fmt: skip
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        sel = selectors.DefaultSelector()
+        conns: dict[socket.socket, dict[str, Any]] = {}
+        heads = [b"", b"GET /info HTTP/1.1\r\nHost: 127.0.0.1\r\n",
+                 b"POST /sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n\r\n{"]
+
+        def pump(timeout: float) -> None:
+            for key, _ in sel.select(timeout):
+                sock = key.fileobj
+                info = conns[sock]
+                try:
+                    data = sock.recv(65536)
+                except OSError:
+                    data = b""
+                if data and info["status"] is None:
+                    info["status"] = data.split(b" ", 2)[1].decode() if data.startswith(b"HTTP/1.1 ") else "?"
+                    info["after_s"] = time.monotonic() - info["t"]
+                if not data:
+                    sel.unregister(sock)
+                    sock.close()
+                    info["closed"] = True
+
+        t_start = time.monotonic()
+        last_trickle = t_start
+        for i in range(n):
+            due = t_start + i / rate
+            while (now := time.monotonic()) < due:
+                pump(max(0.0, min(0.05, due - now)))
+            sock = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=("127.0.0.1", 0))
+            sock.setblocking(False)
+            kind = i % 3
+            if heads[kind]:
+                with contextlib.suppress(OSError):
+                    sock.send(heads[kind])
+            conns[sock] = {"kind": kind, "t": time.monotonic(), "status": None, "closed": False}
+            sel.register(sock, selectors.EVENT_READ)
+            if time.monotonic() - last_trickle > 2.0:  # one more byte on every slow one still open
+                last_trickle = time.monotonic()
+                for s2, info in conns.items():
+                    if not info["closed"] and info["kind"] and info["status"] is None:
+                        with contextlib.suppress(OSError):
+                            s2.send(b"X" if info["kind"] == 1 else b" ")
+                status, counts = _http("GET", f"{url}/sessions", source="127.0.0.2")
+                res.held_at_most = max(res.held_at_most, counts.get("connections", {}).get("open", 0))
+        res.opened_s = time.monotonic() - t_start
+        deadline = time.monotonic() + header_timeout_s + 5
+        while any(not c["closed"] for c in conns.values()) and time.monotonic() < deadline:
+            pump(0.1)
+        for sock, info in conns.items():
+            if info["status"] == "429" and info.get("after_s", 99) < 1.0:
+                res.refused_at_once += 1
+            else:
+                key = info["status"] or ("closed" if info["closed"] else "still open")
+                res.answered_later[key] = res.answered_later.get(key, 0) + 1
+            if not info["closed"]:
+                with contextlib.suppress(OSError):
+                    sel.unregister(sock)
+                sock.close()
+        stop.set()
+        for t in threads:
+            t.join(30)
+        time.sleep(0.5)
+        res.open_after = max(0, _http("GET", f"{url}/info", source="127.0.0.2")[1]["open_connections"] - 1)  # less this request
+        res.rss_mb = (round(before, 1), round(rss_mb(handle.pid), 1))
+    res.wall_s = time.monotonic() - t0
+    return res
+
+
+# ---- reclaim --------------------------------------------------------------------------------------------
+@dataclass
+class ReclaimResult:
+    sessions: int
+    ttl_s: float
+    told_why: int = 0  # got the SESSION_EXPIRED message before the close
+    closed_by_server: int = 0  # got a close frame (code 1001)
+    left_open: int = 0  # neither within ttl + 15 s
+    server_connections_after: int = 0
+    server_sessions_after: int = 0
+    rss_mb: tuple[float, float] = (0.0, 0.0)
+    wall_s: float = 0.0
+
+
+def reclaim_section(n: int, ttl_s: float = 2.0) -> ReclaimResult:
+    """`n` WebSocket sessions opened (an episode reset each) and left idle; the server must tell each why and close
+    it once reclaimed, and hold none of their connections afterwards."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.envs.test_server_limits import rss_mb
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    from sdar_envs.client import http_json, serve_in_background
+    from sdar_envs.server_config import ServerOptions
+
+    res = ReclaimResult(n, ttl_s)
+    t0 = time.monotonic()
+    opts = ServerOptions(session_ttl_s=ttl_s, reap_interval_s=0.25, max_sessions=max(1024, n), max_sessions_per_client=n)
+    url, handle = serve_in_background("household", options=opts, backend="sim")
+    ws_url = url.replace("http://", "ws://") + "/ws"
+    tasks = http_json("GET", f"{url}/tasks?split=test")["task_ids"]
+    with handle, contextlib.ExitStack() as stack:
+        before = rss_mb(handle.pid)
+        conns = [stack.enter_context(connect(ws_url, open_timeout=30)) for _ in range(n)]
+        for i, ws in enumerate(conns):
+            ws.send(json.dumps({"type": "reset", "data": {"task_id": tasks[i % len(tasks)]}}))
+            json.loads(ws.recv(timeout=30))
+
+        def wait_out(ws: Any) -> tuple[bool, bool]:
+            told = closed = False
+            end = time.monotonic() + ttl_s + 15
+            try:
+                while time.monotonic() < end:
+                    reply = json.loads(ws.recv(timeout=max(0.1, end - time.monotonic())))
+                    told = told or reply.get("data", {}).get("code") == "SESSION_EXPIRED"
+            except ConnectionClosed as exc:
+                closed = exc.rcvd is not None and exc.rcvd.code == 1001
+            except TimeoutError:
+                pass
+            return told, closed
+
+        with ThreadPoolExecutor(32) as pool:
+            outcomes = list(pool.map(wait_out, conns))
+        res.told_why = sum(t for t, _ in outcomes)
+        res.closed_by_server = sum(c for _, c in outcomes)
+        res.left_open = sum(not c for _, c in outcomes)
+        time.sleep(0.5)
+        info = http_json("GET", f"{url}/info")
+        res.server_connections_after = max(0, info["open_connections"] - 1)  # less this request
+        res.server_sessions_after = info["active_sessions"]
+        res.rss_mb = (round(before, 1), round(rss_mb(handle.pid), 1))
+    res.wall_s = time.monotonic() - t0
+    return res
 
 
 # ---- kill ---------------------------------------------------------------------------------------------
@@ -430,6 +692,80 @@ def kill_section(steps: int, kills: int, checkpoint_every: int, seed: int, work:
             for o in (out, ref_out))
     res.final_weights_max_abs_diff = max(float((a[k] - b[k]).abs().max()) for k in b)
     res.wall_s = time.monotonic() - t_start
+    return res
+
+
+# ---- damage -------------------------------------------------------------------------------------------
+DAMAGES = ("weights truncated", "state truncated", "state scrambled", "weights missing", "manifest garbage",
+           "marker garbage")  # fmt: skip
+
+
+@dataclass
+class DamageResult:
+    kinds: list[str]
+    resumed: dict[str, int] = field(default_factory=dict)  # kind -> the step the rerun resumed from (-1: failed)
+    finished: dict[str, bool] = field(default_factory=dict)
+    failed_resumes: int = 0
+    damaged_deleted: int = 0  # a damaged checkpoint that is gone instead of moved aside (marker garbage: the marker)
+    told: int = 0  # reruns whose log named what was skipped and why
+    problems: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+def damage_section(kinds: list[str], work: Path, timeout_s: float) -> DamageResult:
+    """One 2-step run (a checkpoint after each step); for each kind of damage a copy of it, its newest checkpoint
+    (or latest.json) damaged that way, then `sdar train` to 3 steps on the copy: it must resume from the newest
+    checkpoint that loads (step 1; step 2 for a garbage marker), say what it skipped, finish, and keep the damaged
+    files (moved to checkpoints/damaged/)."""
+    import shutil
+
+    from tests.reliability.train_runs import TrainProcess, small_overrides
+
+    from sdar.config import load_config
+    from sdar.storage import COMPLETE_FILE, DAMAGED_DIR, LATEST_MARKER, checkpoint_path
+    from sdar.train.trainer import STATE_FILE, WEIGHTS_FILE
+    from sdar.train.warmstart import tiny_checkpoint
+
+    res = DamageResult(list(kinds))
+    t0 = time.monotonic()
+    tiny_checkpoint(load_config("configs/household-tiny.yaml", small_overrides(2)))
+    base = work / "damage-base"
+    run = TrainProcess(base, small_overrides(2, checkpoint_every=1, tracking=False, keep_checkpoints=3))
+    if run.wait(timeout_s) != 0:
+        raise RuntimeError(f"the base run failed:\n{run.log_tail()}")
+    halve = lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])  # noqa: E731
+    scramble = lambda p: p.write_bytes(bytes(b ^ 0x5A for b in p.read_bytes()))  # noqa: E731
+    damage = {
+        "weights truncated": (checkpoint_path(2), WEIGHTS_FILE, halve), "state truncated": (checkpoint_path(2), STATE_FILE, halve),
+        "state scrambled": (checkpoint_path(2), STATE_FILE, scramble),
+        "weights missing": (checkpoint_path(2), WEIGHTS_FILE, lambda p: p.unlink()),
+        "manifest garbage": (checkpoint_path(2), COMPLETE_FILE, lambda p: p.write_text("{not json")),
+        "marker garbage": ("", LATEST_MARKER, lambda p: p.write_bytes(b"\x00 not a marker")),
+    }  # fmt: skip
+    for kind in kinds:
+        out = work / f"damage-{kind.replace(' ', '-')}"
+        shutil.copytree(base / "checkpoints", out / "checkpoints")
+        rel, name, how = damage[kind]
+        how(out / "checkpoints" / rel / name if rel else out / "checkpoints" / name)
+        rerun = TrainProcess(out, small_overrides(3, checkpoint_every=1, tracking=False, keep_checkpoints=3))
+        rc = rerun.wait(timeout_s)
+        log = " ".join(rerun.log_path.read_text(errors="replace").split())  # rich wraps long lines
+        m = re.search(r"resumed from .*step-(\d+) at step (\d+)", log)
+        want = 2 if kind == "marker garbage" else 1
+        res.resumed[kind] = int(m.group(2)) if m else -1
+        res.finished[kind] = rc == 0 and rerun.summary is not None and rerun.summary.get("steps") == 3
+        if not res.finished[kind] or res.resumed[kind] != want:
+            res.failed_resumes += 1
+            res.problems.append(f"{kind}: rc {rc}, resumed at {res.resumed[kind]} (want {want})\n{log[-1500:]}")
+        said = "latest.json" in log if kind == "marker garbage" else "step-000002 cannot be loaded" in log and "kept, not deleted" in log
+        res.told += said
+        if kind == "marker garbage":
+            res.damaged_deleted += 0  # the marker is rewritten by the next checkpoint, by design (the log says so)
+        else:
+            moved = list((out / "checkpoints" / DAMAGED_DIR).glob("step-000002-*"))
+            res.damaged_deleted += not (moved and (moved[0] / name).exists() or kind == "weights missing" and moved)
+    res.problems = res.problems[:6]
+    res.wall_s = time.monotonic() - t0
     return res
 
 
@@ -587,6 +923,7 @@ def figures(results: dict[str, Any]) -> list[Figure]:
         out += [Figure(f"fuzz {r.family}", "requests sent", sent),
                 Figure(f"fuzz {r.family}", "5xx (ws: internal errors)", r.server_errors, 0),
                 Figure(f"fuzz {r.family}", "unanswered", r.unanswered, 0),
+                Figure(f"fuzz {r.family}", "reserved keys / wrongly typed ids sent (http + ws)", r.reserved_bodies),
                 Figure(f"fuzz {r.family}", "normal play failed after / ws session ended",
                        int(not r.plays_after) + int(not r.ws_session_kept), 0)]
     if "sessions" in results:
@@ -600,6 +937,26 @@ def figures(results: dict[str, Any]) -> list[Figure]:
                 Figure("sessions", f"{load.sessions} concurrent sessions: lost", load.lost, 0),
                 Figure("sessions", f"{load.sessions} concurrent sessions: mixed (cross-talk, read-back)",
                        load.cross_talk + load.readback_mismatches, 0)]
+    if "flood" in results:
+        f = results["flood"]
+        later = ", ".join(f"{v} got {k}" for k, v in sorted(f.answered_later.items()))
+        out += [Figure("flood", "slow connections from one address",
+                       f"{f.connections} in {f.opened_s:.0f} s ({f.rate_per_s:g}/s)"),
+                Figure("flood", "answered 429 at once / the rest", f"{f.refused_at_once} / {later or 0}"),
+                Figure("flood", "connections the server held at most (all addresses)", f.held_at_most)]
+        for where, (ok, failed) in sorted(f.probes.items()):
+            out.append(Figure("flood", f"/health failed, {where} (of {ok + failed})", failed, 0))
+        out += [Figure("flood", f"another client's episodes failed (of {sum(f.episodes)})", f.episodes[1], 0),
+                Figure("flood", "connections left open after their deadlines", f.open_after, 0),
+                Figure("flood", "server RSS MB", f"{f.rss_mb[0]} -> {f.rss_mb[1]}")]
+    if "reclaim" in results:
+        r = results["reclaim"]
+        out += [Figure("reclaim", "idle WebSocket sessions", f"{r.sessions} (TTL {r.ttl_s:g} s)"),
+                Figure("reclaim", "told why, then closed (1001)", f"{r.told_why}, {r.closed_by_server}"),
+                Figure("reclaim", "WebSockets left open after reclaim", r.left_open, 0),
+                Figure("reclaim", "connections / sessions the server still holds",
+                       r.server_connections_after + r.server_sessions_after, 0),
+                Figure("reclaim", "server RSS MB", f"{r.rss_mb[0]} -> {r.rss_mb[1]}")]
     if "kill" in results:
         k = results["kill"]
         starts = sum(p.get("steps_printed") == 0 for p in k.kill_points)  # killed before printing a step
@@ -615,6 +972,12 @@ def figures(results: dict[str, Any]) -> list[Figure]:
                 Figure("kill", "curve max |diff| vs reference", f"{k.curve_max_abs_diff:.3g}"),
                 Figure("kill", "MLflow rows max |diff| vs reference", f"{k.mlflow_vs_reference_max_abs_diff:.3g}"),
                 Figure("kill", "final weights max |diff| vs reference", f"{k.final_weights_max_abs_diff:.3g}")]
+    if "damage" in results:
+        d = results["damage"]
+        out += [Figure("damage", "kinds of damage (each on the newest checkpoint)", f"{len(d.kinds)}: {', '.join(d.kinds)}"),
+                Figure("damage", "failed resumes", d.failed_resumes, 0),
+                Figure("damage", "damaged checkpoints deleted (not moved aside)", d.damaged_deleted, 0),
+                Figure("damage", "reruns that did not say what they skipped", len(d.kinds) - d.told, 0)]
     for o in results.get("outage", []):
         name = f"outage {o.what.split()[0]}"
         out += [Figure(name, "down", f"{o.down_measured_s:.0f} s from step {o.down_at_step}; {o.steps_during_outage} steps meanwhile"),
@@ -650,6 +1013,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sessions", type=int, default=256, help="concurrent sessions (default 256, the server's default capacity)")
     ap.add_argument("--session-steps", type=int, default=None, help="steps per concurrent session (default 40; quick 12)")
     ap.add_argument("--victims", type=int, default=8, help="sessions attacked in the cross-session part (default 8)")
+    ap.add_argument("--flood", type=int, default=None, help="slow connections of the flood (default 2000; quick 600)")
+    ap.add_argument("--flood-rate", type=float, default=128.0, help="flood connections per second (default 128)")
+    ap.add_argument("--reclaim", type=int, default=None, help="idle WebSocket sessions to reclaim (default 256; quick 64)")
+    ap.add_argument("--damages", default=",".join(DAMAGES), help=f"kinds of checkpoint damage (default all: {', '.join(DAMAGES)})")
     ap.add_argument("--kills", type=int, default=None, help="kill -9 points (default 5; quick 2)")
     ap.add_argument("--train-steps", type=int, default=None, help="steps of the killed run (default 12; quick 6)")
     ap.add_argument("--outage-s", type=float, default=None, help="seconds each server stays down (default 60; quick 10)")
@@ -670,6 +1037,10 @@ def main(argv: list[str] | None = None) -> int:
     kills, train_steps = pick(args.kills, 5, 2), pick(args.train_steps, 12, 6)
     down_s, outage_steps = pick(args.outage_s, 60.0, 10.0), pick(args.outage_steps, 30, 10)
     session_steps = pick(args.session_steps, 40, 12)
+    n_flood, n_reclaim = pick(args.flood, 2000, 600), pick(args.reclaim, 256, 64)
+    damages = [d.strip() for d in args.damages.split(",") if d.strip()]
+    if unknown := [d for d in damages if d not in DAMAGES]:
+        ap.error(f"unknown damage {unknown}; choose from {', '.join(DAMAGES)}")
     counts = {"--fuzz-requests": n_schema, "--raw-requests": n_raw, "--ws-frames": n_frames, "--sessions": args.sessions,
               "--session-steps": session_steps, "--victims": args.victims, "--kills": kills, "--outage-steps": outage_steps}
     if low := [flag for flag, n in counts.items() if n < 1]:
@@ -705,6 +1076,18 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"sessions: {args.sessions} concurrent WebSocket sessions x {session_steps} steps (household) ...")
         return {"cross": cross, "load": bench_family("household", args.sessions, session_steps, duration_s=300.0)}
 
+    def flood() -> FloodResult:
+        console.print(f"flood: {n_flood} slow connections from one address at {args.flood_rate:g}/s, /health probed throughout ...")
+        return flood_section(n_flood, args.flood_rate)
+
+    def reclaim() -> ReclaimResult:
+        console.print(f"reclaim: {n_reclaim} idle WebSocket sessions ...")
+        return reclaim_section(n_reclaim)
+
+    def damage() -> DamageResult:
+        console.print(f"damage: a 2-step run's newest checkpoint damaged {len(damages)} ways, each rerun ...")
+        return damage_section(damages, work, timeout_s)
+
     def kill() -> KillResult:
         console.print(f"kill: {train_steps}-step training runs, {kills} x kill -9 at random points ...")
         return kill_section(train_steps, kills, 3 if train_steps >= 9 else 2, args.seed, work, timeout_s)
@@ -720,7 +1103,8 @@ def main(argv: list[str] | None = None) -> int:
     wall: dict[str, float] = {}
     t_all = time.monotonic()
     try:
-        for name, section in (("fuzz", fuzz), ("sessions", sessions), ("kill", kill), ("outage", outage)):
+        for name, section in (("fuzz", fuzz), ("sessions", sessions), ("flood", flood), ("reclaim", reclaim), ("kill", kill),
+                              ("damage", damage), ("outage", outage)):
             if name not in only:
                 continue
             t0 = time.monotonic()

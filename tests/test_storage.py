@@ -15,14 +15,18 @@ from sdar.storage import (
     LATEST_MARKER,
     BucketNotFoundError,
     CredentialsError,
+    CorruptFileError,
+    DamagedCheckpointError,
     LocalStore,
     S3Store,
     StorageError,
     checkpoint_path,
+    fetch_checkpoint,
     latest_checkpoint,
     list_checkpoints,
     open_store,
     prune_checkpoints,
+    quarantine_checkpoint,
     read_checkpoint_marker,
     resolve_endpoint_url,
     restore_latest_checkpoint,
@@ -195,9 +199,47 @@ def test_checkpoint_argument_errors(store, tmp_path):
         write_checkpoint(store, 1, make_ckpt(tmp_path, 1), keep_last=0)
     with pytest.raises(ValueError, match=r"may not set \['step'\]"):
         write_checkpoint(store, 1, make_ckpt(tmp_path, 1), meta={"step": 3})
-    store.write_text(LATEST_MARKER, '{"nope": 1}')
-    with pytest.raises(StorageError, match="malformed"):
-        latest_checkpoint(store)
+    with pytest.raises(CorruptFileError, match="is malformed"):
+        store.write_text(LATEST_MARKER, '{"nope": 1}')
+        read_checkpoint_marker(store)
+
+
+@pytest.mark.parametrize("marker", ['{"nope": 1}', "\x00garbage{", '{"step": 2, "path": "../../etc"}', "[1, 2]", ""])
+def test_an_unreadable_marker_falls_back_to_the_newest_complete_checkpoint(store, tmp_path, marker):
+    for step in (1, 2):
+        write_checkpoint(store, step, make_ckpt(tmp_path, step))
+    store.write_text(LATEST_MARKER, marker)
+    said = []
+    assert latest_checkpoint(store, warn=said.append) == (2, checkpoint_path(2))
+    assert len(said) == 1 and "latest.json" in said[0] and "newest complete checkpoint instead" in said[0]
+    assert store.read_text(LATEST_MARKER) == marker  # left as it was, for whoever looks
+    write_checkpoint(store, 3, make_ckpt(tmp_path, 3), keep_last=2)  # the next checkpoint rewrites it
+    assert read_checkpoint_marker(store)["step"] == 3
+
+
+def test_a_damaged_checkpoint_is_named_and_moved_aside_never_deleted(store, tmp_path):
+    for step in (1, 2):
+        write_checkpoint(store, step, make_ckpt(tmp_path, step))
+    before = read_tree(tmp_path / "ckpt-2")
+    local = store.get_file(f"{checkpoint_path(2)}/optimizer.pt", tmp_path / "optimizer.pt")
+    local.write_bytes(local.read_bytes()[:3])  # truncated
+    store.put_file(local, f"{checkpoint_path(2)}/optimizer.pt")
+    with pytest.raises(DamagedCheckpointError, match=r"optimizer.pt is 3 bytes, its manifest says \d+"):
+        fetch_checkpoint(store, checkpoint_path(2), tmp_path / "fetched")
+    store.delete(f"{checkpoint_path(1)}/optimizer.pt")
+    with pytest.raises(DamagedCheckpointError, match="optimizer.pt is missing"):
+        fetch_checkpoint(store, checkpoint_path(1), tmp_path / "fetched-1")
+    dest = quarantine_checkpoint(store, checkpoint_path(2), "optimizer.pt is 3 bytes")
+    assert dest.startswith("checkpoints/damaged/step-000002-")
+    assert json.loads(store.read_text(f"{dest}/_DAMAGED.json"))["why"] == "optimizer.pt is 3 bytes"
+    kept = {k[len(dest) + 1:] for k in store.list(dest)}
+    assert kept == set(before) | {COMPLETE_FILE, "_DAMAGED.json"}
+    assert not store.exists(checkpoint_path(2))
+    # out of every listing a run resumes from or prunes
+    assert [s for s, _ in list_checkpoints(store, complete_only=False)] == [1]
+    write_checkpoint(store, 2, make_ckpt(tmp_path, 2, "again"), keep_last=1)
+    assert store.exists(dest) and [s for s, _ in list_checkpoints(store)] == [2]
+    assert quarantine_checkpoint(store, checkpoint_path(2), "twice") != dest  # a second one gets its own place
 
 
 def test_s3_objects_land_under_prefix(s3_server, tmp_path):

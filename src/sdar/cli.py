@@ -50,7 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
-    return int(args.func(args) or 0)
+    from sdar.config import ConfigError
+
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:  # a setting's problem, named: no traceback to read through
+        print(f"sdar {args.command}: config error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import typing
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -35,6 +36,97 @@ PRETOKENIZERS = ("qwen2", "punct_space")  # warmstart.pretokenizer (sdar.models.
 # they are left out of every identity (the warm-start cache key, a study run's fingerprint), so what was built
 # and recorded before they existed keeps its identity. "section.field" -> the default that changes nothing.
 ADDED_DEFAULTS: dict[str, Any] = {"warmstart.pretokenizer": "qwen2"}
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used; the message names its key and what it may be. `sdar` prints it, no
+    traceback, and exits with status 2."""
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The values a numeric setting may take: lo (inclusive unless lo_open) up to hi (same); None = no bound."""
+
+    lo: float | None = None
+    lo_open: bool = False
+    hi: float | None = None
+    hi_open: bool = False
+
+    def holds(self, value: float) -> bool:
+        if self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo):
+            return False
+        return self.hi is None or (value < self.hi if self.hi_open else value <= self.hi)
+
+    def __str__(self) -> str:
+        if self.hi is None:
+            return f"{'>' if self.lo_open else '>='} {self.lo:g}"
+        if self.lo is None:
+            return f"{'<' if self.hi_open else '<='} {self.hi:g}"
+        return f"in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
+
+
+POSITIVE, NON_NEGATIVE, AT_LEAST_1 = Bound(0, True), Bound(0), Bound(1)
+FRACTION = Bound(0, False, 1, False)
+# Every numeric setting must be a finite number (NaN and infinities are refused, naming the key); these must
+# also lie in their range. Checked at load by TrainConfig.validate, before torch or a server sees them.
+NUMBER_BOUNDS: dict[str, Bound] = {
+    "steps": NON_NEGATIVE, "tasks_per_step": AT_LEAST_1, "group_size": AT_LEAST_1, "lr": NON_NEGATIVE,
+    "weight_decay": NON_NEGATIVE, "mini_batch_size": AT_LEAST_1, "micro_batch_size": AT_LEAST_1, "ppo_epochs": AT_LEAST_1,
+    "max_skipped_update_frac": FRACTION, "grad_clip": POSITIVE, "score_batch_size": AT_LEAST_1,
+    "teacher_max_prompt_tokens": AT_LEAST_1, "eval_every": NON_NEGATIVE, "eval_tasks": NON_NEGATIVE,
+    "eval_temperature": NON_NEGATIVE, "checkpoint_every": AT_LEAST_1, "keep_checkpoints": AT_LEAST_1,
+    "checkpoint_retry_s": NON_NEGATIVE,
+    "model.lora_r": AT_LEAST_1, "model.lora_alpha": POSITIVE, "model.lora_dropout": Bound(0, False, 1, True),
+    "rollout.max_turns": AT_LEAST_1, "rollout.history": NON_NEGATIVE, "rollout.max_prompt_tokens": AT_LEAST_1,
+    "rollout.max_response_tokens": AT_LEAST_1, "rollout.temperature": POSITIVE, "rollout.top_p": Bound(0, True, 1, False),
+    "rollout.env_workers": AT_LEAST_1,
+    "warmstart.episodes": NON_NEGATIVE, "warmstart.tokenizer_episodes": NON_NEGATIVE, "warmstart.vocab_size": AT_LEAST_1,
+    "warmstart.privileged_fraction": FRACTION, "warmstart.epochs": NON_NEGATIVE, "warmstart.lr": NON_NEGATIVE,
+    "warmstart.batch_size": AT_LEAST_1, "warmstart.prompt_lm_weight": NON_NEGATIVE, "warmstart.noise": FRACTION,
+    "warmstart.decision_repeats": AT_LEAST_1,
+    "launch.nodes": AT_LEAST_1, "launch.gpus_per_node": NON_NEGATIVE, "launch.procs_per_node": NON_NEGATIVE,
+    "launch.cpu": AT_LEAST_1, "launch.memory_mb": AT_LEAST_1,
+    "vllm.gpu_memory_utilization": Bound(0, True, 1, False), "vllm.max_lora_rank": NON_NEGATIVE,
+    "vllm.max_model_len": NON_NEGATIVE, "vllm.teacher_topk": AT_LEAST_1,
+    "arm_overrides.gate_beta": POSITIVE, "arm_overrides.clip_low": Bound(0, False, 1, True),
+    "arm_overrides.clip_high": NON_NEGATIVE, "arm_overrides.dual_clip": Bound(1, True),
+    "arm_overrides.jsd_beta": FRACTION, "arm_overrides.jsd_temperature": POSITIVE,
+    "arm_overrides.jsd_top_k": AT_LEAST_1, "arm_overrides.dpo_beta": POSITIVE,
+}  # fmt: skip
+
+
+def _numbers(obj: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) of every number in a config tree: dataclass fields, mappings (arm_overrides) and
+    lists (replay.teachers, as key[i])."""
+    if is_dataclass(obj):
+        items = ((f.name, getattr(obj, f.name)) for f in fields(obj))
+    elif isinstance(obj, Mapping):
+        items = obj.items()
+    elif isinstance(obj, (list, tuple)):
+        items = ((f"[{i}]", v) for i, v in enumerate(obj))
+    else:
+        return
+    for name, value in items:
+        key = f"{prefix}{name}" if str(name).startswith("[") or not prefix else f"{prefix}.{name}"
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, (int, float)):
+            yield key, value
+        else:
+            yield from _numbers(value, key)
+
+
+def check_numbers(cfg: Any) -> None:
+    """Every number in `cfg` is finite and inside its NUMBER_BOUNDS; the error names the key and its range."""
+    for key, value in _numbers(cfg):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{key}={value} is not a finite number; give a number"
+                             + (f" {NUMBER_BOUNDS[key]}" if key in NUMBER_BOUNDS else "")
+                             + f" (`sdar config fields {key.split('[')[0]}` shows its default and meaning)")
+        bound = NUMBER_BOUNDS.get(key)
+        if bound is not None and not bound.holds(value):
+            raise ValueError(f"{key}={value} is out of range: it must be {bound} "
+                             f"(`sdar config fields {key}` shows its default and meaning)")
 
 
 def drop_added_defaults(d: dict[str, Any], section: str = "") -> dict[str, Any]:
@@ -381,17 +473,13 @@ class TrainConfig:
         for key, (value, valid) in choices.items():
             if value not in valid:
                 raise ValueError(f"{key}={value!r} is not one of {', '.join(valid)}")
-        if not 0.0 <= self.max_skipped_update_frac <= 1.0:
-            raise ValueError(f"max_skipped_update_frac={self.max_skipped_update_frac} must be in [0, 1]")
-        for key in ("mini_batch_size", "micro_batch_size", "ppo_epochs"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"{key}={getattr(self, key)} must be >= 1")
         # every command that reads it samples or scores at it (sdar eval's teacher gap too); evaluation
         # decodes at eval_temperature
         if self.rollout.temperature <= 0:
             raise ValueError(f"rollout.temperature={self.rollout.temperature}: RL samples its rollouts and "
                              "scores them at that temperature, so it must be > 0 (paper: 1.0); greedy decoding "
                              "is for evaluation (eval_temperature: 0)")
+        check_numbers(self)
 
     def resolved_arm(self) -> ArmConfig:
         """The arm the loss uses: `arm` with `arm_overrides` applied."""
@@ -586,8 +674,13 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         _set_dotted(data, k, v)
     if isinstance(data, dict):
         apply_family_defaults(data)
-    cfg = from_dict(TrainConfig, data, where=str(path or "config"))
-    cfg.validate()
+    try:
+        cfg = from_dict(TrainConfig, data, where=str(path or "config"))
+        cfg.validate()
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as exc:  # every check names its key: one kind of error for every caller
+        raise ConfigError(str(exc)) from exc
     return cfg
 
 

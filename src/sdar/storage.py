@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -15,7 +16,7 @@ import tempfile
 import time
 import urllib.parse
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -25,14 +26,32 @@ CHECKPOINTS_DIR = "checkpoints"
 LATEST_MARKER = f"{CHECKPOINTS_DIR}/latest.json"
 # written inside a checkpoint directory after all its files: the checkpoint is complete when present
 COMPLETE_FILE = "_COMPLETE.json"
+# checkpoints that could not be loaded are moved here (never deleted), each with DAMAGED_FILE saying why
+DAMAGED_DIR = f"{CHECKPOINTS_DIR}/damaged"
+DAMAGED_FILE = "_DAMAGED.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 # local writes go to a hidden temp name first, then os.replace; listings skip these names
 _TMP_TAG = ".sdar-tmp-"
 
+log = logging.getLogger(__name__)
+
 
 class StorageError(RuntimeError):
     """A storage operation failed; the message says what to change."""
+
+
+class CorruptFileError(StorageError):
+    """A stored file that is there but cannot be read as what it should be (not JSON, a wrong shape)."""
+
+
+class DamagedCheckpointError(StorageError):
+    """A complete-looking checkpoint whose files did not all arrive whole (missing, or not their recorded size);
+    `detail` says which, without the checkpoint's URI."""
+
+    def __init__(self, where: str, detail: str) -> None:
+        super().__init__(f"checkpoint {where} is damaged: {detail}")
+        self.detail = detail
 
 
 class BucketNotFoundError(StorageError):
@@ -170,6 +189,26 @@ class ArtifactStore(ABC):
             self._delete_keys(keys)
         return len(keys)
 
+    def move(self, src: str, dst: str) -> int:
+        """Move every file under `src` to the same relative path under `dst` (copied, then deleted at `src`);
+        returns how many. `dst` must not exist yet."""
+        src_key, dst_key = _clean_rel(src), _clean_rel(dst)
+        keys = self._list(src_key)
+        if not keys:
+            raise FileNotFoundError(f"nothing stored under {self.uri_for(src_key)}")
+        if self._list(dst_key):
+            raise FileExistsError(f"{self.uri_for(dst_key)} exists already; move to a new place")
+        for key in keys:
+            self._copy_key(key, _join(dst_key, key[len(src_key):].lstrip("/")))
+        self._delete_keys(keys)
+        return len(keys)
+
+    def _copy_key(self, key: str, new_key: str) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            local = Path(tmp) / "copy"
+            self._get_file(key, local)
+            self._put_file(local, new_key)
+
     def write_text(self, rel: str, text: str) -> str:
         key = _clean_rel(rel)
         self._put_bytes(key, text.encode("utf-8"))
@@ -186,7 +225,7 @@ class ArtifactStore(ABC):
         try:
             return json.loads(text)
         except json.JSONDecodeError as exc:
-            raise StorageError(f"{self.uri_for(rel)} is not valid JSON ({exc}); rewrite or delete it") from exc
+            raise CorruptFileError(f"{self.uri_for(rel)} is not valid JSON ({exc}); rewrite or delete it") from exc
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.uri!r})"
@@ -249,6 +288,17 @@ class LocalStore(ArtifactStore):
             for p in base.rglob("*")
             if p.is_file() and _TMP_TAG not in p.name
         )
+
+    def move(self, src: str, dst: str) -> int:
+        src_dir, dst_dir = self._path(_clean_rel(src)), self._path(_clean_rel(dst))
+        n = len(self._list(_clean_rel(src)))
+        if not n:
+            raise FileNotFoundError(f"nothing stored under {self.uri_for(src)}")
+        if dst_dir.exists():
+            raise FileExistsError(f"{self.uri_for(dst)} exists already; move to a new place")
+        dst_dir.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(src_dir, dst_dir)  # one rename: never half moved
+        return n
 
     def clean_temporaries(self, prefix: str = "") -> list[str]:
         """Delete the temporary files of writes that were killed (kill -9 between the temp file and its
@@ -385,6 +435,10 @@ class S3Store(ArtifactStore):
     def _put_bytes(self, key: str, data: bytes) -> None:
         with self._errors("write", key):
             self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+
+    def _copy_key(self, key: str, new_key: str) -> None:
+        with self._errors("copy", key):  # server side (multipart above 8 MB), nothing through this machine
+            self.client.copy({"Bucket": self.bucket, "Key": self._key(key)}, self.bucket, self._key(new_key))
 
     def _get_bytes(self, key: str) -> bytes:
         with self._errors("read", key):
@@ -542,25 +596,31 @@ def prune_checkpoints(store: ArtifactStore, keep_last: int, *, newest_step: int 
 
 
 def read_checkpoint_marker(store: ArtifactStore) -> dict[str, Any] | None:
-    """The content of `checkpoints/latest.json` ({"step", "path", **meta}), or None when absent."""
+    """The content of `checkpoints/latest.json` ({"step", "path", **meta}), or None when absent; a
+    `CorruptFileError` when it is not such a record."""
     try:
         marker = store.read_json(LATEST_MARKER)
     except FileNotFoundError:
         return None
-    if not isinstance(marker, dict) or not isinstance(marker.get("step"), int) or not marker.get("path"):
-        raise StorageError(f"{store.uri_for(LATEST_MARKER)} is malformed ({marker!r}); delete it to fall back")
+    if not isinstance(marker, dict) or not isinstance(marker.get("step"), int) or not isinstance(marker.get("path"), str) \
+            or not _STEP_DIR.match(marker["path"].rpartition("/")[2]):
+        raise CorruptFileError(f"{store.uri_for(LATEST_MARKER)} is malformed ({str(marker)[:200]!r}); delete it to fall back")
     return marker
 
 
-def latest_checkpoint(store: ArtifactStore) -> tuple[int, str] | None:
+def latest_checkpoint(store: ArtifactStore, warn: Callable[[str], None] | None = None) -> tuple[int, str] | None:
     """(step, rel_path) of the checkpoint to resume from, or None when there is no complete one.
 
-    The newest complete checkpoint (one with `_COMPLETE.json`): the marker's, unless it is missing, names a
-    checkpoint that is no longer complete, or a checkpoint of a later step completed after it (a kill between
-    the two files).
+    The newest complete checkpoint (one with `_COMPLETE.json`): the marker's, unless it is missing, unreadable
+    (said through `warn`, default: the log; the file is left as it is), names a checkpoint that is no longer
+    complete, or a checkpoint of a later step completed after it (a kill between the two files).
     Uploads without `_COMPLETE.json` are never returned.
     """
-    marker = read_checkpoint_marker(store)
+    try:
+        marker = read_checkpoint_marker(store)
+    except CorruptFileError as exc:
+        (warn or log.warning)(f"{exc}; using the newest complete checkpoint instead (the next checkpoint rewrites it)")
+        marker = None
     complete = list_checkpoints(store)
     if marker and store.exists(f"{marker['path']}/{COMPLETE_FILE}"):
         # a writer killed between a checkpoint's _COMPLETE.json and latest.json left a newer complete one,
@@ -574,24 +634,49 @@ def latest_checkpoint(store: ArtifactStore) -> tuple[int, str] | None:
     return complete[-1] if complete else None
 
 
+def fetch_checkpoint(store: ArtifactStore, rel: str, local_dir: str | os.PathLike) -> dict[str, Any]:
+    """Download checkpoint `rel` into `local_dir` and return its manifest, after checking that every file the
+    manifest lists arrived with its recorded size (`DamagedCheckpointError` naming the first that did not)."""
+    local_dir = Path(local_dir)
+    store.get_dir(rel, local_dir)
+    try:
+        manifest = json.loads((local_dir / COMPLETE_FILE).read_text())
+        files = manifest["files"]
+        assert isinstance(files, dict)
+    except (OSError, ValueError, KeyError, TypeError, AssertionError) as exc:
+        raise DamagedCheckpointError(store.uri_for(rel), f"its {COMPLETE_FILE} does not read ({exc!r})") from None
+    (local_dir / COMPLETE_FILE).unlink()
+    for name, size in files.items():
+        path = local_dir / name
+        if not path.is_file():
+            raise DamagedCheckpointError(store.uri_for(rel), f"{name} is missing")
+        if path.stat().st_size != size:
+            raise DamagedCheckpointError(store.uri_for(rel), f"{name} is {path.stat().st_size} bytes, its manifest says {size}")
+    return manifest
+
+
+def quarantine_checkpoint(store: ArtifactStore, rel: str, why: str) -> str:
+    """Move checkpoint `rel`, which cannot be loaded, out of the checkpoints a run resumes from or prunes:
+    to `checkpoints/damaged/<step dir>-<UTC time>/`, with `_DAMAGED.json` saying why. Nothing is deleted;
+    returns the new relative path."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    dest = f"{DAMAGED_DIR}/{PurePosixPath(rel).name}-{stamp}"
+    n = 1
+    while store.exists(dest):
+        n += 1
+        dest = f"{DAMAGED_DIR}/{PurePosixPath(rel).name}-{stamp}-{n}"
+    store.move(rel, dest)
+    store.write_json(f"{dest}/{DAMAGED_FILE}", {"from": rel, "why": why, "time": time.time()})
+    return dest
+
+
 def restore_latest_checkpoint(store: ArtifactStore, local_dir: str | os.PathLike) -> tuple[int, dict[str, Any]] | None:
     """Download the latest complete checkpoint into `local_dir`; returns (step, manifest) or None.
 
-    Checks every file the manifest lists arrived with its recorded size.
+    Checks every file the manifest lists arrived with its recorded size (`fetch_checkpoint`).
     """
     found = latest_checkpoint(store)
     if found is None:
         return None
     step, rel = found
-    manifest = store.read_json(f"{rel}/{COMPLETE_FILE}")
-    local_dir = Path(local_dir)
-    store.get_dir(rel, local_dir)
-    (local_dir / COMPLETE_FILE).unlink(missing_ok=True)
-    for name, size in manifest.get("files", {}).items():
-        path = local_dir / name
-        if not path.is_file() or path.stat().st_size != size:
-            raise StorageError(
-                f"checkpoint {store.uri_for(rel)} is damaged: {name} is missing or not {size} bytes; "
-                f"delete {rel} to fall back to an older checkpoint"
-            )
-    return step, manifest
+    return step, fetch_checkpoint(store, rel, local_dir)

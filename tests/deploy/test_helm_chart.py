@@ -186,17 +186,46 @@ def test_defaults_render_one_deployment_and_service_per_family(render):
         ]
 
 
-def test_probes_point_at_health_on_the_served_port(render):
-    r = render({"containerPort": 9100})
+def test_probes_point_at_health_on_a_port_no_client_reaches(render):
+    r = render({"containerPort": 9100, "probePort": 9101})
     for deploy in r.kind("Deployment"):
         c = container(deploy)
-        assert c["ports"] == [{"name": "http", "containerPort": 9100, "protocol": "TCP"}]
+        assert c["ports"] == [{"name": "http", "containerPort": 9100, "protocol": "TCP"},
+                              {"name": "probe", "containerPort": 9101, "protocol": "TCP"}]
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-            assert c[probe]["httpGet"] == {"path": "/health", "port": "http"}, probe
-        # the server listens where the probes knock
+            assert c[probe]["httpGet"] == {"path": "/health", "port": "probe"}, probe
+        # the server listens where clients and probes knock
         assert c["args"][c["args"].index("--port") + 1] == "9100"
+        assert c["args"][c["args"].index("--probe-port") + 1] == "9101"
         # the startup probe allows a slow first start; liveness only takes over after it
         assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] >= 120
+    # clients reach the HTTP port only: the Service does not carry the probe port, the NetworkPolicy does not admit it
+    for svc in r.kind("Service"):
+        assert [p["targetPort"] for p in svc["spec"]["ports"]] == ["http"]
+    (policy,) = r.kind("NetworkPolicy")
+    assert [p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]] == ["http"]
+
+
+def test_the_probe_port_must_be_its_own(helm, tmp_path):
+    with pytest.raises(HelmFailed) as err:
+        run_helm(helm, "template", "sdar-envs", values={"containerPort": 9100, "probePort": 9100}, tmp_dir=tmp_path)
+    assert "probePort and containerPort are both 9100" in err.value.output
+
+
+def test_client_limits_reach_the_server_and_default_to_its_own(render):
+    from sdar_envs.server_config import ServerOptions, options_from_args
+
+    def served(values: dict) -> ServerOptions:
+        c = container(render(values).get("Deployment", "sdar-envs-household"))
+        return options_from_args(sdar_envs_parser().parse_args(c["args"]))
+
+    default = served({})
+    assert (default.max_sessions_per_client, default.max_connections_per_client) == (ServerOptions().max_sessions_per_client, None)
+    assert default.probe_port == 8081
+    behind_proxy = served({"clientLimits": {"maxSessionsPerClient": 0}})
+    assert behind_proxy.max_sessions_per_client == 0 and behind_proxy.connections_per_client_limit == 0
+    both = served({"clientLimits": {"maxSessionsPerClient": 512, "maxConnectionsPerClient": 600}})
+    assert (both.max_sessions_per_client, both.connections_per_client_limit) == (512, 600)
 
 
 def test_pods_run_non_root_read_only_without_privileges(render):
@@ -311,7 +340,7 @@ def test_args_build_a_serve_command_the_real_cli_accepts(render):
         seen["searchqa"].env_kwargs == {}
         and "--backend" not in container(r.get("Deployment", "sdar-envs-searchqa"))["args"]
     )
-    assert seen["searchqa"].max_sessions == 256  # maxSessions 0 keeps the server's default
+    assert seen["searchqa"].max_sessions == 1024  # maxSessions 0 keeps the server's default
 
 
 def test_disabling_a_family_removes_its_objects(render):

@@ -196,9 +196,10 @@ def test_the_sandbox_is_read_only_and_unprivileged(tmp_path):
 
 @contextlib.contextmanager
 def run_pod(render, values: dict, family: str, tmp_path: Path, extra_read: list[Path] = ()):
-    """Start the container of `family`'s Deployment as the chart renders it; yields (url, pid)."""
-    port = _free_port()
-    deploy = render({**values, "containerPort": port}).get("Deployment", f"sdar-envs-{family}")
+    """Start the container of `family`'s Deployment as the chart renders it; yields (url, probe_url, proc, log):
+    its clients' port and the port the kubelet's probes hit."""
+    port, probe_port = _free_port(), _free_port()
+    deploy = render({**values, "containerPort": port, "probePort": probe_port}).get("Deployment", f"sdar-envs-{family}")
     pod = deploy["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     assert (
@@ -230,7 +231,7 @@ def run_pod(render, values: dict, family: str, tmp_path: Path, extra_read: list[
             argv, env=sandbox_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
     try:
-        yield f"http://127.0.0.1:{port}", proc, log
+        yield f"http://127.0.0.1:{port}", f"http://127.0.0.1:{probe_port}", proc, log
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -261,7 +262,8 @@ def pods(helm, tmp_path_factory):
         t0 = time.monotonic()
         started = {f: stack.enter_context(run_pod(render, {}, f, tmp)) for f in FAMILIES}
         out = {}
-        for family, (url, proc, log) in started.items():
+        for family, (url, probe_url, proc, log) in started.items():
+            _wait_healthy(probe_url, proc, log)  # as the kubelet sees it
             _wait_healthy(url, proc, log)
             out[family] = (url, _server_pid(proc.pid), time.monotonic() - t0)
         yield out
@@ -332,7 +334,7 @@ def test_the_alfworld_pod_unpacks_games_into_its_emptydir(render, tmp_path):
             },
         }
     }
-    with run_pod(render, values, "household", tmp_path, extra_read=[data]) as (url, proc, log):
+    with run_pod(render, values, "household", tmp_path, extra_read=[data]) as (url, _probe_url, proc, log):
         _wait_healthy(url, proc, log)
         pid = _server_pid(proc.pid)
         with RemoteEnv(url, "household") as remote:

@@ -368,7 +368,7 @@ def test_session_list_shows_counts_and_ids_only_to_the_operator(server):
         assert status == 200 and "sessions" not in listed
         assert ws_sid not in json.dumps(listed) and http_sid not in json.dumps(listed)
         assert listed["active"] >= 2 and listed["websocket"] >= 1 and listed["http"] >= 1 and listed["yours"] >= 2
-        assert listed["max"] == 32 and listed["max_per_client"] == 128
+        assert listed["max"] == 32 and listed["max_per_client"] == 256
         # a session's own token, or a made-up one, is not the operator's
         for token in (http_token, "x" * 40):
             status, body = _http("GET", f"{server}/sessions", token=token)
@@ -568,7 +568,7 @@ def test_idle_sessions_are_reclaimed_and_their_env_closed():
         idle_ws, busy_ws = RemoteEnv(url), RemoteEnv(url)
         idle_ws.reset(task_id="test-1")
         busy_ws.reset(task_id="test-0")
-        sid = _http("POST", f"{url}/sessions")[1]["session_id"]
+        sid, token = _open(url)
         closed_before = len(GuessEnv.closed)
         t_end = time.monotonic() + 2.4
         while time.monotonic() < t_end:  # keeps one session busy while two sit idle
@@ -578,8 +578,19 @@ def test_idle_sessions_are_reclaimed_and_their_env_closed():
         info = _http("GET", f"{url}/info")[1]
         assert info["active_sessions"] == 1 and info["sessions_expired"] == 2
         assert len(GuessEnv.closed) - closed_before == 2
-        status, body = _http("POST", f"{url}/sessions/{sid}/reset", {})
+        # the reclaimed session's own token learns why (and the operator's would); without a token nothing is
+        # said about the id (401, as for a live or an unknown one); another session's token gets 403
+        status, body = _http("POST", f"{url}/sessions/{sid}/reset", {}, token=token)
         assert status == 410 and "idle for more than 1 s" in body["detail"]
+        assert _http("GET", f"{url}/sessions/{sid}/state", token=token)[0] == 410
+        for target in (sid, "no-such-session"):
+            status, body = _http("POST", f"{url}/sessions/{target}/reset", {})
+            assert status == 401 and "need the session's token" in body["detail"] and target not in body["detail"]
+        other_sid, other = _open(url)
+        status, body = _http("GET", f"{url}/sessions/{sid}/state", token=other)
+        assert status == 403 and "idle" not in body["detail"]
+        assert _http("GET", f"{url}/sessions/no-such-session/state", token=other)[0] == 404
+        _http("DELETE", f"{url}/sessions/{other_sid}", token=other)
         with pytest.raises(EnvServerError, match="idle for more than 1 s"):
             idle_ws.step("guess 1")
         assert busy_ws.step("guess 0").metadata["won"] is True

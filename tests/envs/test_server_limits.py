@@ -289,7 +289,13 @@ BAD_FRAMES = [
     ('{"type": "reset", "data": [1]}', "VALIDATION_ERROR", "Invalid message"),
     ('{"type": "step"}', "VALIDATION_ERROR", "Invalid message"),
     ('{"type": "state", "extra": 1}', "VALIDATION_ERROR", "Invalid message"),
-    ('{"type": "reset", "data": {"task_id": ["a"]}}', "EXECUTION_ERROR", "task_id must be a string"),
+    ('{"type": "reset", "data": {"task_id": ["a"]}}', "VALIDATION_ERROR", "task_id: Input should be a valid string"),
+    # keys that were the server's own argument names, and ids of the wrong type: refused before any call
+    ('{"type": "reset", "data": {"self": 1}}', "VALIDATION_ERROR", "unknown reset parameter(s) ['self']"),
+    ('{"type": "reset", "data": {"sid": "x", "func": 1}}', "VALIDATION_ERROR", "unknown reset parameter(s) ['func', 'sid']"),
+    ('{"type": "reset", "data": {"episode_id": 5}}', "VALIDATION_ERROR", "episode_id: Input should be a valid string"),
+    ('{"type": "reset", "data": {"seed": true}}', "VALIDATION_ERROR", "seed: Input should be a valid integer"),
+    ('{"type": "step", "data": {"message": "guess 1", "self": 1}}', "VALIDATION_ERROR", "Extra inputs are not permitted"),
     ('{"type": "mcp", "data": {"jsonrpc": "2.0", "method": "openenv/session/close", "params": {"session_id": "x"}}}', "UNKNOWN_TYPE", "no MCP tools"),
 ]
 

@@ -1,6 +1,7 @@
 """Requests generated with hypothesis from an environment server's served OpenAPI schema: every operation,
-its path and query parameters from the schema, bodies from BODIES, values mostly of the documented type and
-sometimes of another, of an odd size, or with someone else's token. Used by benchmarks/bench_reliability.py."""
+its path and query parameters and its request body from the schema, values mostly of the documented type and
+sometimes of another, of an odd size, under a reserved key, or with someone else's token. Used by
+benchmarks/bench_reliability.py and tests/reliability/test_env_server_fuzz.py."""
 
 from __future__ import annotations
 
@@ -10,20 +11,45 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-# The served schema has no request bodies (the routes read raw bodies to bound them), so their shapes are
-# written here; {"x": ...} marks values drawn from live state (task ids, actions, session ids, tokens).
-BODIES = {
-    ("POST", "/sessions"): {"type": "object", "properties": {}},
-    ("POST", "/sessions/{sid}/reset"): {"type": "object", "properties": {"task_id": {"x": "task"}, "seed": {"type": "integer"}}},
-    ("POST", "/sessions/{sid}/step"): {
-        "type": "object", "properties": {"action": {"type": "object", "properties": {"message": {"x": "action"}}}}},
-    ("POST", "/mcp"): {"type": "object", "properties": {
-        "jsonrpc": {"enum": ["2.0"]},
-        "method": {"enum": ["openenv/session/create", "openenv/session/close", "tools/list", "tools/call"]},
-        "id": {"type": "integer"},
-        "params": {"type": "object", "properties": {"session_id": {"x": "sid"}, "session_token": {"x": "token"}}},
-    }},
-}  # fmt: skip
+# Request bodies come from the served schema (each operation's requestBody, $refs resolved). Properties whose
+# values must be live to reach the handlers are drawn from what the server holds ({"x": ...}: task ids,
+# actions, session ids, tokens, the JSON-RPC methods there are); RESERVED are keys that were once the
+# server's own argument names (a body with one of them gave a 500), added beside the documented ones.
+LIVE = {"task_id": "task", "message": "action", "session_id": "sid", "session_token": "token", "method": "method"}
+HINTS = {("POST", "/mcp"): {"params": {"type": "object", "properties": {"session_id": {}, "session_token": {}}}}}
+RESERVED = ["self", "sid", "func", "call", "step", "kwargs", "args", "request", "env", "session_id", "timeout_s"]
+RPC_METHODS = ["openenv/session/create", "openenv/session/close", "tools/list", "tools/call"]
+
+
+def _resolve(spec: dict, schema: dict) -> dict:
+    """`schema` with every $ref into components/schemas replaced by its target (recursively)."""
+    if "$ref" in schema:
+        name = schema["$ref"].rsplit("/", 1)[1]
+        return _resolve(spec, {**spec["components"]["schemas"][name], **{k: v for k, v in schema.items() if k != "$ref"}})
+    out = dict(schema)
+    if "properties" in out:
+        out["properties"] = {k: ({"x": LIVE[k]} if k in LIVE else _resolve(spec, v)) for k, v in out["properties"].items()}
+    if "anyOf" in out:
+        out["anyOf"] = [_resolve(spec, s) for s in out["anyOf"]]
+    return out
+
+
+def request_bodies(spec: dict) -> dict[tuple[str, str], dict]:
+    """(METHOD, path) -> the JSON schema of its request body, as served (plus HINTS), for every operation with one."""
+    bodies = {}
+    for path, item in spec["paths"].items():
+        for method, op in item.items():
+            content = (op.get("requestBody") or {}).get("content", {}).get("application/json")
+            if content is None:
+                continue
+            schema = _resolve(spec, content["schema"])
+            for name, hint in HINTS.get((method.upper(), path), {}).items():
+                schema.setdefault("properties", {})[name] = _resolve(spec, {**hint, "properties": {
+                    k: ({"x": LIVE[k]} if k in LIVE else v) for k, v in hint.get("properties", {}).items()}})
+            bodies[(method.upper(), path)] = schema
+    return bodies
+
+
 METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"]
 
 
@@ -73,7 +99,9 @@ def requests(spec: dict, live: Live) -> Any:
         "action": st.sampled_from(live.actions) | st.text(max_size=40) | huge,
         "sid": slots.map(lambda i: live.pool[i][0]) | st.text(max_size=30),
         "token": slots.map(lambda i: live.pool[i][1]) | st.text(max_size=50),
+        "method": st.sampled_from(RPC_METHODS),
     }
+    bodies = request_bodies(spec)
 
     def from_schema(schema: dict) -> Any:
         if "x" in schema:
@@ -82,14 +110,20 @@ def requests(spec: dict, live: Live) -> Any:
             typed = st.one_of([from_schema(s) for s in schema["anyOf"]])
         elif "enum" in schema:
             typed = st.sampled_from(schema["enum"])
+        elif "const" in schema:
+            typed = st.just(schema["const"])
         elif schema.get("type") == "integer":
             typed = st.integers() | st.sampled_from([2**63, -(2**63) - 1, 10**70])
         elif schema.get("type") == "object":
             props = {k: from_schema(v) for k, v in schema.get("properties", {}).items()}
-            extra = st.dictionaries(st.text(max_size=10), any_json, max_size=2)
+            extra = st.dictionaries(st.sampled_from(RESERVED) | st.text(max_size=10), any_json, max_size=2)
             typed = st.tuples(st.fixed_dictionaries({}, optional=props), extra).map(lambda p: {**p[1], **p[0]})
         elif schema.get("type") == "null":
             typed = st.none()
+        elif schema.get("type") == "boolean":
+            typed = st.booleans()
+        elif schema.get("type") == "number":
+            typed = st.floats(allow_nan=False) | st.integers()
         else:
             typed = st.text(max_size=40)
         return st.one_of(typed, typed, typed, any_json)  # mostly the documented type
@@ -100,7 +134,7 @@ def requests(spec: dict, live: Live) -> Any:
     @st.composite
     def request(draw: Callable) -> Request:
         method, path, params = draw(st.sampled_from(ops))
-        body_schema = BODIES.get((method, path))
+        body_schema = bodies.get((method, path))
         if draw(st.integers(0, 9)) == 0:  # a method the route does not take
             method = draw(st.sampled_from(METHODS))
         slot = draw(slots)

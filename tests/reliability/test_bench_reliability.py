@@ -57,3 +57,31 @@ def test_kill_section_prints_zeros(tmp_path):
     # on one machine (tests/train/test_trainer.py allows 1e-5 across setups)
     assert kill["curve_max_abs_diff"] == pytest.approx(0.0, abs=1e-5)
     assert kill["final_weights_max_abs_diff"] == pytest.approx(0.0, abs=1e-5)
+
+
+def test_flood_section_prints_zeros(tmp_path):
+    report = bench(tmp_path, "--only", "flood", "--flood", "500")
+    flood = report["sections"]["flood"]
+    from sdar_envs.server_config import ServerOptions
+
+    held = ServerOptions().connections_per_client_limit  # what one address may hold at the defaults
+    assert flood["connections"] == 500 and flood["refused_at_once"] == 500 - held
+    assert flood["answered_later"] == {"408": held}  # each held one lost its connection at its deadline
+    assert all(failed == 0 and ok >= 10 for ok, failed in flood["probes"].values()) and len(flood["probes"]) == 2
+    assert flood["episodes"][1] == 0 and flood["episodes"][0] >= 10 and flood["open_after"] == 0
+
+
+def test_reclaim_section_prints_zeros(tmp_path):
+    report = bench(tmp_path, "--only", "reclaim", "--reclaim", "32")
+    reclaim = report["sections"]["reclaim"]
+    assert reclaim["told_why"] == reclaim["closed_by_server"] == 32 and reclaim["left_open"] == 0
+    assert reclaim["server_connections_after"] == reclaim["server_sessions_after"] == 0
+
+
+@pytest.mark.slow
+def test_damage_section_prints_zeros(tmp_path):
+    report = bench(tmp_path, "--only", "damage", "--damages", "state scrambled,marker garbage", timeout_s=600)
+    damage = report["sections"]["damage"]
+    assert damage["resumed"] == {"state scrambled": 1, "marker garbage": 2}
+    assert all(damage["finished"].values()) and damage["failed_resumes"] == damage["damaged_deleted"] == 0
+    assert damage["told"] == 2

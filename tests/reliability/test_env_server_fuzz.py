@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.envs.test_server import GUESS_FACTORY, OPERATOR
+from tests.reliability.openapi_fuzz import RESERVED
 from tests.envs.test_server_limits import read_response, rss_mb
 
 SEED = 20261123
@@ -79,7 +80,8 @@ def _value(rng: random.Random, depth: int = 0) -> object:
         return "test-" + str(rng.randrange(40))
     if roll == 7:
         return [_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
-    return {rng.choice(["task_id", "seed", "message", "action", "episode_id", "x", "params", "id"]): _value(rng, depth + 1) for _ in range(rng.randint(0, 3))}
+    return {rng.choice(["task_id", "seed", "message", "action", "episode_id", "x", "params", "id", *RESERVED[:4]]): _value(rng, depth + 1)
+            for _ in range(rng.randint(0, 3))}
 
 
 POISONS = [  # each alone in otherwise valid JSON: what used to be a 500
@@ -114,7 +116,7 @@ def _body(rng: random.Random) -> bytes:
         return b""
     if kind in (3, 4, 5):  # valid JSON that reaches the handlers: a template with a field swapped
         template = dict(rng.choice(TEMPLATES))
-        key = rng.choice([*template, "action", "task_id", "seed", "extra"])
+        key = rng.choice([*template, "action", "task_id", "seed", "episode_id", "extra", *RESERVED])
         template[key] = _value(rng)
         return json.dumps(template, ensure_ascii=rng.random() < 0.5).encode()
     text = _mutate(rng, json.dumps(rng.choice(TEMPLATES)))
@@ -267,3 +269,37 @@ def test_malformed_websocket_frames_never_end_the_session(served):
     assert sum(v for k, v in kinds.items() if k not in ("observation", "state", "session")) > N_FRAMES // 2
     assert handle.alive()
     _play_normally(url)
+
+
+@pytest.mark.parametrize("family", ["household", "shop", "searchqa"])
+def test_reserved_keys_and_wrongly_typed_ids_never_get_a_5xx(family):
+    """Reset and step bodies with keys that were the server's own argument names, or ids of the wrong type, in
+    every family: refused (400 / 422, or a WebSocket error) before anything is called, and the episode goes on."""
+    from websockets.sync.client import connect
+
+    from sdar_envs.client import http_json, serve_in_background
+    from tests.envs.test_server import _http
+    from tests.envs.test_server_connections import RESERVED as BODIES_RESERVED
+    from tests.envs.test_server_connections import WRONG_IDS
+
+    url, handle = serve_in_background(family, **({"backend": "sim"} if family == "household" else {}))
+    with handle:
+        task = http_json("GET", f"{url}/tasks?split=test")["task_ids"][0]
+        created = http_json("POST", f"{url}/sessions")
+        sid, token = created["session_id"], created["session_token"]
+        base = f"{url}/sessions/{sid}"
+        assert _http("POST", f"{base}/reset", {"task_id": task, "episode_id": "e1"}, token=token)[0] == 200
+        for body in BODIES_RESERVED + WRONG_IDS:
+            assert _http("POST", f"{base}/reset", body, token=token)[0] in (400, 422), body
+            assert _http("POST", f"{base}/step", {"action": {"message": "look"}, **body}, token=token)[0] in (400, 422)
+            status, state = _http("GET", f"{base}/state", token=token)
+            assert status == 200 and state["task_id"] == task and state["step_count"] == 0, (body, state)
+        with connect(url.replace("http://", "ws://") + "/ws", open_timeout=10) as ws:
+            for body in BODIES_RESERVED + WRONG_IDS:
+                ws.send(json.dumps({"type": "reset", "data": body}))
+                reply = json.loads(ws.recv(timeout=10))
+                assert reply["type"] == "error" and reply["data"]["code"] == "VALIDATION_ERROR", (body, reply)
+            ws.send(json.dumps({"type": "reset", "data": {"task_id": task}}))
+            assert json.loads(ws.recv(timeout=30))["data"]["observation"]["task_id"] == task
+            ws.send(json.dumps({"type": "state"}))
+            assert json.loads(ws.recv(timeout=10))["data"]["task_id"] == task

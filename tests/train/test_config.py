@@ -3,6 +3,8 @@ and what is not a number gets an error naming the key."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import yaml
 
@@ -96,13 +98,13 @@ def test_arm_overrides_are_checked_and_typed_at_load():
         load_config(CONFIG, {"arm": "sdarr"})
 
 
-def test_a_misspelled_arm_setting_stops_train_and_eval_before_any_work(tmp_path):
+def test_a_misspelled_arm_setting_stops_train_and_eval_before_any_work(tmp_path, capsys):
     from sdar.cli import main
 
     for command in ("train", "eval"):
-        with pytest.raises(ValueError, match=r"\['kl_coeff'\] in arm_overrides"):
-            main([command, "--config", CONFIG, "--set", "arm_overrides.kl_coeff=0.1", "--set",
-                  f"output_dir={tmp_path}"])
+        assert main([command, "--config", CONFIG, "--set", "arm_overrides.kl_coeff=0.1", "--set",
+                     f"output_dir={tmp_path}"]) == 2
+        assert f"sdar {command}: config error: unknown arm setting(s) ['kl_coeff'] in arm_overrides" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
 
 
@@ -180,3 +182,50 @@ def test_a_renamed_arm_setting_names_its_new_name():
     with pytest.raises(ValueError, match="'sdar_beta' is now called 'gate_beta'"):
         load_config(CONFIG, {"arm_overrides.sdar_beta": 3.0})
     assert load_config(CONFIG, {"arm_overrides.gate_beta": 3.0}).resolved_arm().gate_beta == 3.0
+
+
+# ---- numbers: finite, and inside their range, checked at load naming the key -----------------------------
+NOT_FINITE = [("lr", ".nan"), ("grad_clip", ".inf"), ("rollout.top_p", "-.inf"), ("warmstart.lr", ".nan"),
+              ("arm_overrides.kl_coef", ".nan"), ("arm_overrides.extra_coefs", "{sq_coef: .inf}"),
+              ("checkpoint_retry_s", ".inf"), ("replay.temperature", ".nan")]  # fmt: skip
+OUT_OF_RANGE = [("lr", "-1e-6", ">= 0"), ("grad_clip", "0", "> 0"), ("rollout.top_p", "1.5", "in (0, 1]"),
+                ("warmstart.noise", "2", "in [0, 1]"), ("tasks_per_step", "0", ">= 1"),
+                ("arm_overrides.clip_low", "1", "in [0, 1)"), ("arm_overrides.dual_clip", "0.5", "> 1"),
+                ("vllm.gpu_memory_utilization", "0", "in (0, 1]"), ("model.lora_dropout", "1.0", "in [0, 1)")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("key", "text"), NOT_FINITE, ids=[k for k, _ in NOT_FINITE])
+def test_non_finite_numbers_are_refused_at_load_naming_the_key(key, text):
+    from sdar.config import ConfigError, parse_set
+
+    with pytest.raises(ConfigError, match=r"is not a finite number") as err:
+        load_config(CONFIG, dict([parse_set(f"{key}={text}")]))
+    assert str(err.value).startswith(key.split("{")[0]) and "sdar config fields" in str(err.value)
+
+
+@pytest.mark.parametrize(("key", "text", "bound"), OUT_OF_RANGE, ids=[k for k, _, _ in OUT_OF_RANGE])
+def test_numbers_out_of_range_are_refused_at_load_naming_the_range(key, text, bound):
+    from sdar.config import ConfigError, parse_set
+
+    with pytest.raises(ConfigError, match=rf"^{re.escape(key)}=.* is out of range: it must be {re.escape(bound)} "):
+        load_config(CONFIG, dict([parse_set(f"{key}={text}")]))
+
+
+def test_every_bounded_key_is_a_setting():
+    # (every shipped config is inside the bounds: test_every_config_in_configs_loads loads each one)
+    from sdar.config import NUMBER_BOUNDS, OVERRIDABLE, config_fields
+
+    keys = {k for k, *_ in config_fields()} | {f"arm_overrides.{k}" for k in OVERRIDABLE}
+    assert set(NUMBER_BOUNDS) <= keys, set(NUMBER_BOUNDS) - keys
+
+
+def test_a_config_error_is_a_message_and_status_2_not_a_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "sdar.cli", "train", "--config", CONFIG, "--output", str(tmp_path),
+                           "--set", "lr=.nan"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("sdar train: config error: lr=nan is not a finite number; give a number >= 0 "
+                                   "(`sdar config fields lr` shows its default and meaning)")
+    assert "Traceback" not in proc.stderr + proc.stdout and not (tmp_path / "checkpoints").exists()

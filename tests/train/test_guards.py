@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sdar.storage import COMPLETE_FILE, LATEST_MARKER, checkpoint_path, latest_checkpoint, list_checkpoints, open_store
-from sdar.train.trainer import WEIGHTS_FILE, TrainingFailed
+from sdar.train.trainer import STATE_FILE, WEIGHTS_FILE, TrainingFailed
 
 from .conftest import make_trainer, small_config
 
@@ -144,3 +144,88 @@ def test_a_killed_upload_leaves_no_temporary_file_behind(tmp_path):
     write_checkpoint(store, 2, ckpt)
     assert not leftover.exists()
     assert not list((tmp_path / "store").rglob("*sdar-tmp*"))
+
+
+# ---- a damaged newest checkpoint: resume falls back, says so, keeps the damaged one -----------------------
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _scramble(path):  # the same size (the manifest's check passes), bytes that torch cannot read
+    path.write_bytes(bytes(b ^ 0x5A for b in path.read_bytes()))
+
+
+DAMAGE = {
+    "weights truncated": (WEIGHTS_FILE, _truncate, "trainable.pt is"),
+    "state truncated": (STATE_FILE, _truncate, "trainer_state.pt is"),
+    "state scrambled": (STATE_FILE, _scramble, "trainer_state.pt does not load"),
+    "weights missing": (WEIGHTS_FILE, lambda p: p.unlink(), "trainable.pt is missing"),
+    "manifest garbage": (COMPLETE_FILE, lambda p: p.write_text("{not json"), "_COMPLETE.json does not read"),
+}
+
+
+@pytest.fixture(scope="module")
+def two_steps(tiny_ckpt, tmp_path_factory):
+    """A finished 2-step run with checkpoints at steps 1 and 2 (copied by each test before it damages one)."""
+    out = tmp_path_factory.mktemp("two-steps")
+    make_trainer(small_config(out, arm="grpo", steps=2, tracking=False, keep_checkpoints=3)).run()
+    return out
+
+
+@pytest.mark.parametrize("kind", list(DAMAGE))
+def test_resume_falls_back_from_a_damaged_newest_checkpoint(two_steps, tmp_path, kind, capsys):
+    import shutil
+
+    from sdar.storage import DAMAGED_DIR, DAMAGED_FILE
+
+    shutil.copytree(two_steps / "checkpoints", tmp_path / "checkpoints")
+    name, damage, why = DAMAGE[kind]
+    damage(tmp_path / "checkpoints" / checkpoint_path(2) / name)
+    resumed = make_trainer(small_config(tmp_path, arm="grpo", steps=3, tracking=False, keep_checkpoints=3))
+    assert resumed.maybe_resume() and resumed.step == 1
+    said = "".join(capsys.readouterr())
+    assert "step-000002 cannot be loaded" in said and why in said and "kept, not deleted" in said, said
+    # moved aside with the reason, never deleted; out of what resume and pruning look at
+    (moved,) = (tmp_path / "checkpoints" / DAMAGED_DIR).iterdir()
+    assert moved.name.startswith("step-000002-") and why in (moved / DAMAGED_FILE).read_text()
+    assert (moved / name).exists() or name == WEIGHTS_FILE and kind == "weights missing"
+    assert [s for s, _ in list_checkpoints(open_store(str(tmp_path / "checkpoints")))] == [1]
+    # and the run goes on from step 1 to its end
+    assert resumed.run()["steps"] == 3
+    assert [s for s, _ in list_checkpoints(open_store(str(tmp_path / "checkpoints")))] == [1, 2, 3]
+    assert moved.exists()
+
+
+def test_resume_reads_past_a_garbage_marker(two_steps, tmp_path, capsys):
+    import shutil
+
+    shutil.copytree(two_steps / "checkpoints", tmp_path / "checkpoints")
+    marker = tmp_path / "checkpoints" / LATEST_MARKER
+    marker.write_bytes(b"\x00\x01 not a marker")
+    resumed = make_trainer(small_config(tmp_path, arm="grpo", steps=3, tracking=False))
+    assert resumed.maybe_resume() and resumed.step == 2
+    assert "latest.json is not valid JSON" in "".join(capsys.readouterr())
+    assert marker.read_bytes() == b"\x00\x01 not a marker"  # left for whoever looks
+
+
+def test_no_loadable_checkpoint_is_an_error_naming_each(two_steps, tmp_path):
+    import shutil
+
+    shutil.copytree(two_steps / "checkpoints", tmp_path / "checkpoints")
+    for step in (1, 2):
+        _truncate(tmp_path / "checkpoints" / checkpoint_path(step) / WEIGHTS_FILE)
+    resumed = make_trainer(small_config(tmp_path, arm="grpo", steps=3, tracking=False))
+    with pytest.raises(RuntimeError, match=r"no checkpoint .* can be resumed from .*step-000002.*trainable.pt is .*step-000001"):
+        resumed.maybe_resume()
+
+
+def test_loading_a_damaged_checkpoint_for_evaluation_is_an_error_not_another_step(two_steps, tmp_path):
+    import shutil
+
+    from sdar.train.runtime import build_runtime
+
+    shutil.copytree(two_steps / "checkpoints", tmp_path / "checkpoints")
+    _scramble(tmp_path / "checkpoints" / checkpoint_path(2) / WEIGHTS_FILE)
+    rt = build_runtime(small_config(tmp_path / "eval", arm="grpo", tracking=False), train=False)
+    with pytest.raises(RuntimeError, match=r"newest checkpoint .*step-000002 cannot be loaded \(trainable.pt does not load"):
+        rt.load_weights(str(tmp_path))

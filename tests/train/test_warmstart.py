@@ -68,7 +68,7 @@ def test_decision_turns_are_take_and_go_to_off_the_search_frontier():
     # some go-to turns of the student are decisions (appliance, target) and none are opens
     assert any(is_decision(t) and t["action"].startswith("go to ") for t in student)
     assert not any(is_decision(t) for t in turns if t["action"].startswith("open "))
-    with pytest.raises(ValueError, match=r"decision_repeats=0 must be >= 1"):
+    with pytest.raises(ValueError, match=r"warmstart.decision_repeats=0 is out of range: it must be >= 1"):
         expert_turns(load_config(CONFIG, {"warmstart.decision_repeats": 0}), 1, seed=0)
 
 

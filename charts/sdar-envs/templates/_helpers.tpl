@@ -130,6 +130,9 @@ imagePullSecrets:
 {{- if and $h.enabled (eq $h.backend "alfworld") (not $h.alfworld.dataPVC) -}}
 {{- fail "household.backend=alfworld needs the ALFWorld games: set household.alfworld.dataPVC to the name of a PersistentVolumeClaim that holds json_2.1.1/ (as alfworld-download lays it out), or use household.backend=sim" -}}
 {{- end -}}
+{{- if eq (int .Values.probePort) (int .Values.containerPort) -}}
+{{- fail (printf "probePort and containerPort are both %d: the probe port must be a port of its own (outside the clients' connection limits), e.g. probePort=8081" (int .Values.containerPort)) -}}
+{{- end -}}
 {{- $np := .Values.networkPolicy -}}
 {{- if and $np.enabled $np.pinServiceAccounts (semverCompare "<1.30.0-0" .Capabilities.KubeVersion.Version) -}}
 {{- fail (printf "networkPolicy.pinServiceAccounts needs Kubernetes >= 1.30 (ValidatingAdmissionPolicy v1), this cluster is %s: upgrade, or set networkPolicy.pinServiceAccounts=false and keep other pods from wearing the clients' podLabels another way" .Capabilities.KubeVersion.Version) -}}

@@ -340,10 +340,12 @@ class AsyncRemoteEnv(_RemoteBase):
 # ---- starting servers -----------------------------------------------------------------------------
 @dataclass
 class ServerHandle:
-    """A running background server: `url`, and `stop()` to end it (also on `with` exit)."""
+    """A running background server: `url` (and `probe_url`, its probe port's, when it has one), and `stop()`
+    to end it (also on `with` exit)."""
 
     url: str
     family: str
+    probe_url: str | None = None
     process: subprocess.Popen | None = None
     log_path: Path | None = None
     _thread: threading.Thread | None = field(default=None, repr=False)
@@ -385,15 +387,6 @@ class ServerHandle:
         self.stop()
 
 
-def _bound_socket(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    return sock
-
-
 def wait_healthy(url: str, timeout_s: float = 90.0, handle: ServerHandle | None = None) -> None:
     """Poll GET /health until it answers 200; fail early if the server process died."""
     deadline = time.monotonic() + timeout_s
@@ -424,7 +417,8 @@ def serve_in_background(
 ) -> tuple[str, ServerHandle]:
     """Start a server for `family` on a free 127.0.0.1 port and wait until /health answers.
 
-    options: a `ServerOptions` for limits and host (its family, env_kwargs and port are ignored).
+    options: a `ServerOptions` for limits and host (its family, env_kwargs and port are ignored; a
+        probe_port of 0 binds any free port, given back as `handle.probe_url`).
     port: the port to listen on (0: any free port, the default).
     in_process: serve from a thread of this process instead of a child process (fast to start).
     die_with_parent: the child server ends when this process ends (set False to outlive it).
@@ -434,44 +428,38 @@ def serve_in_background(
     Returns (url, handle); `handle.stop()` ends the server.
     """
     from sdar_envs.base import available_envs
-    from sdar_envs.server_config import ServerOptions
+    from sdar_envs.server_config import ServerOptions, options_to_args
 
     if ":" not in family and family not in available_envs():
         # checked here, so a typo fails at once instead of after a child process starts
         raise ValueError(f"unknown environment {family!r}; choose one of {', '.join(available_envs())} or give 'module:attr'")
     base = options if options is not None else ServerOptions()
     opts = replace(base, family=family, env_kwargs=dict(env_kwargs), port=port)
-    sock = _bound_socket(opts.host, port)
-    host_for_url = f"[{opts.host}]" if ":" in opts.host else opts.host
-    url = f"http://{host_for_url}:{sock.getsockname()[1]}"
-    if in_process:
-        return url, _serve_thread(url, opts, sock, startup_timeout_s, operator_token)
+    from sdar_envs.server import bound_socket
+
     try:
         kwargs_json = json.dumps(opts.env_kwargs)
     except TypeError as exc:
-        sock.close()
-        raise TypeError(
-            f"env kwargs must be JSON values to reach a server process ({exc}); pass plain values or use in_process=True"
-        ) from None
+        if not in_process:
+            raise TypeError(
+                f"env kwargs must be JSON values to reach a server process ({exc}); pass plain values or use in_process=True"
+            ) from None
+    sock = bound_socket(opts.host, port)
+    probe_sock = bound_socket(opts.host, opts.probe_port) if opts.probe_port is not None else None
+    host_for_url = f"[{opts.host}]" if ":" in opts.host else opts.host
+    url = f"http://{host_for_url}:{sock.getsockname()[1]}"
+    probe_url = f"http://{host_for_url}:{probe_sock.getsockname()[1]}" if probe_sock is not None else None
+    if probe_sock is not None:
+        opts = replace(opts, probe_port=probe_sock.getsockname()[1])
+    if in_process:
+        return url, _serve_thread(url, opts, sock, startup_timeout_s, operator_token, probe_sock, probe_url)
     log_file = tempfile.NamedTemporaryFile(prefix=f"sdar-{family.replace(':', '_')}-", suffix=".log", delete=False)
-    cmd = [
-        sys.executable, "-m", "sdar_envs.server",
-        "--env", opts.family,
-        "--fd", str(sock.fileno()),
-        "--host", opts.host,
-        "--port", url.rsplit(":", 1)[1],
-        "--env-kwargs", kwargs_json,
-        "--max-sessions", str(opts.max_sessions),
-        "--max-sessions-per-client", str(opts.max_sessions_per_client),
-        "--session-ttl", str(opts.session_ttl_s or 0),
-        "--max-action-chars", str(opts.max_action_chars),
-        "--header-timeout", str(opts.header_timeout_s),
-        "--body-timeout", str(opts.body_timeout_s),
-        "--keep-alive", str(opts.keep_alive_s),
-        "--log-level", opts.log_level,
-    ]  # fmt: skip
-    if opts.reap_interval_s is not None:
-        cmd += ["--reap-interval", str(opts.reap_interval_s)]
+    cmd = [sys.executable, "-m", "sdar_envs.server", "--env", opts.family, "--fd", str(sock.fileno()),
+           "--port", url.rsplit(":", 1)[1], "--env-kwargs", kwargs_json, *options_to_args(opts)]  # fmt: skip
+    fds = [sock.fileno()]
+    if probe_sock is not None:
+        cmd += ["--probe-fd", str(probe_sock.fileno())]
+        fds.append(probe_sock.fileno())
     if die_with_parent:
         cmd += ["--parent-pid", str(os.getpid())]
     env = dict(os.environ)
@@ -484,15 +472,17 @@ def serve_in_background(
     try:
         proc = subprocess.Popen(
             cmd,
-            pass_fds=(sock.fileno(),),
+            pass_fds=tuple(fds),
             stdout=log_file,
             stderr=subprocess.STDOUT,
             env=env,
         )
     finally:
-        sock.close()  # the child holds its own copy
+        sock.close()  # the child holds its own copies
+        if probe_sock is not None:
+            probe_sock.close()
         log_file.close()
-    handle = ServerHandle(url=url, family=family, process=proc, log_path=Path(log_file.name))
+    handle = ServerHandle(url=url, family=family, probe_url=probe_url, process=proc, log_path=Path(log_file.name))
     try:
         wait_healthy(url, startup_timeout_s, handle)
     except BaseException:
@@ -501,15 +491,14 @@ def serve_in_background(
     return url, handle
 
 
-def _serve_thread(url: str, opts: Any, sock: socket.socket, startup_timeout_s: float, operator_token: str | None) -> ServerHandle:
-    import uvicorn
+def _serve_thread(url: str, opts: Any, sock: socket.socket, startup_timeout_s: float, operator_token: str | None,
+                  probe_sock: socket.socket | None = None, probe_url: str | None = None) -> ServerHandle:  # fmt: skip
+    from sdar_envs.server import create_env_app, env_server
 
-    from sdar_envs.server import create_env_app, uvicorn_config
-
-    server = uvicorn.Server(uvicorn_config(create_env_app(opts, operator_token=operator_token), opts))
+    server = env_server(create_env_app(opts, operator_token=operator_token), opts, probe_sock)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"sdar-env-{opts.family}", daemon=True)
     thread.start()
-    handle = ServerHandle(url=url, family=opts.family, _thread=thread, _server=server)
+    handle = ServerHandle(url=url, family=opts.family, probe_url=probe_url, _thread=thread, _server=server)
     try:
         wait_healthy(url, startup_timeout_s, handle)
     except BaseException:

@@ -33,8 +33,8 @@ def _import_openenv_core() -> None:
 
 _import_openenv_core()
 
-from openenv.core.env_server.types import Action, Observation, State  # noqa: E402
-from pydantic import Field  # noqa: E402
+from openenv.core.env_server.types import Action, Observation, ResetRequest, State  # noqa: E402
+from pydantic import BaseModel, ConfigDict, Field  # noqa: E402
 
 from sdar_envs.base import METADATA_KEYS, EnvStep  # noqa: E402
 
@@ -48,6 +48,27 @@ class SdarAction(Action):
     """One agent action: the text the agent sends to the environment."""
 
     message: str = Field(..., description="the action text, e.g. 'go to fridge 1' or 'search[red shoes]'")
+
+
+class SdarResetRequest(ResetRequest):
+    """Start an episode: the body of POST /sessions/{id}/reset and the data of a WebSocket reset message.
+
+    OpenEnv's ResetRequest (seed >= 0, episode_id of at most 255 characters) with the task to play, no other
+    key, and no type coerced: a seed is a JSON integer, ids are JSON strings."""
+
+    model_config = ConfigDict(
+        extra="forbid", strict=True, json_schema_extra={"examples": [{"task_id": "test-0"}, {"seed": 7}, {}]}
+    )
+
+    task_id: str | None = Field(None, description="the task to play (ids: GET /tasks?split=); none: one drawn from seed")
+
+
+class SdarStepRequest(BaseModel):
+    """Act: the body of POST /sessions/{id}/step."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"action": {"message": "look"}}]})
+
+    action: SdarAction = Field(..., description="the agent's action")
 
 
 class SdarObservation(Observation):

@@ -13,9 +13,8 @@ request (no multi-turn episode over plain HTTP), and the serializer drops `Obser
 So `SdarEnvServer` subclasses `HTTPEnvServer` (its session table, capacity check, executors and
 reaper are reused, not copied) and adds:
   * every observation carries the step metadata as fields, plus `step` and `session_id`;
-  * a reaper with a configurable interval that remembers reclaimed sessions (410, not 404); a
-    reclaimed WebSocket stays open (OpenEnv cannot close it from the reaper) and its next message
-    gets an error saying the session was reclaimed and to reconnect;
+  * a reaper with a configurable interval that remembers reclaimed sessions (410 to their owner, not
+    404); a reclaimed WebSocket is told why (an error message) and closed (code 1001, the reason);
   * stateful HTTP sessions over the same session table (routes below), so curl, probes and
     teachers without a WebSocket can play and read back;
   * state(t): `GET /sessions/{id}/state?t=T` returns the exact observation of step T (the wire
@@ -23,8 +22,9 @@ reaper are reused, not copied) and adds:
     session state, which is also what the WebSocket "state" message returns (ids, step count,
     and the observation text of every step);
   * limits with clear errors: action length (413 / error message), session capacity (503), unknown
-    or reclaimed session (404 / 410), unknown task id at reset (404), malformed JSON (400), stepping
-    before reset or after the end (409).
+    or reclaimed session (404 / 410), unknown task id at reset (404), malformed JSON (400), a reset or
+    step body that does not fit its model (400 for an unknown key, 422 for a wrong type; the models are
+    published as request bodies in /openapi.json), stepping before reset or after the end (409).
 
 Sessions belong to whoever opened them. POST /sessions answers with a `session_token` (from
 `secrets.token_urlsafe`) that every /sessions/{id}/... route requires as `Authorization: Bearer
@@ -33,6 +33,13 @@ Sessions belong to whoever opened them. POST /sessions answers with a `session_t
 counts; with the operator token (env SDAR_ENV_OPERATOR_TOKEN, from a Secret) it lists every session,
 and DELETE /sessions/{id} with it closes any. One client address holds at most
 `max_sessions_per_client` sessions (429 beyond). Tokens are compared in constant time, never logged.
+Without a token a session route says nothing about the id (401 for live, reclaimed and unknown ids alike).
+
+Connections are bounded before they reach any route (`sdar_envs.server_limits.ConnectionLimits`): one client
+address holds at most `connections_per_client_limit` open connections, HTTP and WebSocket alike (one more is
+answered 429 at once and closed), the server `connections_limit` in all (503). uvicorn's own
+limit_concurrency is off: it counts no WebSocket upgrade and answers /health 503 like everything else. With
+--probe-port a second port answers GET /health only, outside these limits, for the kubelet.
 
 Every bad input is a 4xx with a message, read within bounds (`sdar_envs.server_limits`): bodies over
 `max_body_bytes` are refused on Content-Length before reading and while reading chunked ones (413),
@@ -58,6 +65,7 @@ import collections
 import contextlib
 import errno
 import functools
+import hashlib
 import hmac
 import importlib
 import json
@@ -74,7 +82,14 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 # first, so that openenv is imported without its Gradio web UI (see openenv_models)
-from sdar_envs.openenv_models import SdarAction, SdarObservation, SdarState, observation_from_step
+from sdar_envs.openenv_models import (
+    SdarAction,
+    SdarObservation,
+    SdarResetRequest,
+    SdarState,
+    SdarStepRequest,
+    observation_from_step,
+)
 
 # isort: split
 from fastapi import FastAPI, HTTPException, Request, WebSocket, WebSocketDisconnect
@@ -83,7 +98,7 @@ from openenv.core.env_server.exceptions import EnvironmentFactoryError, SessionC
 from openenv.core.env_server.http_server import HTTPEnvServer
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.mcp_types import JsonRpcErrorCode, JsonRpcRequest, JsonRpcResponse
-from openenv.core.env_server.serialization import deserialize_action, serialize_observation
+from openenv.core.env_server.serialization import serialize_observation
 from openenv.core.env_server.types import (
     ConcurrencyConfig,
     EnvironmentMetadata,
@@ -96,7 +111,7 @@ from openenv.core.env_server.types import (
     WSStateResponse,
     WSStepMessage,
 )
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from sdar_envs import __version__
 from sdar_envs.base import TextEnv, make_env
@@ -110,8 +125,10 @@ from sdar_envs.server_config import (
 from sdar_envs.server_limits import (
     MAX_TASK_ID_CHARS,
     BadJSON,
+    ConnectionLimits,
+    ProbeListener,
     RequestGuard,
-    guarded_h11_protocol,
+    guarded_protocols,
     loads_guarded,
 )
 
@@ -174,6 +191,18 @@ class TooManySessionsError(EnvRequestError):
     kind = "too_many_sessions"
 
 
+class RequestValidationFailed(EnvRequestError):
+    """A body or message whose values do not fit its model (422); `errors` are pydantic's, without the input."""
+
+    status = 422
+    kind = "invalid_request"
+
+    def __init__(self, what: str, exc: ValidationError) -> None:
+        self.errors = exc.errors(include_url=False, include_context=False, include_input=False)
+        shown = "; ".join(f"{'.'.join(str(part) for part in e['loc']) or 'body'}: {e['msg']}" for e in self.errors[:5])
+        super().__init__(f"invalid {what} data ({shown})")
+
+
 def build_text_env(family: str, env_kwargs: dict[str, Any] | None = None) -> TextEnv:
     """A registered family by name, or any TextEnv factory given as 'module:attr'."""
     kwargs = dict(env_kwargs or {})
@@ -217,7 +246,8 @@ class SdarEnvironment(Environment[SdarAction, SdarObservation, SdarState]):
             raise ResetError(f"seed must be an integer, got {seed!r}")
         if task_id is not None and not isinstance(task_id, str):
             raise ResetError(f"task_id must be a string, got {type(task_id).__name__}")
-        self._records = []  # a failed reset leaves no episode to step in
+        # a reset that fails leaves no episode behind: nothing to step in, no task in the state
+        self._records, self._task_id, self._task, self._episode_id = [], None, None, None
         if task_id is not None and len(task_id) > MAX_TASK_ID_CHARS:
             raise UnknownTaskError(
                 f"family {self.family!r} has no task id of {len(task_id)} characters (ids are at most {MAX_TASK_ID_CHARS}); "
@@ -349,6 +379,10 @@ def same_token(given: str, expected: str) -> bool:
 # ---- the server -----------------------------------------------------------------------------
 _MISSING = object()
 _WS_EXAMPLE = '{"type": "step", "data": {"message": "look"}}'
+RESET_EXAMPLE = '{"task_id": "...", "seed": 0}'
+STEP_EXAMPLE = '{"action": {"message": "look"}}'
+# a reclaimed WebSocket session's connection is closed with this code ("going away") and the reason
+WS_RECLAIMED_CLOSE_CODE = 1001
 
 
 class SdarEnvServer(HTTPEnvServer):
@@ -371,10 +405,15 @@ class SdarEnvServer(HTTPEnvServer):
                 max_concurrent_envs=options.max_sessions, session_timeout=options.session_ttl_s
             ),
         )
-        # reclaimed session ids, remembered so a late request gets 410 "expired" instead of 404
-        self._expired: collections.OrderedDict[str, str] = collections.OrderedDict()
+        # reclaimed session ids, remembered so that their owner learns 410 "reclaimed" instead of 404:
+        # sid -> (why, SHA-256 of the session's token)
+        self._expired: collections.OrderedDict[str, tuple[str, bytes]] = collections.OrderedDict()
         self._owners: dict[str, SessionOwner] = {}
         self._per_client: collections.Counter[str] = collections.Counter()
+        # a WebSocket session's connection waits on this as well as on its client: set when it is reclaimed
+        self._ws_reclaimed: dict[str, asyncio.Event] = {}
+        # every open connection, counted per client address and in all (the uvicorn protocols admit them)
+        self.connections = ConnectionLimits(options.connections_per_client_limit, options.connections_limit)
         self.sessions_created = 0
 
     # -- OpenEnv hooks ---------------------------------------------------------------------------
@@ -415,15 +454,18 @@ class SdarEnvServer(HTTPEnvServer):
                     )
                     if isinstance(env, SdarEnvironment):
                         env.expire(reason)
-                    self._remember_expired(sid, reason)
+                    owner = self._owners.get(sid)
+                    self._remember_expired(sid, reason, owner.token if owner is not None else "")
                     await self._destroy_session(sid)
+                    if (reclaimed := self._ws_reclaimed.get(sid)) is not None:
+                        reclaimed.set()  # its connection closes with the reason
             except asyncio.CancelledError:
                 break
             except Exception as exc:  # keep reaping whatever one bad session does
                 log.warning("idle-session reaper error (will retry): %s", exc)
 
-    def _remember_expired(self, sid: str, reason: str) -> None:
-        self._expired[sid] = reason
+    def _remember_expired(self, sid: str, reason: str, token: str) -> None:
+        self._expired[sid] = (reason, hashlib.sha256(token.encode()).digest())
         while len(self._expired) > 10_000:
             self._expired.popitem(last=False)
 
@@ -453,13 +495,23 @@ class SdarEnvServer(HTTPEnvServer):
         return bool(token and self._operator_token and same_token(token, self._operator_token))
 
     def _authorize(self, token: str | None, sid: str, action: str) -> SdarEnvironment:
-        """The session's env if `token` may `action` ("read", "play" or "close") on it."""
-        env = self._session_env(sid)
+        """The session's env if `token` may `action` ("read", "play" or "close") on it.
+
+        Without a token nothing is said about the id (401 whether it is live, reclaimed or unknown). A
+        reclaimed session is 410 to its own token and the operator's, 403 to any other (as a live one is);
+        an unknown id is 404. Session ids are uuid4s (122 random bits): a status tells a token holder only
+        about an id it already has."""
         if token is None:
             raise SessionAuthError(
                 "session routes need the session's token: send 'Authorization: Bearer <session_token>' with the "
                 "token POST /sessions returned (a WebSocket gets its own with {\"type\": \"session\"})"
             )
+        if sid in self._expired and sid not in self._sessions:
+            reason, digest = self._expired[sid]
+            if hmac.compare_digest(hashlib.sha256(token.encode("utf-8", "replace")).digest(), digest) or self.is_operator(token):
+                raise SessionGoneError(reason)
+            raise SessionForbiddenError(f"that token does not open session {sid}")
+        env = self._session_env(sid)
         owner = self._owners.get(sid)
         if owner is not None and same_token(token, owner.token):
             if action != "read" and owner.kind == "ws":
@@ -475,8 +527,6 @@ class SdarEnvServer(HTTPEnvServer):
     def _session_env(self, sid: str) -> SdarEnvironment:
         env = self._sessions.get(sid, _MISSING)
         if env is _MISSING:
-            if sid in self._expired:
-                raise SessionGoneError(self._expired[sid])
             raise HTTPException(
                 404, f"unknown session {sid[:100]!r}; create one with POST /sessions (or open a WebSocket at /ws)"
             )
@@ -484,10 +534,35 @@ class SdarEnvServer(HTTPEnvServer):
             raise HTTPException(409, f"session {sid!r} is still starting; retry in a moment")
         return env  # type: ignore[return-value]
 
-    async def _call(self, sid: str, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        out = await self._run_in_session_executor(sid, func, *args, **kwargs)
-        self._update_session_activity(sid, increment_step=func.__name__ == "step")
+    async def _call(self, sid: str, call: Callable[[], Any], *, step: bool = False) -> Any:
+        """`call()` (no arguments: what a client sent never meets this signature) in the session's executor."""
+        out = await self._run_in_session_executor(sid, call)
+        self._update_session_activity(sid, increment_step=step)
         return out
+
+    @staticmethod
+    def _validated(model: type[BaseModel], data: Any, what: str, example: str) -> Any:
+        """`data` as `model`: a key the model lacks is an EnvRequestError naming it (400), a value of the wrong
+        type or range a 422 with the errors; nothing a client sends reaches a call before this."""
+        if not isinstance(data, dict):
+            raise EnvRequestError(f"{what} data must be a JSON object like {example}, got {type(data).__name__}")
+        unknown = sorted(str(k)[:40] for k in data if k not in model.model_fields)
+        if unknown:
+            raise EnvRequestError(
+                f"unknown {what} parameter(s) {unknown[:10]}; {what} accepts {', '.join(model.model_fields)}, e.g. {example}"
+            )
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            raise RequestValidationFailed(what, exc) from None
+
+    async def _reset(self, sid: str, env: SdarEnvironment, data: Any) -> SdarObservation:
+        req = self._validated(SdarResetRequest, data, "reset", RESET_EXAMPLE)
+        return await self._call(sid, functools.partial(env.reset, task_id=req.task_id, seed=req.seed, episode_id=req.episode_id))
+
+    async def _step(self, sid: str, env: SdarEnvironment, body: Any) -> SdarObservation:
+        req = self._validated(SdarStepRequest, body, "step", STEP_EXAMPLE)
+        return await self._call(sid, functools.partial(env.step, req.action), step=True)
 
     async def _json_body(self, request: Request, example: str) -> dict[str, Any]:
         body = await request.body()  # RequestGuard has read it within max_body_bytes and body_timeout_s
@@ -526,6 +601,9 @@ class SdarEnvServer(HTTPEnvServer):
             "max_body_bytes": o.max_body_bytes,
             "header_timeout_s": o.header_timeout_s,
             "body_timeout_s": o.body_timeout_s,
+            "max_connections": self.connections.total,
+            "max_connections_per_client": self.connections.per_client,
+            "open_connections": self.connections.open,
             "operator_token": self._operator_token is not None,
             "sdar_version": __version__,
         }
@@ -539,6 +617,7 @@ class SdarEnvServer(HTTPEnvServer):
             "websocket": kinds["ws"],
             "yours": self._per_client[client],
             "max_per_client": self.options.max_sessions_per_client,
+            "connections": {**self.connections.figures(), "yours": self.connections.held_by(client)},
         }
 
     async def close_all(self) -> None:
@@ -573,10 +652,20 @@ class SdarEnvServer(HTTPEnvServer):
                 await websocket.send_text(reply)
                 await websocket.close()
             return
-        disconnected = False
+        disconnected = reclaimed = False
+        self._ws_reclaimed[sid] = gone = asyncio.Event()
+        gone_wait = asyncio.ensure_future(gone.wait())
         try:
             while True:
-                message = await websocket.receive()
+                receive = asyncio.ensure_future(websocket.receive())
+                await asyncio.wait({receive, gone_wait}, return_when=asyncio.FIRST_COMPLETED)
+                if not receive.done():  # reclaimed while waiting for the client
+                    receive.cancel()
+                    with contextlib.suppress(BaseException):
+                        await receive
+                    reclaimed = True
+                    break
+                message = receive.result()
                 if message["type"] == "websocket.disconnect":
                     disconnected = True
                     break
@@ -587,8 +676,15 @@ class SdarEnvServer(HTTPEnvServer):
         except WebSocketDisconnect:
             disconnected = True
         finally:
+            gone_wait.cancel()
+            self._ws_reclaimed.pop(sid, None)
             await self._destroy_session(sid)
-            if not disconnected:
+            if reclaimed:  # say why (a client reads it as the answer to its next message), then close
+                why = self._expired.get(sid, ("this session was reclaimed; reconnect", b""))[0]
+                with contextlib.suppress(Exception):
+                    await websocket.send_text(self._ws_error(why, "SESSION_EXPIRED", error=SessionGoneError.kind))
+                    await websocket.close(WS_RECLAIMED_CLOSE_CODE, f"session idle over {self.options.session_ttl_s:g} s, reclaimed; reconnect")
+            elif not disconnected:
                 with contextlib.suppress(Exception):
                     await websocket.close()
 
@@ -607,14 +703,13 @@ class SdarEnvServer(HTTPEnvServer):
         kind = data.get("type")
         try:
             if kind == "reset":
-                obs = await self._call(sid, env.reset, **WSResetMessage(**data).data)
+                obs = await self._reset(sid, env, WSResetMessage.model_validate(data).data)
                 return WSObservationResponse(data=serialize_observation(obs)).model_dump_json()
             if kind == "step":
-                action = deserialize_action(WSStepMessage(**data).data, SdarAction)
-                obs = await self._call(sid, env.step, action)
+                obs = await self._step(sid, env, {"action": WSStepMessage.model_validate(data).data})
                 return WSObservationResponse(data=serialize_observation(obs)).model_dump_json()
             if kind == "state":
-                WSStateMessage(**data)
+                WSStateMessage.model_validate(data)
                 return WSStateResponse(data=env.state.model_dump()).model_dump_json()
             if kind == "close":
                 return None
@@ -629,10 +724,11 @@ class SdarEnvServer(HTTPEnvServer):
         except ValidationError as exc:
             errors = exc.errors(include_url=False, include_context=False, include_input=False)
             return self._ws_error("Invalid message", WSErrorCode.VALIDATION_ERROR, errors=errors)
+        except RequestValidationFailed as exc:
+            return self._ws_error(str(exc), WSErrorCode.VALIDATION_ERROR, errors=exc.errors)
         except EnvRequestError as exc:
-            return self._ws_error(str(exc), WSErrorCode.EXECUTION_ERROR, error=exc.kind)
-        except TypeError as exc:  # e.g. reset data with a key that is not a keyword
-            return self._ws_error(f"Invalid message: {exc}", WSErrorCode.VALIDATION_ERROR)
+            code = WSErrorCode.VALIDATION_ERROR if type(exc) is EnvRequestError else WSErrorCode.EXECUTION_ERROR
+            return self._ws_error(str(exc), code, error=exc.kind)
         except Exception as exc:
             log.warning("session %s: %s failed: %r", sid, kind, exc)
             return self._ws_error(str(exc), WSErrorCode.EXECUTION_ERROR)
@@ -644,7 +740,7 @@ class SdarEnvServer(HTTPEnvServer):
 
         data = await self._json_body(request, '{"jsonrpc": "2.0", "method": "openenv/session/create", "id": 1}')
         try:
-            rpc = JsonRpcRequest(**data)
+            rpc = JsonRpcRequest.model_validate(data)
         except ValidationError as exc:
             errors = exc.errors(include_url=False, include_context=False, include_input=False)
             return answer(400, JsonRpcResponse.error_response(JsonRpcErrorCode.INVALID_REQUEST, f"Invalid request: {errors}"))
@@ -689,6 +785,8 @@ class SdarEnvServer(HTTPEnvServer):
 
         @app.exception_handler(EnvRequestError)
         async def _env_error(_request: Request, exc: EnvRequestError) -> JSONResponse:
+            if isinstance(exc, RequestValidationFailed):  # FastAPI's shape: the errors, each with its loc
+                return JSONResponse({"detail": exc.errors, "error": exc.kind, "message": str(exc)}, status_code=exc.status)
             return JSONResponse({"detail": str(exc), "error": exc.kind}, status_code=exc.status, headers=getattr(exc, "headers", None))
 
         @app.websocket("/ws")
@@ -749,23 +847,12 @@ class SdarEnvServer(HTTPEnvServer):
         @app.post("/sessions/{sid}/reset", tags=["Sessions"], summary="Start an episode: {task_id, seed}")
         async def reset(sid: str, request: Request) -> dict[str, Any]:
             env = self._authorize(bearer_token(request), sid, "play")
-            data = await self._json_body(request, '{"task_id": "...", "seed": 0}')
-            obs = await self._call(sid, env.reset, **data)
-            return serialize_observation(obs)
+            return serialize_observation(await self._reset(sid, env, await self._json_body(request, RESET_EXAMPLE)))
 
         @app.post("/sessions/{sid}/step", tags=["Sessions"], summary='Act: {"action": {"message": str}}')
         async def step(sid: str, request: Request) -> dict[str, Any]:
             env = self._authorize(bearer_token(request), sid, "play")
-            example = '{"action": {"message": "look"}}'
-            data = await self._json_body(request, example)
-            if set(data) != {"action"} or not isinstance(data["action"], dict):
-                raise EnvRequestError(f"the body must be {example}, got keys {sorted(data)[:10]}")
-            try:
-                action = deserialize_action(data["action"], SdarAction)
-            except ValidationError as exc:
-                raise HTTPException(422, exc.errors(include_url=False, include_context=False, include_input=False)) from None
-            obs = await self._call(sid, env.step, action)
-            return serialize_observation(obs)
+            return serialize_observation(await self._step(sid, env, await self._json_body(request, STEP_EXAMPLE)))
 
         @app.get("/sessions/{sid}/state", tags=["Sessions"], summary="State, or the exact observation of step t")
         async def state(sid: str, request: Request, t: int | None = None) -> dict[str, Any]:
@@ -837,27 +924,64 @@ def create_env_app(options: ServerOptions, operator_token: str | None = None) ->
     server.register_routes(app, mode=ServerMode.PRODUCTION)
     app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) not in _REPLACED_ROUTES]
     server.add_session_routes(app)
+    publish_request_bodies(app, {("/sessions/{sid}/reset", "post"): (SdarResetRequest, False),
+                                 ("/sessions/{sid}/step", "post"): (SdarStepRequest, True),
+                                 ("/mcp", "post"): (JsonRpcRequest, True)})  # fmt: skip
     app.add_middleware(_QuietWebSocketClose)
     app.add_middleware(RequestGuard, max_body_bytes=options.max_body_bytes, body_timeout_s=options.body_timeout_s)
     app.state.sdar_server = server
     return app
 
 
+def publish_request_bodies(app: FastAPI, bodies: dict[tuple[str, str], tuple[type[BaseModel], bool]]) -> None:
+    """Declare the JSON body model of each (path, method) in the served OpenAPI document (components/schemas,
+    referenced from the operation), so schema-driven clients and fuzzers see them. The routes read their
+    bodies themselves (bounded by RequestGuard, with errors naming the problem) and validate them against
+    these same models."""
+    from pydantic.json_schema import models_json_schema
+
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema and app.openapi_schema.get("x-sdar-bodies"):
+            return app.openapi_schema
+        schema = build()
+        refs, defs = models_json_schema(
+            [(model, "validation") for model, _ in bodies.values()], ref_template="#/components/schemas/{model}"
+        )
+        schema.setdefault("components", {}).setdefault("schemas", {}).update(defs.get("$defs", {}))
+        for (path, method), (model, required) in bodies.items():
+            operation = schema["paths"][path][method]
+            operation["requestBody"] = {
+                "required": required,
+                "content": {"application/json": {"schema": refs[(model, "validation")]}},
+            }
+        schema["x-sdar-bodies"] = True
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def uvicorn_config(app: FastAPI, options: ServerOptions) -> Any:
     import uvicorn
 
+    limits = app.state.sdar_server.connections if hasattr(app.state, "sdar_server") else None
+    http, ws = guarded_protocols(options.header_timeout_s, limits)
     return uvicorn.Config(
         app,
         host=options.host,
         port=options.port,
         log_level=options.log_level,
-        # h11 with a deadline on request heads (uvicorn has none); bodies are bounded by RequestGuard
-        http=guarded_h11_protocol(options.header_timeout_s),
+        # h11 with a deadline on request heads (uvicorn has none) and every connection, WebSockets included,
+        # counted per client address and in all (ConnectionLimits); bodies are bounded by RequestGuard
+        http=http,
+        ws=ws,
         h11_max_incomplete_event_size=16 * 1024,  # request line + headers
         timeout_keep_alive=options.keep_alive_s,
-        # connections (WebSockets included) beyond this get 503 instead of memory
-        limit_concurrency=4 * options.max_sessions + 256,
-        # the per-client session limit counts the peer address; a forwarded header must not move it
+        # ours instead: uvicorn's counts no WebSocket upgrade and answers every request 503, /health included
+        limit_concurrency=None,
+        # the per-client limits count the peer address; a forwarded header must not move it
         proxy_headers=False,
         # the transport limit only stops absurd frames; the action limit gives the clear error
         ws_max_size=max(1 << 20, options.max_body_bytes),
@@ -867,12 +991,56 @@ def uvicorn_config(app: FastAPI, options: ServerOptions) -> Any:
     )
 
 
-def run_server(options: ServerOptions, sock: socket.socket | None = None) -> None:
-    """Serve until interrupted; `sock` is an already bound socket (background servers pass one)."""
+def env_server(app: FastAPI, options: ServerOptions, probe_sock: socket.socket | None = None) -> Any:
+    """The uvicorn.Server serving `app`, and with `probe_sock` the probe listener (GET /health) beside it."""
     import uvicorn
 
+    class EnvServer(uvicorn.Server):
+        probe = ProbeListener(probe_sock) if probe_sock is not None else None
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if self.probe is not None and not self.should_exit:
+                await self.probe.start()
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            if self.probe is not None:
+                await self.probe.close()
+            await super().shutdown(sockets)
+
+    return EnvServer(uvicorn_config(app, options))
+
+
+def bound_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    return sock
+
+
+def _raise_open_file_limit(wanted: int) -> None:
+    """Every connection is a file descriptor: lift the soft limit toward `wanted` (up to the hard limit)."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
+def run_server(options: ServerOptions, sock: socket.socket | None = None, probe_sock: socket.socket | None = None) -> None:
+    """Serve until interrupted; `sock` (and `probe_sock`) are already bound sockets (background servers pass
+    them); without `probe_sock`, options.probe_port is bound here when set."""
+    if probe_sock is None and options.probe_port is not None:
+        probe_sock = bound_socket(options.host, options.probe_port)
+    _raise_open_file_limit(options.connections_limit + 1024)
     app = create_env_app(options)
-    server = uvicorn.Server(uvicorn_config(app, options))
+    server = env_server(app, options, probe_sock)
     server.run(sockets=[sock] if sock is not None else None)
 
 
@@ -896,15 +1064,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sdar_envs.server", description="Serve one sdar environment family.")
     add_serve_arguments(parser)
     parser.add_argument("--fd", type=int, default=None, help="serve on this already bound socket (used by serve_in_background)")
+    parser.add_argument("--probe-fd", type=int, default=None, help="answer probes on this already bound socket (used by serve_in_background)")
     parser.add_argument("--parent-pid", type=int, default=None, help="stop when this process is gone (used by serve_in_background)")
     args = parser.parse_args(argv)
     if args.parent_pid is not None:
         _exit_with_parent(args.parent_pid)
     options = options_from_args(args)
     sock = socket.socket(fileno=args.fd) if args.fd is not None else None
+    probe_sock = socket.socket(fileno=args.probe_fd) if args.probe_fd is not None else None
     logging.basicConfig(level=options.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     print(f"serving {options.family} with {json.dumps(asdict(options))}", file=sys.stderr, flush=True)
-    run_server(options, sock)
+    run_server(options, sock, probe_sock)
     return 0
 
 

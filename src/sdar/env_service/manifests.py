@@ -133,21 +133,29 @@ def _pod_template(family: str, pod_labels: dict[str, str], image: str, port: int
 def _container(family: str, image: str, port: int, env_kwargs: dict[str, Any],
                values: dict[str, Any]) -> dict[str, Any]:
     """The server container: `sdar envs serve` with the chart's arguments and the config's env
-    kwargs, /health probes with the chart's timings, and the family's resources."""
+    kwargs, /health probes on the probe port with the chart's timings, and the family's resources."""
     fam = values[family]
     args = ["envs", "serve", "--env", family, "--host", "0.0.0.0", "--port", str(port),
             "--log-level", str(values["logLevel"])]
     if fam.get("maxSessions"):
         args += ["--max-sessions", str(fam["maxSessions"])]
+    limits = values.get("clientLimits") or {}
+    for key, flag in (("maxSessionsPerClient", "--max-sessions-per-client"),
+                      ("maxConnectionsPerClient", "--max-connections-per-client")):  # fmt: skip
+        if limits.get(key) is not None:
+            args += [flag, str(limits[key])]
+    args += ["--probe-port", str(values["probePort"])]
     args += [str(a) for a in fam.get("extraArgs", [])]
     args += ["--env-kwargs", json.dumps(env_kwargs)]  # the config's backend and settings
-    health = {"httpGet": {"path": "/health", "port": "http"}}
+    # the kubelet probes a port of its own, outside the clients' connection limits (values.yaml: probePort)
+    health = {"httpGet": {"path": "/health", "port": "probe"}}
     container: dict[str, Any] = {
         "name": family,
         "image": image,
         "imagePullPolicy": values["image"]["pullPolicy"],
         "args": args,
-        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"},
+                  {"name": "probe", "containerPort": int(values["probePort"]), "protocol": "TCP"}],
         "env": [{"name": "SDAR_ENV_PORT", "value": str(port)}, *fam.get("extraEnv", [])],
         "startupProbe": {**health, **values["probes"]["startup"]},
         "readinessProbe": {**health, **values["probes"]["readiness"]},

@@ -127,9 +127,23 @@ class Runtime:
             raise FileNotFoundError(f"no complete checkpoint under {uri}: give a run's output directory, its "
                                     "checkpoints/ directory or checkpoint_uri")
         step, rel = found
+        from sdar.storage import DamagedCheckpointError, fetch_checkpoint
+
+        def unloadable(why: str) -> RuntimeError:  # an evaluation never falls back to an older step on its own
+            return RuntimeError(
+                f"the newest checkpoint {store.uri_for(rel)} cannot be loaded ({why}); resume the run once (`sdar "
+                "train` with the same output moves it to checkpoints/damaged/ and goes on from the newest one that "
+                "loads), or move it aside yourself to evaluate the one before")
+
         with tempfile.TemporaryDirectory() as tmp:
-            store.get_dir(rel, tmp)
-            weights = torch.load(Path(tmp) / WEIGHTS_FILE, weights_only=True)
+            try:
+                fetch_checkpoint(store, rel, tmp)
+            except DamagedCheckpointError as exc:
+                raise unloadable(exc.detail) from exc
+            try:
+                weights = torch.load(Path(tmp) / WEIGHTS_FILE, weights_only=True)
+            except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError, EOFError, UnpicklingError, ...
+                raise unloadable(f"{WEIGHTS_FILE} does not load: {type(exc).__name__}: {str(exc)[:200]}") from exc
         load_trainable(self.model, weights, store.uri_for(rel))
         return step
 

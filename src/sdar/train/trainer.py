@@ -43,6 +43,10 @@ from sdar.train.runtime import (  # noqa: F401 - make_env_factory, seed_everythi
 STATE_FILE = "trainer_state.pt"
 
 
+class CheckpointUnreadable(Exception):
+    """A stored checkpoint that cannot be loaded; the message says which file and why."""
+
+
 class TrainingFailed(RuntimeError):
     """The run ended without training: too many of its updates were skipped."""
 
@@ -560,25 +564,27 @@ class Trainer:
         return True
 
     def maybe_resume(self) -> bool:
-        """Load the newest complete checkpoint whose weights are finite (a non-finite one is reported and
-        passed over, never resumed from); False when there is none."""
-        from sdar.storage import latest_checkpoint, list_checkpoints
+        """Load the newest complete checkpoint that loads and holds finite weights; False when there is none.
 
+        A checkpoint that cannot be loaded (a file missing or cut short, a torch file that does not open) is
+        reported, moved aside to checkpoints/damaged/ (never deleted: `quarantine_checkpoint`) and passed
+        over; one with non-finite weights is reported and passed over. An unreadable latest.json is reported
+        and the newest complete checkpoint is used instead."""
+        from sdar.storage import BucketNotFoundError, CredentialsError, StorageError, latest_checkpoint, list_checkpoints
+
+        warn = lambda message: self.console.print(f"[yellow]{message}[/yellow]", markup=True, highlight=False)  # noqa: E731
         candidates = []  # (step, store, rel), newest first: the store's, then the spool's (an outage's)
-        from sdar.storage import BucketNotFoundError, CredentialsError, StorageError
-
         for store in (self.store, self.spool):
             if store is None:
                 continue
             try:
-                found = latest_checkpoint(store)
+                found = latest_checkpoint(store, warn=warn)
             except (BucketNotFoundError, CredentialsError):
                 raise
             except StorageError as exc:  # an outage: what this output directory spooled is still here
                 if self.spool is None:
                     raise
-                self.console.print(f"[yellow]cannot read {store.uri} now ({str(exc)[:160]}); resuming from the "
-                                   f"local spool {self.spool.uri}[/yellow]")
+                warn(f"cannot read {store.uri} now ({str(exc)[:160]}); resuming from the local spool {self.spool.uri}")
                 continue
             if found is not None:
                 candidates += [(found[0], store, found[1])]
@@ -586,18 +592,27 @@ class Trainer:
         if not candidates:
             return False
         candidates.sort(key=lambda c: -c[0])  # stable: the store before the spool at equal steps
+        passed_over = []
         for step, store, rel in candidates:
-            with tempfile.TemporaryDirectory() as tmp:
-                store.get_dir(rel, tmp)
-                weights = torch.load(Path(tmp) / WEIGHTS_FILE, weights_only=True)
-                state = torch.load(Path(tmp) / STATE_FILE, weights_only=False)
+            try:
+                weights, state = self._load_checkpoint(store, rel)
+            except CheckpointUnreadable as exc:
+                passed_over.append(f"{store.uri_for(rel)}: {exc}")
+                where = ""
+                if self.dist.is_main:  # one mover; the replicas pass over it too
+                    from sdar.storage import quarantine_checkpoint
+
+                    with contextlib.suppress(FileNotFoundError):  # a replica got there first
+                        where = f"; moved to {store.uri_for(quarantine_checkpoint(store, rel, str(exc)))} (kept, not deleted)"
+                warn(f"checkpoint {store.uri_for(rel)} cannot be loaded ({exc}){where}; trying an older one")
+                continue
             if all(bool(torch.isfinite(v).all()) for v in weights.values()):
                 break
-            self.console.print(f"[yellow]checkpoint {store.uri_for(rel)} holds non-finite weights; "
-                               "looking for an older one[/yellow]")
+            passed_over.append(f"{store.uri_for(rel)}: non-finite weights")
+            warn(f"checkpoint {store.uri_for(rel)} holds non-finite weights; looking for an older one")
         else:
-            raise RuntimeError(f"every checkpoint under {self.store.uri_for('checkpoints')} holds non-finite weights; "
-                               "delete them (or use another output_dir) to start over")
+            raise RuntimeError(f"no checkpoint under {self.store.uri_for('checkpoints')} can be resumed from ("
+                               + "; ".join(passed_over) + "): delete them (or use another output_dir) to start over")
         if state.get("arm") != self.arm.name:
             raise ValueError(f"checkpoint at {store.uri_for(rel)} is of arm {state.get('arm')!r}, not "
                              f"{self.arm.name!r}; use another output_dir/checkpoint_uri")
@@ -614,6 +629,31 @@ class Trainer:
         self.teacher.skills_seen = state.get("skills_seen", {})
         self.console.print(f"resumed from {store.uri_for(rel)} at step {self.step}")
         return True
+
+    @staticmethod
+    def _load_checkpoint(store, rel: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """(trainable weights, trainer state) of checkpoint `rel`; `CheckpointUnreadable` naming what is wrong
+        when a file is missing, not its recorded size, or does not load. An unreachable store still raises
+        its own StorageError (an outage is not damage)."""
+        from sdar.storage import DamagedCheckpointError, fetch_checkpoint
+
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                fetch_checkpoint(store, rel, tmp)
+            except DamagedCheckpointError as exc:
+                raise CheckpointUnreadable(exc.detail) from exc
+            except FileNotFoundError as exc:  # moved aside meanwhile (by another replica), or never whole
+                raise CheckpointUnreadable(f"its files are gone ({exc})") from exc
+            loaded = []
+            for name, weights_only in ((WEIGHTS_FILE, True), (STATE_FILE, False)):
+                try:
+                    loaded.append(torch.load(Path(tmp) / name, weights_only=weights_only))
+                except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError, EOFError, UnpicklingError, ...
+                    raise CheckpointUnreadable(f"{name} does not load: {type(exc).__name__}: {str(exc)[:200]}") from exc
+        weights, state = loaded
+        if not isinstance(weights, dict) or not isinstance(state, dict) or "step" not in state:
+            raise CheckpointUnreadable(f"{WEIGHTS_FILE} or {STATE_FILE} does not hold what a checkpoint holds")
+        return weights, state
 
     # ---- the run --------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
