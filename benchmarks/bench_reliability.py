@@ -630,7 +630,7 @@ def kill_section(steps: int, kills: int, checkpoint_every: int, seed: int, work:
 
     res = KillResult(steps=steps, checkpoint_every=checkpoint_every, kills_planned=kills)
     t_start = time.monotonic()
-    overrides = small_overrides(steps, checkpoint_every=checkpoint_every)
+    overrides = small_overrides(steps, **{"checkpoint.every": checkpoint_every})
     tiny_checkpoint(load_config(CONFIG, overrides))  # built (or found) once, outside every timed run
     ref_out, out = work / "kill-reference", work / "kill-run"
     ref_uri = prepare_sqlite_store(work / "kill-reference.db")
@@ -730,7 +730,7 @@ def damage_section(kinds: list[str], work: Path, timeout_s: float) -> DamageResu
     t0 = time.monotonic()
     tiny_checkpoint(load_config("configs/household-tiny.yaml", small_overrides(2)))
     base = work / "damage-base"
-    run = TrainProcess(base, small_overrides(2, checkpoint_every=1, tracking=False, keep_checkpoints=3))
+    run = TrainProcess(base, small_overrides(2, tracking=False, **{"checkpoint.every": 1, "checkpoint.keep": 3}))
     if run.wait(timeout_s) != 0:
         raise RuntimeError(f"the base run failed:\n{run.log_tail()}")
     halve = lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])  # noqa: E731
@@ -747,7 +747,7 @@ def damage_section(kinds: list[str], work: Path, timeout_s: float) -> DamageResu
         shutil.copytree(base / "checkpoints", out / "checkpoints")
         rel, name, how = damage[kind]
         how(out / "checkpoints" / rel / name if rel else out / "checkpoints" / name)
-        rerun = TrainProcess(out, small_overrides(3, checkpoint_every=1, tracking=False, keep_checkpoints=3))
+        rerun = TrainProcess(out, small_overrides(3, tracking=False, **{"checkpoint.every": 1, "checkpoint.keep": 3}))
         rc = rerun.wait(timeout_s)
         log = " ".join(rerun.log_path.read_text(errors="replace").split())  # rich wraps long lines
         m = re.search(r"resumed from .*step-(\d+) at step (\d+)", log)
@@ -846,8 +846,8 @@ def s3_outage(down_s: float, steps: int, work: Path, timeout_s: float) -> Outage
             uri = "s3://reliability/household-tiny"
             tracking = prepare_sqlite_store(work / "s3-outage.db")
             out = work / "s3-outage"
-            run = TrainProcess(out, small_overrides(steps, checkpoint_every=1, checkpoint_uri=uri,
-                                                    checkpoint_retry_s=max(600.0, 4 * down_s)),
+            run = TrainProcess(out, small_overrides(steps, **{"checkpoint.every": 1, "checkpoint.uri": uri,
+                                                              "checkpoint.retry_s": max(600.0, 4 * down_s)}),
                                {"MLFLOW_TRACKING_URI": tracking})
             run.wait_for_step(1, timeout_s)
             server.down()
@@ -891,7 +891,7 @@ def mlflow_outage(down_s: float, steps: int, work: Path, timeout_s: float) -> Ou
     uri = f"http://127.0.0.1:{port}"
     try:
         out = work / "mlflow-outage"
-        run = TrainProcess(out, small_overrides(steps, checkpoint_every=2),
+        run = TrainProcess(out, small_overrides(steps, **{"checkpoint.every": 2}),
                            {"MLFLOW_TRACKING_URI": uri, "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
                             "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"})
         run.wait_for_step(1, timeout_s)

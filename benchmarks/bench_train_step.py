@@ -2,7 +2,7 @@
 speed-ups measured side by side (`--compare-off` runs every arm again with each speed-up switched off).
 
 Every arm plays the same tasks from the same warm start (same seed), so the difference between arms is
-the teacher's extra forward and the loss. GRPO skips the teacher here (teacher_for_all_arms false), as a
+the teacher's extra forward and the loss. GRPO skips the teacher here (teacher.for_all_arms false), as a
 production GRPO run would. For the last timed step's own batch the benchmark also times the raw limits:
   (the no-grad limits run a plain module: a LoRA adapter merged into its base, no peft wrappers)
   rollout: a plain prefill (every prompt whole, the last position's logits) + one KV-cached decode step per
@@ -29,9 +29,9 @@ import time
 from pathlib import Path
 
 # the speed-ups, each a config flag (default on); --compare-off sets every one of them to its "off" value
-SPEEDUPS_OFF = {"rollout.jump_forward": False, "rollout.share_prefix": False, "old_logp_from_sampler": False, "reuse_old_logp": False,
-                "prefix_cache": False, "length_buckets": False, "merged_inference": False, "dedup_scoring": False,
-                "head_at_free_tokens": False}
+SPEEDUPS_OFF = {"rollout.jump_forward": False, "rollout.share_prefix": False, "ppo.old_logp_from_sampler": False, "ppo.reuse_old_logp": False,
+                "scoring.prefix_cache": False, "scoring.length_buckets": False, "scoring.merged_inference": False, "scoring.dedup": False,
+                "scoring.head_at_free_tokens": False}
 
 
 def _timed(fn) -> float:
@@ -64,6 +64,7 @@ def limits(trainer, trajs) -> dict[str, float]:
 
     import torch
 
+    from sdar.models.kv_cache import cache_of, with_cache
     from sdar.models.scoring import free_token_mask, length_groups
 
     trained, cfg, pad = trainer.model, trainer.cfg, trainer.pad_id
@@ -78,7 +79,7 @@ def limits(trainer, trajs) -> dict[str, float]:
     out: dict[str, float] = {}
     with torch.no_grad():
         def forward(seqs):
-            for rows in _buckets(seqs, cfg.score_batch_size):
+            for rows in _buckets(seqs, cfg.scoring.batch_size):
                 ids, mask = _padded(rows, pad, device)
                 model(input_ids=ids, attention_mask=mask)
 
@@ -94,13 +95,13 @@ def limits(trainer, trajs) -> dict[str, float]:
                     ids, mask = _padded([t.prompt_ids for t in rows], pad, device, left=True)
                     # the next token's logits only: a prefill needs no other position's
                     o = model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
-                    past, nxt = o.past_key_values, o.logits[:, -1:].argmax(-1)
+                    past, nxt = cache_of(o), o.logits[:, -1:].argmax(-1)
                     free = [int(free_token_mask([t.allowed], torch.ones(1, len(t.response_ids))).sum())
                             for t in rows]
                     for _ in range(max(free) - 1 if free else 0):
                         mask = torch.cat([mask, torch.ones_like(nxt)], dim=1)
-                        o = model(input_ids=nxt, attention_mask=mask, past_key_values=past, use_cache=True)
-                        past, nxt = o.past_key_values, o.logits[:, -1:].argmax(-1)
+                        o = model(input_ids=nxt, attention_mask=mask, **with_cache(past), use_cache=True)
+                        past, nxt = cache_of(o), o.logits[:, -1:].argmax(-1)
 
         out["decode_s"] = _timed(decode)
     model.train(was)
@@ -110,13 +111,13 @@ def limits(trainer, trajs) -> dict[str, float]:
     opt = torch.optim.AdamW(params, lr=0.0)  # lr 0: the timing of a real step, the weights unchanged
 
     def update():
-        for start in range(0, len(student), cfg.mini_batch_size):
+        for start in range(0, len(student), cfg.ppo.mini_batch_size):
             opt.zero_grad(set_to_none=True)
-            mini = student[start : start + cfg.mini_batch_size]
-            for m in range(0, len(mini), cfg.micro_batch_size):
-                micro = mini[m : m + cfg.micro_batch_size]
+            mini = student[start : start + cfg.ppo.mini_batch_size]
+            for m in range(0, len(mini), cfg.ppo.micro_batch_size):
+                micro = mini[m : m + cfg.ppo.micro_batch_size]
                 # rows of similar length per forward (the least padding), one backward per micro-batch
-                groups = length_groups([len(r) for r in micro], len(micro)) if cfg.length_buckets else [
+                groups = length_groups([len(r) for r in micro], len(micro)) if cfg.scoring.length_buckets else [
                     list(range(len(micro)))]
                 loss = 0.0
                 for g in groups:
@@ -163,7 +164,7 @@ def arm_steps(config: str, arm: str, steps: int, overrides: dict, console):
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_config(config, {**overrides, "arm": arm, "tracking": False, "output_dir": tmp,
-                                   "teacher_for_all_arms": False, "eval_every": 0})
+                                   "teacher.for_all_arms": False, "eval.every": 0})
         from sdar.train.warmstart import ensure_warm_start
 
         ensure_warm_start(cfg, console)

@@ -87,7 +87,7 @@ def main() -> None:
         turns = expert_turns(cfg, args.probe_episodes, seed=cfg.seed + 777)
         prompts, tries = [], []
         for x in turns:
-            limit = cfg.teacher_max_prompt_tokens if x["privileged"] else cfg.rollout.max_prompt_tokens
+            limit = cfg.teacher.max_prompt_tokens if x["privileged"] else cfg.rollout.max_prompt_tokens
             ids, _ = fit_prompt_ids(tok, runtime.builder, x["view"], limit, skills=x["skills"] if x["privileged"] else None,
                                     placement=runtime.rollout_cfg.privileged_placement)
             prompts.append(ids)
@@ -129,7 +129,7 @@ def main() -> None:
     }
     print(json.dumps(out, indent=1))
     print(f"student {student.success:.3f}  teacher {teacher.success:.3f}  (+{100 * (teacher.success - student.success):.1f} points)"
-          f"  gap {gap:+.4f}  on {n} held-out tasks at T={cfg.eval_temperature}")
+          f"  gap {gap:+.4f}  on {n} held-out tasks at T={cfg.eval.temperature}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -61,7 +61,7 @@ def evaluate(
     ov.update({"arm": arm, "seed": int(seed), "tracking": False,
                "output_dir": str(Path(output_root) / job_id / f"eval-{name}")})
     if eval_tasks:
-        ov["eval_tasks"] = int(eval_tasks)
+        ov["eval.tasks"] = int(eval_tasks)
     if family:
         ov["env.family"] = family
     if model:
@@ -77,8 +77,8 @@ def evaluate(
     # the policy, the rollout settings of `arm` and the env factory
     rt = build_runtime(cfg, train=False)
     tasks = list(rt.eval_tasks)
-    if len(tasks) < cfg.eval_tasks:
-        print(f"note: the {cfg.env.eval_split!r} split has {len(tasks)} tasks, fewer than eval_tasks={cfg.eval_tasks}")
+    if len(tasks) < cfg.eval.tasks:
+        print(f"note: the {cfg.env.eval_split!r} split has {len(tasks)} tasks, fewer than eval_tasks={cfg.eval.tasks}")
     temp = 0.0 if greedy else float(temperature)
     seed_everything(10_007 + int(seed))  # the same sampling noise for every arm of a seed
     res = run_eval(rt.backend, rt.tokenizer, rt.env_factory, tasks, rt.rollout_cfg,

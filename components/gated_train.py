@@ -71,7 +71,7 @@ def gated_train(
     ov.update({"arm": arm, "seed": int(seed), "experiment": experiment, "tracking": bool(tracking),
                "output_dir": str(Path(output_root) / job_id / f"{arm}-seed{int(seed)}")})
     for key, value in (("steps", steps), ("group_size", group_size), ("tasks_per_step", tasks_per_step),
-                       ("eval_tasks", eval_tasks)):
+                       ("eval.tasks", eval_tasks)):
         if value:
             ov[key] = int(value)
     if family:
@@ -92,7 +92,7 @@ def gated_train(
         total = load_config(config_path, ov).steps
         ov["steps"] = math.ceil(total * (replay_round + 1) / replay_rounds)
     if checkpoint_root:
-        ov["checkpoint_uri"] = f"{checkpoint_root.rstrip('/')}/{job_id}/{arm}-seed{int(seed)}"
+        ov["checkpoint.uri"] = f"{checkpoint_root.rstrip('/')}/{job_id}/{arm}-seed{int(seed)}"
     if tracking:
         from sdar.tracking import default_tracking_uri
 

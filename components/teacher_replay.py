@@ -68,9 +68,7 @@ def teacher_replay(
     cfg = load_config(config_path, ov)
     ensure_warm_start(cfg)
     rt = build_runtime(cfg, train=False)
-    out = replay(rt.model, rt.tokenizer, rt.teacher, trajs, pad_id=rt.pad_id, gate_beta=rt.arm.gate_beta,
-                 batch_size=cfg.score_batch_size,
-                 temperature=cfg.rollout.temperature, mask_forced_tokens=cfg.rollout.mask_forced_tokens)
+    out = replay(rt.model, rt.teacher, trajs, gate_beta=rt.arm.gate_beta, mask_forced_tokens=cfg.rollout.mask_forced_tokens)
     Path(scores.path).parent.mkdir(parents=True, exist_ok=True)
     Path(scores.path).write_text(json.dumps(out, indent=1))
     for k in ("gap_mean", "gate_mean", "pos_gap_frac", "forced_frac"):

@@ -382,10 +382,10 @@ class RunSettings:
         episodes, a small warm start, no periodic evaluation. A smoke test of the machinery: the
         policy barely learns at this size."""
         base = cls(steps=2, group_size=2, tasks_per_step=2, eval_tasks=10, replay_episodes=2, overrides={
-            "rollout.max_turns": 8, "eval_every": 0, "checkpoint_every": 2,
+            "rollout.max_turns": 8, "eval.every": 0, "checkpoint.every": 2,
             "warmstart.episodes": 24, "warmstart.epochs": 1,  # the tokenizer still sees 400 (cheap)
             # headroom: a barely trained policy wanders into long observations the config's budgets refuse
-            "rollout.max_prompt_tokens": 768, "teacher_max_prompt_tokens": 1024,
+            "rollout.max_prompt_tokens": 768, "teacher.max_prompt_tokens": 1024,
         })
         overrides = {**base.overrides, **changes.pop("overrides", {})}
         return replace(base, overrides=overrides, **changes)

@@ -29,9 +29,9 @@ REFERENCE = {
         "env.family": "household",  # env.env_name=alfworld/AlfredTWEnv
         "tasks_per_step": 16,  # train_data_size=16
         "group_size": 8,  # group_size=8 (env.rollout.n)
-        "lr": 1e-6,  # actor.optim.lr=1e-6
-        "mini_batch_size": 256,  # actor.ppo_mini_batch_size=256
-        "micro_batch_size": 32,  # actor.ppo_micro_batch_size_per_gpu=32
+        "optim.lr": 1e-6,  # actor.optim.lr=1e-6
+        "ppo.mini_batch_size": 256,  # actor.ppo_mini_batch_size=256
+        "ppo.micro_batch_size": 32,  # actor.ppo_micro_batch_size_per_gpu=32
         "arm_overrides.kl_coef": 0.01,  # actor.kl_loss_coef=0.01
         "rollout.invalid_penalty": 0.1,  # actor.invalid_action_penalty_coef=0.1
         "rollout.max_turns": 50,  # env.max_steps=50
@@ -39,8 +39,8 @@ REFERENCE = {
         "rollout.max_prompt_tokens": 2048,  # data.max_prompt_length=2048
         "rollout.max_response_tokens": 512,  # data.max_response_length=512
         "rollout.require_think": True,  # alfworld/projection.py: no <think> -> invalid
-        "eval_tasks": 128,  # val_data_size=128
-        "eval_temperature": 0.4,  # val_kwargs.temperature=0.4
+        "eval.tasks": 128,  # val_data_size=128
+        "eval.temperature": 0.4,  # val_kwargs.temperature=0.4
         "steps": 150,  # trainer.total_epochs=150 (one 16-row batch per epoch)
         "launch.nodes": 1,  # trainer.nnodes=1
         "launch.gpus_per_node": 8,  # trainer.n_gpus_per_node=8
@@ -49,9 +49,9 @@ REFERENCE = {
         "env.family": "shop",  # env.env_name=Webshop
         "tasks_per_step": 16,
         "group_size": 8,
-        "lr": 1e-6,
-        "mini_batch_size": 64,  # actor.ppo_mini_batch_size=64
-        "micro_batch_size": 8,  # actor.ppo_micro_batch_size_per_gpu=8
+        "optim.lr": 1e-6,
+        "ppo.mini_batch_size": 64,  # actor.ppo_mini_batch_size=64
+        "ppo.micro_batch_size": 8,  # actor.ppo_micro_batch_size_per_gpu=8
         "arm_overrides.kl_coef": 0.01,
         "rollout.invalid_penalty": 0.1,
         "rollout.max_turns": 15,  # env.max_steps=15
@@ -59,8 +59,8 @@ REFERENCE = {
         "rollout.max_prompt_tokens": 4096,  # data.max_prompt_length=4096
         "rollout.max_response_tokens": 512,
         "rollout.require_think": True,  # webshop/projection.py: no <think> -> invalid
-        "eval_tasks": 128,
-        "eval_temperature": 0.4,
+        "eval.tasks": 128,
+        "eval.temperature": 0.4,
         "steps": 150,
         "launch.nodes": 1,
         "launch.gpus_per_node": 2,  # trainer.n_gpus_per_node=2
@@ -69,9 +69,9 @@ REFERENCE = {
         "env.family": "searchqa",  # env.env_name=search
         "tasks_per_step": 128,  # train_data_size=128
         "group_size": 8,
-        "lr": 1e-6,
-        "mini_batch_size": 256,  # actor.ppo_mini_batch_size=256
-        "micro_batch_size": 16,  # actor.ppo_micro_batch_size_per_gpu=16
+        "optim.lr": 1e-6,
+        "ppo.mini_batch_size": 256,  # actor.ppo_mini_batch_size=256
+        "ppo.micro_batch_size": 16,  # actor.ppo_micro_batch_size_per_gpu=16
         "arm_overrides.kl_coef": 0.001,  # actor.kl_loss_coef=0.001
         "rollout.invalid_penalty": 0.01,  # actor.invalid_action_penalty_coef=0.01
         "rollout.max_turns": 4,  # env.max_steps=4
@@ -79,8 +79,8 @@ REFERENCE = {
         "rollout.max_prompt_tokens": 4096,
         "rollout.max_response_tokens": 512,
         "rollout.require_think": False,  # search/projection.py checks <search>/<answer> only
-        "eval_tasks": 512,  # val_data_size=512
-        "eval_temperature": 0.0,  # no val_kwargs: ppo_trainer.yaml val_kwargs.temperature: 0 (greedy)
+        "eval.tasks": 512,  # val_data_size=512
+        "eval.temperature": 0.0,  # no val_kwargs: ppo_trainer.yaml val_kwargs.temperature: 0 (greedy)
         "steps": 150,  # trainer.total_training_steps=150
         "launch.nodes": 1,
         "launch.gpus_per_node": 4,  # trainer.n_gpus_per_node=4
@@ -88,11 +88,11 @@ REFERENCE = {
 }
 # the same in every family (ppo_trainer.yaml defaults the scripts keep, and the model setup)
 COMMON = {
-    "weight_decay": 0.01,  # actor.optim.weight_decay: 0.01
-    "grad_clip": 1.0,  # actor.grad_clip: 1.0
-    "ppo_epochs": 1,  # actor.ppo_epochs: 1
-    "shuffle_mini_batches": False,  # actor.shuffle: False
-    "loss_normalisation": "micro_batch",  # verl dp_actor: loss / gradient_accumulation per micro-batch
+    "optim.weight_decay": 0.01,  # actor.optim.weight_decay: 0.01
+    "optim.grad_clip": 1.0,  # actor.grad_clip: 1.0
+    "ppo.epochs": 1,  # actor.ppo_epochs: 1
+    "ppo.shuffle_mini_batches": False,  # actor.shuffle: False
+    "ppo.loss_normalisation": "micro_batch",  # verl dp_actor: loss / gradient_accumulation per micro-batch
     "arm": "sdar",  # main_sdar.py
     "arm_overrides.entropy_coef": 0.001,  # actor.entropy_coeff: 0.001
     "rollout.temperature": 1.0,  # rollout.temperature: 1.0
@@ -138,7 +138,7 @@ def test_paper_config_loads_and_matches_the_reference(fam, size):
         else:
             assert got == want, key
     # the teacher's budget holds the student's whole prompt plus room for the skills
-    assert cfg.teacher_max_prompt_tokens > cfg.rollout.max_prompt_tokens
+    assert cfg.teacher.max_prompt_tokens > cfg.rollout.max_prompt_tokens
 
 
 @pytest.mark.parametrize("fam", FAMILIES)
@@ -172,14 +172,14 @@ def test_every_setting_line_cites_the_reference_or_says_it_is_ours(fam, size):
         if not value.strip():  # a mapping's header (env:, model:, ...)
             continue
         if not comment:  # the block comment right above it explains it
-            assert lines[i - 1].startswith("#"), line
+            assert lines[i - 1].lstrip().startswith("#"), line
             continue
         cites = (script, "ppo_trainer.yaml", ".py", "ours", "verl", "the reference")
         assert any(c in comment for c in cites), line
 
 
 def test_teacher_budget_fits_the_longest_skills_of_each_family():
-    """teacher_max_prompt_tokens - max_prompt_tokens is at least the privileged prefix of the family's
+    """teacher.max_prompt_tokens - rollout.max_prompt_tokens is at least the privileged prefix of the family's
     longest skills text, in Qwen2.5 tokens (sdar's teacher refuses a prompt that would lose them)."""
     from sdar_envs.base import env_class
     from sdar.models.qwen import load_qwen_tokenizer
@@ -195,7 +195,7 @@ def test_teacher_budget_fits_the_longest_skills_of_each_family():
         )
         for size in SIZES:
             cfg = load_config(path_of(fam, size))
-            room = cfg.teacher_max_prompt_tokens - cfg.rollout.max_prompt_tokens
+            room = cfg.teacher.max_prompt_tokens - cfg.rollout.max_prompt_tokens
             assert room >= longest, (fam, longest)
 
 
@@ -230,11 +230,11 @@ def test_plan_settings_from_each_paper_config(fam, size):
     assert set(s) <= set(CONFIG_KEYS)
     assert s["gpus"] == ref["launch.nodes"] * ref["launch.gpus_per_node"]
     assert s["seq_len"] == ref["rollout.max_prompt_tokens"] + ref["rollout.max_response_tokens"]
-    assert s["micro_batch"] == ref["micro_batch_size"]
+    assert s["micro_batch"] == ref["ppo.micro_batch_size"]
     assert (s["group_size"], s["tasks_per_step"], s["steps"]) == (8, ref["tasks_per_step"], 150)
     assert s["lora"] is False and s["checkpointing"] is True
     cfg = load_config(path_of(fam, size))
-    assert s["teacher_extra_tokens"] == cfg.teacher_max_prompt_tokens - cfg.rollout.max_prompt_tokens
+    assert s["teacher_extra_tokens"] == cfg.teacher.max_prompt_tokens - cfg.rollout.max_prompt_tokens
 
 
 def plan_json(capsys, *args: str) -> tuple[int, dict]:

@@ -70,12 +70,12 @@ FRACTION = Bound(0, False, 1, False)
 # Every numeric setting must be a finite number (NaN and infinities are refused, naming the key); these must
 # also lie in their range. Checked at load by TrainConfig.validate, before torch or a server sees them.
 NUMBER_BOUNDS: dict[str, Bound] = {
-    "steps": NON_NEGATIVE, "tasks_per_step": AT_LEAST_1, "group_size": AT_LEAST_1, "lr": NON_NEGATIVE,
-    "weight_decay": NON_NEGATIVE, "mini_batch_size": AT_LEAST_1, "micro_batch_size": AT_LEAST_1, "ppo_epochs": AT_LEAST_1,
-    "max_skipped_update_frac": FRACTION, "grad_clip": POSITIVE, "score_batch_size": AT_LEAST_1,
-    "teacher_max_prompt_tokens": AT_LEAST_1, "eval_every": NON_NEGATIVE, "eval_tasks": NON_NEGATIVE,
-    "eval_temperature": NON_NEGATIVE, "checkpoint_every": AT_LEAST_1, "keep_checkpoints": AT_LEAST_1,
-    "checkpoint_retry_s": NON_NEGATIVE,
+    "steps": NON_NEGATIVE, "tasks_per_step": AT_LEAST_1, "group_size": AT_LEAST_1, "optim.lr": NON_NEGATIVE,
+    "optim.weight_decay": NON_NEGATIVE, "ppo.mini_batch_size": AT_LEAST_1, "ppo.micro_batch_size": AT_LEAST_1, "ppo.epochs": AT_LEAST_1,
+    "optim.max_skipped_update_frac": FRACTION, "optim.grad_clip": POSITIVE, "scoring.batch_size": AT_LEAST_1,
+    "teacher.max_prompt_tokens": AT_LEAST_1, "eval.every": NON_NEGATIVE, "eval.tasks": NON_NEGATIVE,
+    "eval.temperature": NON_NEGATIVE, "checkpoint.every": AT_LEAST_1, "checkpoint.keep": AT_LEAST_1,
+    "checkpoint.retry_s": NON_NEGATIVE,
     "model.lora_r": AT_LEAST_1, "model.lora_alpha": POSITIVE, "model.lora_dropout": Bound(0, False, 1, True),
     "rollout.max_turns": AT_LEAST_1, "rollout.history": NON_NEGATIVE, "rollout.max_prompt_tokens": AT_LEAST_1,
     "rollout.max_response_tokens": AT_LEAST_1, "rollout.temperature": POSITIVE, "rollout.top_p": Bound(0, True, 1, False),
@@ -129,6 +129,21 @@ def check_numbers(cfg: Any) -> None:
                              f"(`sdar config fields {key}` shows its default and meaning)")
 
 
+def flat_layout(d: dict[str, Any]) -> dict[str, Any]:
+    """`d` (asdict of a TrainConfig) in the flat layout configs had before the sections (MOVED_KEYS backwards):
+    what every identity is computed from (the warm-start cache key, a study run's fingerprint), so a run
+    recorded before the sections has the same identity after them."""
+    d = {k: (dict(v) if isinstance(v, dict) else v) for k, v in d.items()}
+    for old, new in MOVED_KEYS.items():
+        head, _, name = new.partition(".")
+        if isinstance(d.get(head), dict) and name in d[head]:
+            d[old] = d[head].pop(name)
+    for head in {new.partition(".")[0] for new in MOVED_KEYS.values()}:
+        if d.get(head) == {}:
+            del d[head]
+    return d
+
+
 def drop_added_defaults(d: dict[str, Any], section: str = "") -> dict[str, Any]:
     """`d` (asdict of a TrainConfig, or of its `section`) without the ADDED_DEFAULTS fields at their default."""
     for key, default in ADDED_DEFAULTS.items():
@@ -157,9 +172,9 @@ class RolloutConfig:
     max_response_tokens: int = field(default=64, metadata={"help": "Tokens a response may have at most."})
     temperature: float = field(default=1.0, metadata={
         "help": "Sampling temperature of the rollouts, at which they are also scored; must be > 0 "
-                "(paper: 1.0; evaluation decodes at eval_temperature)."})
+                "(paper: 1.0; evaluation decodes at eval.temperature)."})
     top_p: float = field(default=1.0, metadata={
-        "help": "Nucleus sampling of the rollouts (1 = off; old_logp_from_sampler needs 1)."})
+        "help": "Nucleus sampling of the rollouts (1 = off; ppo.old_logp_from_sampler needs 1)."})
     invalid_penalty: float = field(default=0.1, metadata={
         "help": "Subtracted from the turn's reward on an invalid action (paper: 0.1; 0.01 for search)."})
     penalize: str = field(default="format", metadata={
@@ -191,6 +206,9 @@ class RolloutConfig:
                 "rollouts at one turn: system prompt, task and step lines) is encoded once per group and every row "
                 "continues from its KV cache, and the prefill computes the last position's logits only; false = "
                 "every prompt whole, as before (the same samples and log-probs up to float rounding)."})
+    group_seeded: bool = field(default=False, metadata={
+        "help": "Roll out each task group under its own seed (seed, step, group): the trajectories then do not depend "
+                "on how groups are split over torchrun ranks, at the cost of lock-step batching across groups."})
 
 
 @dataclass
@@ -247,7 +265,7 @@ class VLLMConfig:
         "help": "Log-probs vLLM reports for sampled tokens: processed_logprobs = after the trie mask and temperature "
                 "(what was sampled); \"\" = vLLM's default (raw). Diagnostic: the trainer recomputes old_logp itself."})
     teacher_topk: int = field(default=20, metadata={
-        "help": "teacher_engine vllm: prompt log-probs per position for constrained turns; a turn is scored in vLLM "
+        "help": "teacher.engine vllm: prompt log-probs per position for constrained turns; a turn is scored in vLLM "
                 "only when all its allowed tokens are among them, else by the training-side forward."})
     engine_kwargs: dict[str, Any] = field(default_factory=dict, metadata={
         "help": "Passed to vllm.LLM as is (e.g. seed, max_num_seqs)."})
@@ -333,27 +351,32 @@ class LaunchConfig:
 
 
 @dataclass
-class TrainConfig:
-    """One training run of one arm. Paper defaults unless noted."""
+class OptimConfig:
+    """The optimizer (AdamW, constant learning rate) and the guards on its steps."""
 
-    experiment: str = field(default="sdar", metadata={"help": "MLflow experiment, and {experiment} in output_dir."})
-    arm: str = field(default="sdar", metadata={
-        "help": "The registered arm to train (`sdar arms`): grpo | grpo_opsd | sdar | opsd | skill_grpo | ..."})
-    arm_overrides: dict[str, Any] = field(default_factory=dict, metadata={
-        "help": "ArmConfig settings that replace the arm's own, e.g. {kl_coef: 0.001}; checked at load against "
-                "the arm's fields (`sdar config fields arm_overrides`)."})
-    seed: int = field(default=0, metadata={"help": "Seeds the run; every step's randomness comes from (seed, step)."})
-    steps: int = field(default=150, metadata={"help": "RL steps (paper: 150)."})
-    tasks_per_step: int = field(default=16, metadata={
-        "help": "Tasks sampled per step (paper: 16; 128 for search)."})
-    group_size: int = field(default=8, metadata={"help": "G rollouts per task (paper: 8)."})
     lr: float = field(default=1e-6, metadata={"help": "AdamW learning rate, constant (paper: 1e-6)."})
     weight_decay: float = field(default=0.01, metadata={
         "help": "AdamW weight decay (the reference's verl actor optimizer default)."})
+    grad_clip: float = field(default=1.0, metadata={"help": "Gradient-norm clip of each optimizer step (paper: 1.0)."})
+    guard_updates: bool = field(default=True, metadata={
+        "help": "After every optimizer step, check the trainable weights are finite and the policy still scores one "
+                "of the step's samples to finite log-probs; otherwise restore the weights and optimizer state of "
+                "before the step and count the update as skipped. Costs a copy of the trainable weights and their "
+                "optimizer state (small with LoRA); turn off for full fine-tuning of a model whose copy does not fit."})
+    max_skipped_update_frac: float = field(default=0.5, metadata={
+        "help": "A run in which more than this share of its updates was skipped (non-finite loss, gradient or "
+                "weights) fails with a message at its end instead of reporting success; 1.0 never fails."})
+
+
+@dataclass
+class PPOConfig:
+    """How a step's turn-samples become optimizer steps: mini- and micro-batches, epochs, old_logp."""
+
     mini_batch_size: int = field(default=256, metadata={
         "help": "Turn-samples per optimizer step (reference: ppo_mini_batch_size 256; 64 for shop, a family default)."})
     micro_batch_size: int = field(default=32, metadata={
         "help": "Turn-samples per forward/backward inside a mini-batch (reference: ppo_micro_batch_size_per_gpu 32)."})
+    epochs: int = field(default=1, metadata={"help": "Passes over a step's samples (paper: 1)."})
     loss_normalisation: str = field(default="micro_batch", metadata={
         "help": "micro_batch: each micro-batch's loss is aggregated (agg, e.g. token-mean) over its own tokens and "
                 "the mini-batch's gradient is the mean over its micro-batches (the reference: verl dp_actor divides "
@@ -361,7 +384,6 @@ class TrainConfig:
                 "mini-batch's tokens."})
     shuffle_mini_batches: bool = field(default=False, metadata={
         "help": "Draw mini-batches in a random order; false takes them in rollout order (the reference: batch.split)."})
-    ppo_epochs: int = field(default=1, metadata={"help": "Passes over a step's samples (paper: 1)."})
     reuse_old_logp: bool = field(default=True, metadata={
         "help": "Take old_logp of the first mini-batch's rows from the update's own first forward (the weights have "
                 "not moved yet, so it is the same number) instead of a separate scoring pass; false scores every row "
@@ -372,26 +394,20 @@ class TrainConfig:
                 "transformers backend's constrained sampler reports the log-prob of the distribution it drew from, "
                 "which is the trainer's score: same weights, allowed set and temperature; top_p must be 1); vLLM "
                 "and rows without sampler log-probs are scored as before. false = always score."})
-    guard_updates: bool = field(default=True, metadata={
-        "help": "After every optimizer step, check the trainable weights are finite and the policy still scores one "
-                "of the step's samples to finite log-probs; otherwise restore the weights and optimizer state of "
-                "before the step and count the update as skipped. Costs a copy of the trainable weights and their "
-                "optimizer state (small with LoRA); turn off for full fine-tuning of a model whose copy does not fit."})
-    max_skipped_update_frac: float = field(default=0.5, metadata={
-        "help": "A run in which more than this share of its updates was skipped (non-finite loss, gradient or "
-                "weights) fails with a message at its end instead of reporting success; 1.0 never fails."})
-    reward: str = field(default="reference", metadata={
-        "help": "The reward trained on: reference = 10 on a win for household and shop (shop: WebShop score 1), "
-                "exact match for search; env = the environment's own reward."})
-    grad_clip: float = field(default=1.0, metadata={"help": "Gradient-norm clip of each optimizer step (paper: 1.0)."})
-    score_batch_size: int = field(default=16, metadata={"help": "Sequences per no-grad scoring forward."})
-    teacher_max_prompt_tokens: int = field(default=2048, metadata={
-        "help": "The teacher's prompt budget (skills + turn)."})
+
+
+@dataclass
+class ScoringConfig:
+    """How the forwards of a step run (the no-grad scoring passes and the update's): switches that
+    change speed and memory, never the numbers beyond float rounding (tests/train/test_reference_parity.py).
+    build_runtime reads them once into the runtime's `Scorer`."""
+
+    batch_size: int = field(default=16, metadata={"help": "Sequences per no-grad scoring forward."})
     prefix_cache: bool = field(default=True, metadata={
         "help": "The teacher and reference passes encode the prompt start a task's turn-samples share (system "
                 "prompt, task, skills in either placement) once per step and continue each turn-sample from its KV "
                 "cache (the same log-probs as the plain forward); false = a plain forward per turn-sample."})
-    dedup_scoring: bool = field(default=True, metadata={
+    dedup: bool = field(default=True, metadata={
         "help": "The no-grad scoring passes (old_logp, reference, teacher) forward each distinct turn-sample once: "
                 "rows with the same prompt, response and allowed tokens (a task's rollouts often play the same first "
                 "turns) take that forward's log-probs (the same numbers up to float rounding); false = every row."})
@@ -412,41 +428,88 @@ class TrainConfig:
                 "at the response tokens that are not forced: a constrained step allowing just the sampled token has "
                 "log-prob 0, entropy 0 and no gradient, and no prompt position is scored (the same numbers up to "
                 "float rounding); false = the head over each forward's response span, forced tokens included."})
-    teacher_for_all_arms: bool = field(default=True, metadata={
+
+
+@dataclass
+class TeacherConfig:
+    """The privileged-context teacher: the policy with the skills in its prompt, no gradient."""
+
+    max_prompt_tokens: int = field(default=2048, metadata={
+        "help": "The teacher's prompt budget (skills + turn)."})
+    for_all_arms: bool = field(default=True, metadata={
         "help": "Score the teacher for arms that do not need it (the gap metrics)."})
-    teacher_engine: str = field(default="train", metadata={
+    engine: str = field(default="train", metadata={
         "help": "train: the trainer's own forward scores the teacher; vllm: the vLLM rollout engine's prompt "
                 "log-probs (needs model.generation_backend vllm; constrained turns outside vllm.teacher_topk fall "
                 "back to the forward)."})
-    eval_every: int = field(default=10, metadata={"help": "Steps between evaluations; 0 disables periodic evaluation."})
-    eval_tasks: int = field(default=50, metadata={"help": "Held-out tasks per evaluation."})
-    eval_task_order: str = field(default="stratified", metadata={
-        "help": "How the eval_tasks ids are taken from env.eval_split: stratified = round-robin over task types "
+
+
+@dataclass
+class EvalConfig:
+    """The held-out evaluation: during training and by `sdar eval`."""
+
+    every: int = field(default=10, metadata={"help": "Steps between evaluations; 0 disables periodic evaluation."})
+    tasks: int = field(default=50, metadata={"help": "Held-out tasks per evaluation."})
+    task_order: str = field(default="stratified", metadata={
+        "help": "How the eval.tasks ids are taken from env.eval_split: stratified = round-robin over task types "
                 "(sdar.eval.tasks.select_tasks); first = the first N as the split lists them."})
-    eval_task_ids: list[str] = field(default_factory=list, metadata={
-        "help": "Explicit eval tasks (then eval_tasks and eval_task_order are unused)."})
-    eval_temperature: float = field(default=0.4, metadata={
+    task_ids: list[str] = field(default_factory=list, metadata={
+        "help": "Explicit eval tasks (then eval.tasks and eval.task_order are unused)."})
+    temperature: float = field(default=0.4, metadata={
         "help": "Decoding temperature of evaluation (paper: 0.4; 0 = greedy)."})
-    checkpoint_every: int = field(default=10, metadata={"help": "Steps between checkpoints (and after the last step)."})
-    keep_checkpoints: int = field(default=2, metadata={"help": "Newest checkpoints kept; older ones are deleted."})
-    output_dir: str = field(default="runs/{experiment}/{arm}-seed{seed}", metadata={
-        "help": "Where the run writes (history, final policy, checkpoints by default); {experiment}, {arm} and "
-                "{seed} are filled in."})
-    checkpoint_retry_s: float = field(default=600.0, metadata={
+
+
+@dataclass
+class CheckpointConfig:
+    """Where and how often the run saves what resume needs."""
+
+    every: int = field(default=10, metadata={"help": "Steps between checkpoints (and after the last step)."})
+    keep: int = field(default=2, metadata={"help": "Newest checkpoints kept; older ones are deleted."})
+    uri: str | None = field(default=None, metadata={
+        "help": "Local dir or s3://bucket/prefix; null = <output_dir>/checkpoints."})
+    retry_s: float = field(default=600.0, metadata={
         "help": "How long checkpoint uploads to a remote store (s3://) are retried, with backoff, before the run "
                 "stops (the checkpoints wait in <output_dir>/checkpoint-spool meanwhile, and a rerun resumes from "
                 "there)."})
-    checkpoint_uri: str | None = field(default=None, metadata={
-        "help": "Local dir or s3://bucket/prefix; null = <output_dir>/checkpoints."})
+
+
+@dataclass
+class TrainConfig:
+    """One training run of one arm. Paper defaults unless noted."""
+
+    experiment: str = field(default="sdar", metadata={"help": "MLflow experiment, and {experiment} in output_dir."})
+    arm: str = field(default="sdar", metadata={
+        "help": "The registered arm to train (`sdar arms`): grpo | grpo_opsd | sdar | opsd | skill_grpo | ..."})
+    arm_overrides: dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "ArmConfig settings that replace the arm's own, e.g. {kl_coef: 0.001}; checked at load against "
+                "the arm's fields (`sdar config fields arm_overrides`)."})
+    seed: int = field(default=0, metadata={"help": "Seeds the run; every step's randomness comes from (seed, step)."})
+    steps: int = field(default=150, metadata={"help": "RL steps (paper: 150)."})
+    tasks_per_step: int = field(default=16, metadata={
+        "help": "Tasks sampled per step (paper: 16; 128 for search)."})
+    group_size: int = field(default=8, metadata={"help": "G rollouts per task (paper: 8)."})
+    reward: str = field(default="reference", metadata={
+        "help": "The reward trained on: reference = 10 on a win for household and shop (shop: WebShop score 1), "
+                "exact match for search; env = the environment's own reward."})
+    output_dir: str = field(default="runs/{experiment}/{arm}-seed{seed}", metadata={
+        "help": "Where the run writes (history, final policy, checkpoints by default); {experiment}, {arm} and "
+                "{seed} are filled in."})
     tracking: bool = field(default=True, metadata={
         "help": "Log to MLflow (SQLite under output_dir unless MLFLOW_TRACKING_URI is set)."})
     parent_run_id: str | None = field(default=None, metadata={"help": "MLflow parent run (the pipeline's run)."})
-    group_seeded_rollouts: bool = field(default=False, metadata={
-        "help": "Roll out each task group under its own seed (seed, step, group): the trajectories then do not depend "
-                "on how groups are split over torchrun ranks, at the cost of lock-step batching across groups."})
     device: str = field(default="auto", metadata={
         "help": "Where the policy runs when not under torchrun (which puts rank r on cuda:LOCAL_RANK): auto = the "
                 "first CUDA device when one is visible, else the CPU; or cpu, cuda, cuda:N."})
+    optim: OptimConfig = field(default_factory=OptimConfig, metadata={
+        "help": "The optimizer and the guards on its steps."})
+    ppo: PPOConfig = field(default_factory=PPOConfig, metadata={
+        "help": "Mini- and micro-batches, epochs, and where old_logp comes from."})
+    scoring: ScoringConfig = field(default_factory=ScoringConfig, metadata={
+        "help": "Speed-ups of the forwards that keep the numbers."})
+    teacher: TeacherConfig = field(default_factory=TeacherConfig, metadata={"help": "The privileged-context teacher."})
+    eval: EvalConfig = field(default_factory=EvalConfig, metadata={"help": "The held-out evaluation."})
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig, metadata={
+        "help": "Where and how often checkpoints are saved."})
     env: EnvConfig = field(default_factory=EnvConfig, metadata={"help": "Where episodes come from."})
     model: ModelConfig = field(default_factory=ModelConfig, metadata={"help": "The policy."})
     rollout: RolloutConfig = field(default_factory=RolloutConfig, metadata={"help": "How episodes are played."})
@@ -466,7 +529,7 @@ class TrainConfig:
         if self.arm not in ARMS:
             raise ValueError(f"unknown arm {self.arm!r}; choose one of {', '.join(ARMS)}")
         self.arm_overrides = check_arm_overrides(self.arm_overrides)
-        choices = {"loss_normalisation": (self.loss_normalisation, ("micro_batch", "mini_batch")),
+        choices = {"ppo.loss_normalisation": (self.ppo.loss_normalisation, ("micro_batch", "mini_batch")),
                    "reward": (self.reward, REWARDS), "rollout.penalize": (self.rollout.penalize, PENALIZE),
                    "rollout.privileged_placement": (self.rollout.privileged_placement, PLACEMENTS),
                    "warmstart.pretokenizer": (self.warmstart.pretokenizer, PRETOKENIZERS)}
@@ -474,11 +537,11 @@ class TrainConfig:
             if value not in valid:
                 raise ValueError(f"{key}={value!r} is not one of {', '.join(valid)}")
         # every command that reads it samples or scores at it (sdar eval's teacher gap too); evaluation
-        # decodes at eval_temperature
+        # decodes at eval.temperature
         if self.rollout.temperature <= 0:
             raise ValueError(f"rollout.temperature={self.rollout.temperature}: RL samples its rollouts and "
                              "scores them at that temperature, so it must be > 0 (paper: 1.0); greedy decoding "
-                             "is for evaluation (eval_temperature: 0)")
+                             "is for evaluation (eval.temperature: 0)")
         check_numbers(self)
 
     def resolved_arm(self) -> ArmConfig:
@@ -506,19 +569,62 @@ class TrainConfig:
         return dev
 
     def resolved_checkpoint_uri(self) -> str:
-        """checkpoint_uri, else <output_dir>/checkpoints (where the trainer keeps its checkpoints)."""
-        return self.checkpoint_uri or str(self.resolved_output_dir() / "checkpoints")
+        """checkpoint.uri, else <output_dir>/checkpoints (where the trainer keeps its checkpoints)."""
+        return self.checkpoint.uri or str(self.resolved_output_dir() / "checkpoints")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
+# TrainConfig's settings were one flat list of 50; they are grouped into sections now. A config (or an --set)
+# that still names one of these is refused with its new place: old flat key -> its dotted key now.
+MOVED_KEYS: dict[str, str] = {
+    "lr": "optim.lr",
+    "weight_decay": "optim.weight_decay",
+    "grad_clip": "optim.grad_clip",
+    "guard_updates": "optim.guard_updates",
+    "max_skipped_update_frac": "optim.max_skipped_update_frac",
+    "mini_batch_size": "ppo.mini_batch_size",
+    "micro_batch_size": "ppo.micro_batch_size",
+    "ppo_epochs": "ppo.epochs",
+    "loss_normalisation": "ppo.loss_normalisation",
+    "shuffle_mini_batches": "ppo.shuffle_mini_batches",
+    "reuse_old_logp": "ppo.reuse_old_logp",
+    "old_logp_from_sampler": "ppo.old_logp_from_sampler",
+    "score_batch_size": "scoring.batch_size",
+    "prefix_cache": "scoring.prefix_cache",
+    "dedup_scoring": "scoring.dedup",
+    "merged_inference": "scoring.merged_inference",
+    "length_buckets": "scoring.length_buckets",
+    "head_at_free_tokens": "scoring.head_at_free_tokens",
+    "teacher_max_prompt_tokens": "teacher.max_prompt_tokens",
+    "teacher_for_all_arms": "teacher.for_all_arms",
+    "teacher_engine": "teacher.engine",
+    "eval_every": "eval.every",
+    "eval_tasks": "eval.tasks",
+    "eval_task_order": "eval.task_order",
+    "eval_task_ids": "eval.task_ids",
+    "eval_temperature": "eval.temperature",
+    "checkpoint_every": "checkpoint.every",
+    "keep_checkpoints": "checkpoint.keep",
+    "checkpoint_uri": "checkpoint.uri",
+    "checkpoint_retry_s": "checkpoint.retry_s",
+    "group_seeded_rollouts": "rollout.group_seeded",
+}
+
+
 def from_dict(cls, data: dict[str, Any], where: str = "config"):
-    """Build dataclass `cls` from a nested dict, rejecting unknown keys with the valid list."""
+    """Build dataclass `cls` from a nested dict, rejecting unknown keys with the valid list (and a setting that
+    moved into a section with its new place)."""
     if not isinstance(data, dict):
         raise ValueError(f"{where} must be a mapping, got {type(data).__name__}")
     known = {f.name: f for f in fields(cls)}
     unknown = sorted(set(data) - set(known))
+    if cls is TrainConfig and (old := [k for k in unknown if k in MOVED_KEYS]):
+        raise ValueError("; ".join(f"{k} is now {MOVED_KEYS[k]}" for k in old) + f" (in {where}: the settings were "
+                         "grouped into sections optim, ppo, scoring, teacher, eval and checkpoint; write e.g. "
+                         f"`{MOVED_KEYS[old[0]].split('.')[0]}: {{{MOVED_KEYS[old[0]].split('.')[1]}: ...}}` in YAML or "
+                         f"--set {MOVED_KEYS[old[0]]}=...)")
     if unknown:
         raise ValueError(f"unknown key(s) {unknown} in {where}; valid keys: {', '.join(sorted(known))}")
     hints = typing.get_type_hints(cls)
@@ -604,7 +710,7 @@ SET_HELP = "override a config key: a dotted KEY and a YAML VALUE, e.g. rollout.m
 def parse_set(item: str) -> tuple[str, Any]:
     """One `KEY=VALUE` of `--set` (the argparse type of every command's --set, and of `sdar submit
     --arg`): a dotted key and a YAML value, e.g. `rollout.max_turns=10`, `env.kwargs={backend: alfworld}`,
-    `lr=2e-3`, `checkpoint_uri=` (null)."""
+    `optim.lr=2e-3`, `checkpoint.uri=` (null)."""
     key, sep, text = item.partition("=")
     key = key.strip()
     if not sep or not all(part.strip() for part in key.split(".")):
@@ -636,10 +742,10 @@ def parse_overrides(text: str | None) -> dict[str, Any]:
 FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     # KL 0.01 for household and shop is every arm's own default (ArmConfig.kl_coef)
     "household": {"rollout.max_turns": 50, "rollout.history": 2, "rollout.invalid_penalty": 0.1,
-                  "mini_batch_size": 256},
-    "shop": {"rollout.max_turns": 15, "rollout.history": 2, "rollout.invalid_penalty": 0.1, "mini_batch_size": 64},
+                  "ppo.mini_batch_size": 256},
+    "shop": {"rollout.max_turns": 15, "rollout.history": 2, "rollout.invalid_penalty": 0.1, "ppo.mini_batch_size": 64},
     "searchqa": {"rollout.max_turns": 4, "rollout.history": 4, "arm_overrides.kl_coef": 0.001,
-                 "rollout.invalid_penalty": 0.01, "mini_batch_size": 256},
+                 "rollout.invalid_penalty": 0.01, "ppo.mini_batch_size": 256},
 }
 
 

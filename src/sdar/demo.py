@@ -40,7 +40,7 @@ def run_arm(arm_name: str, cfg: ToyConfig) -> list[dict[str, float]]:
     skill[: cfg.misleading_positions] = (target[: cfg.misleading_positions] + 1) % cfg.vocab
     logits = torch.zeros(cfg.length, cfg.vocab, requires_grad=True)
     ref_logits = logits.detach().clone()
-    opt = torch.optim.Adam([logits], lr=cfg.lr)
+    opt = torch.optim.Adam([logits], lr=cfg.optim.lr)
     arm = get_arm(arm_name)
     history = []
     n = cfg.group_size * cfg.tasks_per_step
@@ -80,7 +80,7 @@ DEMO_SIZES = {
     "tasks_per_step": 2,
     "group_size": 4,
     "eval_tasks": 24,
-    "overrides": {"warmstart.episodes": 300, "warmstart.epochs": 2, "eval_every": 2, "checkpoint_every": 2},
+    "overrides": {"warmstart.episodes": 300, "warmstart.epochs": 2, "eval.every": 2, "checkpoint.every": 2},
 }
 
 

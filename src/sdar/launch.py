@@ -276,16 +276,16 @@ def launch_training(cfg, config_path: str, overrides: dict[str, Any], wait_inter
     with the final policy downloaded from the checkpoint store (rank 0 publishes it there) into
     <output_dir>/final of this machine.
 
-    On Kubernetes the job's pods share no disk with this one: cfg.checkpoint_uri must be s3://.
+    On Kubernetes the job's pods share no disk with this one: cfg.checkpoint.uri must be s3://.
     """
     from torchx.runner import get_runner
     from torchx.specs import AppState
 
     from sdar.storage import open_store
 
-    if cfg.launch.scheduler == "kubernetes" and not str(cfg.checkpoint_uri or "").startswith("s3://"):
+    if cfg.launch.scheduler == "kubernetes" and not str(cfg.checkpoint.uri or "").startswith("s3://"):
         raise ValueError("a Kubernetes training job hands its result back through the checkpoint store: set "
-                         "checkpoint_uri to an s3:// URI (the pipeline's checkpoint_root)")
+                         "checkpoint.uri to an s3:// URI (the pipeline's checkpoint_root)")
     app = app_for_config(cfg, config_path, overrides)
     opts = scheduler_cfg(cfg)
     with get_runner() as runner:

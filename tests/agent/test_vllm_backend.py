@@ -77,13 +77,13 @@ def policy(tok_dir):
 
 # ---- selection and errors ---------------------------------------------------------------------
 def test_config_selects_the_engine_and_rejects_unknown_vllm_keys():
-    cfg = load_config(None, {"model.generation_backend": "vllm", "teacher_engine": "vllm",
+    cfg = load_config(None, {"model.generation_backend": "vllm", "teacher.engine": "vllm",
                              "vllm.gpu_memory_utilization": 0.5, "vllm.max_lora_rank": 32, "vllm.dtype": "float16"})
-    assert cfg.model.generation_backend == "vllm" and cfg.teacher_engine == "vllm"
+    assert cfg.model.generation_backend == "vllm" and cfg.teacher.engine == "vllm"
     assert (cfg.vllm.gpu_memory_utilization, cfg.vllm.max_lora_rank, cfg.vllm.dtype) == (0.5, 32, "float16")
     assert cfg.vllm.enable_lora and cfg.vllm.logprobs_mode == "processed_logprobs"
     default = load_config(None)
-    assert (default.model.generation_backend, default.teacher_engine) == ("transformers", "train")
+    assert (default.model.generation_backend, default.teacher.engine) == ("transformers", "train")
     with pytest.raises(ValueError, match="gpu_memory_utilization"):
         load_config(None, {"vllm.gpu_mem": 0.5})
 
@@ -118,7 +118,7 @@ def test_trainer_with_vllm_chosen_fails_before_any_work(policy, tmp_path):
     cfg = load_config(None, {"model.generation_backend": "vllm", "output_dir": str(tmp_path), "tracking": False})
     with pytest.raises(RuntimeError, match=r"\[gpu\]"):
         Trainer(cfg, policy=policy, env_factory=lambda: pytest.fail("no environment before the engine exists"))
-    cfg = load_config(None, {"teacher_engine": "vllm", "output_dir": str(tmp_path), "tracking": False})
+    cfg = load_config(None, {"teacher.engine": "vllm", "output_dir": str(tmp_path), "tracking": False})
     with pytest.raises(ValueError, match="model.generation_backend: vllm"):
         Trainer(cfg, policy=policy, env_factory=lambda: pytest.fail("no environment before the engine exists"))
 
@@ -126,7 +126,7 @@ def test_trainer_with_vllm_chosen_fails_before_any_work(policy, tmp_path):
 def test_select_teacher_engine(policy):
     backend = make_backend("transformers", policy)
     assert select_teacher_engine("train", backend) is None
-    with pytest.raises(ValueError, match="teacher_engine: train"):
+    with pytest.raises(ValueError, match="teacher.engine: train"):
         select_teacher_engine("vllm", backend)
     with pytest.raises(ValueError, match="choose one of train, vllm"):
         select_teacher_engine("teacher", backend)

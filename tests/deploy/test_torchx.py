@@ -89,7 +89,7 @@ def test_the_job_rebuilds_the_launching_config_and_uses_the_pipelines_secrets():
     from sdar.train.cli import _overrides
 
     overrides = {"arm": "grpo_opsd", "seed": 3, "steps": 40, "rollout.max_turns": 8, "env.url": "http://envs:8000",
-                 "model.tiny_overrides": {"hidden_size": 64}, "checkpoint_uri": "s3://bucket/run/grpo_opsd-seed3",
+                 "model.tiny_overrides": {"hidden_size": 64}, "checkpoint.uri": "s3://bucket/run/grpo_opsd-seed3",
                  "launch.nodes": 2, "launch.gpus_per_node": 8, "launch.namespace": "rl", "launch.queue": "gpu",
                  "launch.image": "reg.example/sdar-trainer:9"}
     cfg = load_config(CONFIG, overrides)
@@ -135,7 +135,7 @@ def test_credentials_are_not_parameters_and_cluster_jobs_need_s3():
     with pytest.raises(ValueError, match="one worker per GPU"):
         trainer("--config", CONFIG, nproc_per_node=4, gpu=2)
     cfg = load_config(CONFIG, {"launch.launcher": "torchx"})
-    with pytest.raises(ValueError, match="checkpoint_uri to an s3:// URI"):
+    with pytest.raises(ValueError, match="checkpoint.uri to an s3:// URI"):
         launch_training(cfg, CONFIG, {})
 
 
@@ -260,7 +260,7 @@ def launch_on_a_fake_cluster(tmp_path: Path, namespace: str = "kubeflow") -> dic
 
     sa_ns = tmp_path / "namespace"
     sa_ns.write_text(namespace + "\n")
-    overrides = {"launch.gpus_per_node": 2, "checkpoint_uri": "s3://bucket/job/sdar-seed0"}
+    overrides = {"launch.gpus_per_node": 2, "checkpoint.uri": "s3://bucket/job/sdar-seed0"}
 
     sent = []
 

@@ -23,7 +23,7 @@ def _types(ids):
 
 
 def test_stratified_selection_covers_every_task_type_round_robin():
-    assert len(_types(GAMES[:12])) <= 2  # what `eval_tasks: 12` took before
+    assert len(_types(GAMES[:12])) <= 2  # what `eval.tasks: 12` took before
     picked = select_tasks(GAMES, 12, lambda t: task_type_of("household", t))
     assert set(_types(picked).values()) == {2} and set(_types(picked)) == set(TASK_TYPES)
     assert picked == select_tasks(GAMES, 12, lambda t: task_type_of("household", t))  # deterministic
@@ -64,8 +64,8 @@ def test_the_sim_test_split_keeps_its_listing_prefix():
     cfg = load_config(CONFIG)
     env = make_env("household", **cfg.env.kwargs)
     ids = env.task_ids("test")
-    assert eval_task_set(env, cfg) == ids[: cfg.eval_tasks]
-    assert set(_types(eval_task_set(env, cfg)).values()) == {cfg.eval_tasks // 6}
+    assert eval_task_set(env, cfg) == ids[: cfg.eval.tasks]
+    assert set(_types(eval_task_set(env, cfg)).values()) == {cfg.eval.tasks // 6}
 
 
 class _NoSplits:
@@ -75,7 +75,7 @@ class _NoSplits:
 
 def test_a_given_task_list_is_used_as_is_without_reading_the_split(tmp_path):
     ids = [GAMES[40], GAMES[0]]
-    cfg = load_config(CONFIG, {"eval_task_ids": ids})
+    cfg = load_config(CONFIG, {"eval.task_ids": ids})
     assert eval_task_set(_NoSplits(), cfg) == ids
     listing = tmp_path / "tasks.txt"
     listing.write_text(f"# two games\n{GAMES[40]}\n\n{GAMES[0]}  # the first\n")
@@ -92,9 +92,9 @@ def test_eval_flags_become_config_overrides(tmp_path):
     listing = tmp_path / "tasks.txt"
     listing.write_text("sim/heat/900003\nsim/pick/900000\n")
     args = build_parser().parse_args(["eval", "--config", CONFIG, "--backend", "alfworld", "--split", "valid_seen",
-                                      "--tasks", str(listing), "--set", "eval_tasks=12"])
+                                      "--tasks", str(listing), "--set", "eval.tasks=12"])
     ov = _eval_overrides(args)
     cfg = load_config(CONFIG, ov)
     assert cfg.env.kwargs["backend"] == "alfworld" and cfg.env.eval_split == "valid_seen"
-    assert cfg.eval_task_ids == ["sim/heat/900003", "sim/pick/900000"] and cfg.eval_tasks == 12
-    assert cfg.tracking is False and cfg.eval_task_order == "stratified"
+    assert cfg.eval.task_ids == ["sim/heat/900003", "sim/pick/900000"] and cfg.eval.tasks == 12
+    assert cfg.tracking is False and cfg.eval.task_order == "stratified"

@@ -348,7 +348,7 @@ def test_scoring_runs_the_head_only_at_free_response_tokens_with_the_same_number
         for n, p in m.named_parameters():
             torch.testing.assert_close(p.grad, hand_grads[n], atol=tol * 10, rtol=tol * 10, msg=n)
 
-    # switched off (head_at_free_tokens: false): the same numbers, the head over every response span
+    # switched off (scoring.head_at_free_tokens: false): the same numbers, the head over every response span
     with torch.no_grad():
         on = response_logprobs(m, prompts, responses, pad_id=0, allowed=allowed, temperature=0.7, with_entropy=True)
         head_rows.clear()

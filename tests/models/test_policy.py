@@ -99,7 +99,7 @@ def test_lora_reference_is_the_base_before_and_after_an_update(tok_dir, batch, b
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_plain_inference_is_the_merged_adapter_and_the_shared_base(tok_dir, batch, dtype):
-    """Issue 14 (merged_inference): the no-grad module is a plain transformers model holding base + the adapter's
+    """Issue 14 (scoring.merged_inference): the no-grad module is a plain transformers model holding base + the adapter's
     delta, the same log-probs as the peft module, refreshed in place after every update and never rebuilt when
     nothing moved; the reference is the base weights themselves (shared tensors), bit-identical to the disabled
     adapter."""

@@ -41,7 +41,7 @@ def tiny_dir(tmp_path_factory) -> Path:
 
 def _overrides(tiny_dir: Path) -> dict:
     return {"model.name_or_path": f"tiny:{tiny_dir}", "rollout.max_turns": 3, "rollout.max_response_tokens": 8,
-            "teacher_max_prompt_tokens": 2000, "rollout.max_prompt_tokens": 1024}
+            "teacher.max_prompt_tokens": 2000, "rollout.max_prompt_tokens": 1024}
 
 
 def test_rollout_writes_trajectories_that_teacher_replay_scores(tiny_dir, tmp_path):
@@ -147,8 +147,8 @@ def test_teacher_replay_pairs_feed_gated_training(tiny_dir, tmp_path, monkeypatc
     from components.gated_train import gated_train
     from sdar.train.replay import read_pair_set
 
-    ov = {**_overrides(tiny_dir), "rollout.max_turns": 4, "replay.lag": 1, "eval_every": 0, "eval_tasks": 2,
-          "tasks_per_step": 1, "group_size": 2, "checkpoint_every": 1}
+    ov = {**_overrides(tiny_dir), "rollout.max_turns": 4, "replay.lag": 1, "eval.every": 0, "eval.tasks": 2,
+          "tasks_per_step": 1, "group_size": 2, "checkpoint.every": 1}
     traj = Dataset(name="trajectories", uri=str(tmp_path / "trajectories.jsonl"))
     rollout.python_func(config_path=CONFIG, overrides=json.dumps(ov), trajectories=traj, episodes=4, split="train",
                         seed=2, output_root=str(tmp_path), arm="grpo_replay")

@@ -276,7 +276,7 @@ def test_torchx_jobs_of_the_training_step_run_the_pipelines_image(tmp_path, monk
     # the step's environment is what sdar.launch reads: the job's pods get the same image and the GPUs
     for e in container["env"]:
         monkeypatch.setenv(e["name"], e["value"])
-    overrides = {"launch.nodes": 2, "launch.gpus_per_node": 4, "checkpoint_uri": "s3://b/ckpt"}
+    overrides = {"launch.nodes": 2, "launch.gpus_per_node": 4, "checkpoint.uri": "s3://b/ckpt"}
     job = dryrun(load_config("configs/household-tiny.yaml", overrides), "configs/household-tiny.yaml", overrides,
                  validate_spec=False).request.resource
     for task in job["spec"]["tasks"]:

@@ -61,12 +61,12 @@ def test_the_fingerprint_ignores_where_and_how_fast_but_not_what():
     from sdar.study.runner import cell_config, config_fingerprint
 
     base = load_config("configs/household-tiny.yaml")
-    same = load_config("configs/household-tiny.yaml", {"merged_inference": False, "rollout.share_prefix": False,
-                                                       "head_at_free_tokens": False,
+    same = load_config("configs/household-tiny.yaml", {"scoring.merged_inference": False, "rollout.share_prefix": False,
+                                                       "scoring.head_at_free_tokens": False,
                                                        "output_dir": "/elsewhere",
                                                        "steps": 90, "tracking": False})
     assert config_fingerprint(same) == config_fingerprint(base)
-    for change in ({"lr": 2e-3}, {"arm": "grpo"}, {"seed": 1}, {"rollout.temperature": 0.9},
+    for change in ({"optim.lr": 2e-3}, {"arm": "grpo"}, {"seed": 1}, {"rollout.temperature": 0.9},
                    {"warmstart.pretokenizer": "punct_space"}):  # a field added later counts off its default
         assert config_fingerprint(load_config("configs/household-tiny.yaml", change)) != config_fingerprint(base), change
     committed = json.loads(Path("docs/results/evidence/household/seed0/sdar.json").read_text())["fingerprint"]
@@ -109,7 +109,7 @@ def test_study_runs_resumes_skips_and_reports(tmp_path, monkeypatch):
 
     warm = json.loads((results / "t/household/seed0/warmstart.json").read_text())
     assert set(warm) >= {"student", "teacher", "teacher_gap_free_tokens", "fingerprint"}
-    assert len(warm["student"]["tasks"]) == SMALL["eval_tasks"]
+    assert len(warm["student"]["tasks"]) == SMALL["eval.tasks"]
     sdar = json.loads((results / "t/household/seed0/sdar.json").read_text())
     assert sorted(sdar["evals"]) == ["1", "2"] and [h["step"] for h in sdar["history"]] == [0, 1]
     tasks = sdar["evals"]["2"]["tasks"]
@@ -154,7 +154,7 @@ def test_study_runs_resumes_skips_and_reports(tmp_path, monkeypatch):
     assert grown["steps"] == 3 and [h["step"] for h in grown["history"]] == [0, 1, 2]
 
     # another config under the same study name: refused, naming the fix
-    changed = parse_spec({**SPEC, "steps": 3, "eval_steps": [1, 2, 3], "set": {**SPEC["set"], "lr": 5e-4}}, "test-spec")
+    changed = parse_spec({**SPEC, "steps": 3, "eval_steps": [1, 2, 3], "set": {**SPEC["set"], "optim.lr": 5e-4}}, "test-spec")
     with pytest.raises(StaleResult, match="--redo-stale"):
         StudyRunner(changed, results, work).run()
 
@@ -305,7 +305,7 @@ def test_the_committed_gpu_cells_are_their_specs_and_apart_from_the_cpu_study():
     big = parse_spec(yaml.safe_load(Path("configs/study/evidence-gpu.yaml").read_text()))
     assert len(big.cells()) == 9 and big.configs == {"household": "configs/household-tiny-gpu.yaml"}
     cfg = cell_config(big, big.cells()[0], Path("/tmp/w"))
-    assert cfg.device == "cuda" and cfg.tasks_per_step == 8 and cfg.eval_tasks == 240
+    assert cfg.device == "cuda" and cfg.tasks_per_step == 8 and cfg.eval.tasks == 240
 
 
 def test_the_composer_arms_are_compared_with_grpo_and_sdar_on_the_committed_runs():

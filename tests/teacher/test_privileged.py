@@ -4,6 +4,8 @@ the plain forward scores."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -53,7 +55,7 @@ def test_teacher_prompt_over_budget_is_an_error_naming_the_setting(tiny_ckpt, tm
     trainer = make_trainer(small_config(tmp_path, arm="sdar", steps=1, tracking=False))
     trajs = trainer.collect(0)
     trainer.teacher.max_prompt_tokens = max(len(t.prompt_ids) for tr in trajs for t in tr.turns)
-    with pytest.raises(ValueError, match="teacher_max_prompt_tokens"):
+    with pytest.raises(ValueError, match="teacher.max_prompt_tokens"):
         trainer.teacher.prompts(trajs)
 
 
@@ -66,21 +68,22 @@ def test_the_teachers_prefix_cache_gives_the_plain_forwards_logprobs(tiny_ckpt, 
                                    **{"rollout.privileged_placement": placement}))
     trajs = trainer.collect(0)
     assert len({tr.skills for tr in trajs}) > 1 and sum(len(tr.turns) for tr in trajs) > len(trajs)
+    scorer = trainer.teacher.scorer
     for temperature in (1.0, 0.7):
-        trainer.teacher.prefix_cache = True
+        trainer.teacher.scorer = dataclasses.replace(scorer, temperature=temperature, prefix_cache=True)
         import sdar.models.scoring as pv
 
         calls = []
         real = pv.shared_prefix_logprobs
         pv.shared_prefix_logprobs = lambda *a, **k: calls.append(len(a[2])) or real(*a, **k)
         try:
-            cached = trainer.teacher.score(trainer.model, trajs, trainer.pad_id, temperature=temperature)
+            cached = trainer.teacher.score(trainer.model, trajs)
         finally:
             pv.shared_prefix_logprobs = real
         # one shared prefix per task, reused by all its turn-samples
         assert len(calls) == len({tr.task_id for tr in trajs}) and sum(calls) == sum(len(tr.turns) for tr in trajs)
-        trainer.teacher.prefix_cache = False
-        plain = trainer.teacher.score(trainer.model, trajs, trainer.pad_id, temperature=temperature)
+        trainer.teacher.scorer = dataclasses.replace(scorer, temperature=temperature, prefix_cache=False)
+        plain = trainer.teacher.score(trainer.model, trajs)
         assert torch.equal(cached.mask, plain.mask)
         torch.testing.assert_close(cached.logp, plain.logp, rtol=0, atol=1e-5)
         assert float((plain.logp * plain.mask).abs().sum()) > 0

@@ -4,8 +4,8 @@ from sdar.config import load_config
 
 # a miniature of configs/household-tiny.yaml: a 2-layer model, short episodes, small batches
 SMALL = {
-    "steps": 2, "tasks_per_step": 2, "group_size": 2, "eval_every": 0, "eval_tasks": 4, "checkpoint_every": 1,
-    "mini_batch_size": 8, "score_batch_size": 16, "teacher_max_prompt_tokens": 1536,
+    "steps": 2, "tasks_per_step": 2, "group_size": 2, "eval.every": 0, "eval.tasks": 4, "checkpoint.every": 1,
+    "ppo.mini_batch_size": 8, "scoring.batch_size": 16, "teacher.max_prompt_tokens": 1536,
     "rollout.max_turns": 3, "rollout.max_prompt_tokens": 1024, "rollout.max_response_tokens": 12, "rollout.env_workers": 2,
     "warmstart.episodes": 24, "warmstart.tokenizer_episodes": 120, "warmstart.epochs": 1,
     "model.tiny_overrides": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,

@@ -14,20 +14,20 @@ CONFIG = "configs/household-tiny.yaml"
 
 
 def test_exponent_without_a_dot_is_a_float_from_cli_and_yaml(tmp_path):
-    # YAML 1.1 (PyYAML) reads 2e-3 as the string "2e-3"; `sdar train --set lr=2e-3` parses with it
+    # YAML 1.1 (PyYAML) reads 2e-3 as the string "2e-3"; `sdar train --set optim.lr=2e-3` parses with it
     assert yaml.safe_load("2e-3") == "2e-3"
-    cfg = load_config(CONFIG, {"lr": yaml.safe_load("2e-3"), "warmstart.lr": "5e-4"})
-    assert cfg.lr == pytest.approx(2e-3) and isinstance(cfg.lr, float)
+    cfg = load_config(CONFIG, {"optim.lr": yaml.safe_load("2e-3"), "warmstart.lr": "5e-4"})
+    assert cfg.optim.lr == pytest.approx(2e-3) and isinstance(cfg.optim.lr, float)
     assert cfg.warmstart.lr == pytest.approx(5e-4)
     path = tmp_path / "c.yaml"
-    path.write_text("lr: 3e-4\nsteps: 7.0\n")  # and a KFP-style float for an int field
+    path.write_text("optim: {lr: 3e-4}\nsteps: 7.0\n")  # and a KFP-style float for an int field
     cfg = load_config(path)
-    assert cfg.lr == pytest.approx(3e-4) and cfg.steps == 7 and isinstance(cfg.steps, int)
+    assert cfg.optim.lr == pytest.approx(3e-4) and cfg.steps == 7 and isinstance(cfg.steps, int)
 
 
 def test_non_numbers_name_the_key():
-    with pytest.raises(ValueError, match=r"household-tiny.yaml.lr must be a number, got 'fast'"):
-        load_config(CONFIG, {"lr": "fast"}).lr  # noqa: B018
+    with pytest.raises(ValueError, match=r"household-tiny.yaml.optim.lr must be a number, got 'fast'"):
+        load_config(CONFIG, {"optim.lr": "fast"}).optim.lr  # noqa: B018
     with pytest.raises(ValueError, match=r"rollout\.max_turns must be an integer"):
         load_config(CONFIG, {"rollout.max_turns": "ten"})
 
@@ -57,9 +57,9 @@ def test_every_config_in_configs_loads_and_the_gpu_config_only_scales_the_cpu_on
         load_config(path)
     cpu, gpu = load_config(root / "household-tiny.yaml"), load_config(root / "household-tiny-gpu.yaml")
     # the same experiment (env, rollout, model, RL step size), only larger budgets
-    assert gpu.env == cpu.env and gpu.rollout == cpu.rollout and gpu.model == cpu.model and gpu.lr == cpu.lr
+    assert gpu.env == cpu.env and gpu.rollout == cpu.rollout and gpu.model == cpu.model and gpu.optim == cpu.optim
     assert gpu.warmstart.episodes > cpu.warmstart.episodes and gpu.warmstart.batch_size > cpu.warmstart.batch_size
-    assert gpu.tasks_per_step > cpu.tasks_per_step and gpu.eval_tasks > cpu.eval_tasks
+    assert gpu.tasks_per_step > cpu.tasks_per_step and gpu.eval.tasks > cpu.eval.tasks
 
 
 def test_reading_and_checking_a_config_needs_neither_torch_nor_transformers():
@@ -111,7 +111,7 @@ def test_a_misspelled_arm_setting_stops_train_and_eval_before_any_work(tmp_path,
 def test_a_greedy_rollout_temperature_is_refused_at_load_and_names_eval_temperature():
     with pytest.raises(ValueError, match=r"rollout.temperature=0.0: .* must be > 0 .*eval_temperature: 0"):
         load_config(CONFIG, {"rollout.temperature": 0})
-    assert load_config(CONFIG, {"eval_temperature": 0}).eval_temperature == 0.0  # greedy evaluation is fine
+    assert load_config(CONFIG, {"eval.temperature": 0}).eval.temperature == 0.0  # greedy evaluation is fine
 
 
 def _config_dataclasses():
@@ -152,8 +152,8 @@ def test_config_fields_list_every_key_a_config_can_set():
 
 @pytest.mark.parametrize("item,key,value", [
     ("steps=3", "steps", 3), ("rollout.max_turns=10", "rollout.max_turns", 10), ("lr=2e-3", "lr", "2e-3"),
-    ("env.kwargs={backend: alfworld}", "env.kwargs", {"backend": "alfworld"}), ("checkpoint_uri=", "checkpoint_uri", None),
-    (" eval_task_ids=[a, b] ", "eval_task_ids", ["a", "b"]), ("output_dir=runs/x=1", "output_dir", "runs/x=1"),
+    ("env.kwargs={backend: alfworld}", "env.kwargs", {"backend": "alfworld"}), ("checkpoint.uri=", "checkpoint.uri", None),
+    (" eval.task_ids=[a, b] ", "eval.task_ids", ["a", "b"]), ("output_dir=runs/x=1", "output_dir", "runs/x=1"),
     ("rollout.constrained=true", "rollout.constrained", True)])
 def test_set_is_a_dotted_key_and_a_yaml_value(item, key, value):
     from sdar.config import parse_set
@@ -185,10 +185,10 @@ def test_a_renamed_arm_setting_names_its_new_name():
 
 
 # ---- numbers: finite, and inside their range, checked at load naming the key -----------------------------
-NOT_FINITE = [("lr", ".nan"), ("grad_clip", ".inf"), ("rollout.top_p", "-.inf"), ("warmstart.lr", ".nan"),
+NOT_FINITE = [("optim.lr", ".nan"), ("optim.grad_clip", ".inf"), ("rollout.top_p", "-.inf"), ("warmstart.lr", ".nan"),
               ("arm_overrides.kl_coef", ".nan"), ("arm_overrides.extra_coefs", "{sq_coef: .inf}"),
-              ("checkpoint_retry_s", ".inf"), ("replay.temperature", ".nan")]  # fmt: skip
-OUT_OF_RANGE = [("lr", "-1e-6", ">= 0"), ("grad_clip", "0", "> 0"), ("rollout.top_p", "1.5", "in (0, 1]"),
+              ("checkpoint.retry_s", ".inf"), ("replay.temperature", ".nan")]  # fmt: skip
+OUT_OF_RANGE = [("optim.lr", "-1e-6", ">= 0"), ("optim.grad_clip", "0", "> 0"), ("rollout.top_p", "1.5", "in (0, 1]"),
                 ("warmstart.noise", "2", "in [0, 1]"), ("tasks_per_step", "0", ">= 1"),
                 ("arm_overrides.clip_low", "1", "in [0, 1)"), ("arm_overrides.dual_clip", "0.5", "> 1"),
                 ("vllm.gpu_memory_utilization", "0", "in (0, 1]"), ("model.lora_dropout", "1.0", "in [0, 1)")]  # fmt: skip
@@ -224,8 +224,39 @@ def test_a_config_error_is_a_message_and_status_2_not_a_traceback(tmp_path):
     import sys
 
     proc = subprocess.run([sys.executable, "-m", "sdar.cli", "train", "--config", CONFIG, "--output", str(tmp_path),
-                           "--set", "lr=.nan"], capture_output=True, text=True, timeout=120)  # fmt: skip
+                           "--set", "optim.lr=.nan"], capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 2
-    assert proc.stderr.strip() == ("sdar train: config error: lr=nan is not a finite number; give a number >= 0 "
-                                   "(`sdar config fields lr` shows its default and meaning)")
+    assert proc.stderr.strip() == ("sdar train: config error: optim.lr=nan is not a finite number; give a number >= 0 "
+                                   "(`sdar config fields optim.lr` shows its default and meaning)")
     assert "Traceback" not in proc.stderr + proc.stdout and not (tmp_path / "checkpoints").exists()
+
+
+# ---- the sections: one flat list of 50 settings became optim, ppo, scoring, teacher, eval, checkpoint ------
+def test_a_setting_that_moved_into_a_section_is_refused_with_its_new_place(tmp_path):
+    from sdar.config import MOVED_KEYS, ConfigError, config_fields
+
+    keys = {k for k, *_ in config_fields()}
+    assert set(MOVED_KEYS.values()) <= keys and not set(MOVED_KEYS) & keys
+    for old, new in MOVED_KEYS.items():
+        with pytest.raises(ConfigError, match=rf"^{re.escape(old)} is now {re.escape(new)} "):
+            load_config(CONFIG, {old: 1})  # refused before its value is read
+    path = tmp_path / "old.yaml"
+    path.write_text("lr: 1e-3\nmini_batch_size: 8\n")
+    with pytest.raises(ConfigError, match=r"lr is now optim.lr; mini_batch_size is now ppo.mini_batch_size \(in .*old.yaml"):
+        load_config(path)
+
+
+def test_the_identity_of_a_config_is_taken_in_the_flat_layout():
+    """Study fingerprints and warm-start keys recorded before the sections stay valid: the identity is computed
+    from the flat layout (MOVED_KEYS backwards), which holds exactly the values of the sections."""
+    from sdar.config import MOVED_KEYS, flat_layout
+
+    cfg = load_config(CONFIG)
+    flat, nested = flat_layout(cfg.to_dict()), cfg.to_dict()
+    for old, new in MOVED_KEYS.items():
+        head, _, name = new.partition(".")
+        assert flat[old] == nested[head][name]
+        assert head not in flat or name not in flat[head]
+    assert {k: v for k, v in flat.items() if k not in MOVED_KEYS} == {
+        k: ({kk: vv for kk, vv in v.items() if f"{k}.{kk}" not in MOVED_KEYS.values()} if isinstance(v, dict) else v)
+        for k, v in nested.items() if k not in ("optim", "ppo", "scoring", "teacher", "eval", "checkpoint")}

@@ -25,8 +25,8 @@ REPO = Path(__file__).resolve().parents[2]
 # numbers of turn-samples and tokens, and some mini-batches have no row of one rank. Responses cut at
 # 6 tokens are sometimes unfinished, hence invalid and penalised: rewards differ within groups, so the
 # policy-gradient term is not 0 (with SMALL's 12 tokens every episode of 3 turns scores 0)
-RUN = {**SMALL, "arm": "sdar", "steps": 2, "tasks_per_step": 3, "group_size": 2, "mini_batch_size": 5,
-       "checkpoint_every": 1, "group_seeded_rollouts": True, "lr": 1e-3, "rollout.max_response_tokens": 6}
+RUN = {**SMALL, "arm": "sdar", "steps": 2, "tasks_per_step": 3, "group_size": 2, "ppo.mini_batch_size": 5,
+       "checkpoint.every": 1, "rollout.group_seeded": True, "optim.lr": 1e-3, "rollout.max_response_tokens": 6}
 COMPARED = ("loss/total", "loss/pg", "loss/kl", "loss/sdar", "loss/entropy", "sdar/gate_mean", "sdar/gap_mean",
             "pg/clipfrac", "pg/ratio_mean", "grad_norm", "teacher/gap_all_tokens")
 EXACT = ("reward", "success", "episode_length", "invalid_action_rate", "turn_samples", "updates")

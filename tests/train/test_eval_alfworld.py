@@ -36,7 +36,7 @@ def test_sdar_eval_on_the_official_games_with_one_flag(tiny_ckpt, tmp_path, caps
             trial = os.path.dirname(game)
             shutil.copytree(root / trial, tree / trial)
     assert len(list_games(tree, "valid_seen")) == 12
-    sets = [f"{k}={json.dumps(v)}" for k, v in {**SMALL, "eval_tasks": 6}.items()]
+    sets = [f"{k}={json.dumps(v)}" for k, v in {**SMALL, "eval.tasks": 6}.items()]
     argv = ["eval", "--config", "configs/household-tiny.yaml", "--backend", "alfworld", "--split", "valid_seen",
             "--set", f"env.kwargs.data_dir={tree}", "--set", f"output_dir={tmp_path / 'out'}"]
     for item in sets:

@@ -20,9 +20,9 @@ def test_an_update_that_breaks_the_policy_is_restored_and_the_run_fails_loudly(t
     from mlflow.tracking import MlflowClient
 
     # lr 1e30: Adam moves every weight by ~1e30, finite numbers whose forward overflows
-    trainer = make_trainer(small_config(tmp_path, arm="sdar", steps=2, lr=1e30))
+    trainer = make_trainer(small_config(tmp_path, arm="sdar", steps=2, **{"optim.lr": 1e30}))
     before = _weights(trainer)
-    with pytest.raises(TrainingFailed, match=r"updates were skipped.*max_skipped_update_frac"):
+    with pytest.raises(TrainingFailed, match=r"updates were skipped.*optim.max_skipped_update_frac"):
         trainer.run()
     assert trainer.skipped_updates == trainer.attempted_updates >= 2
     after = _weights(trainer)
@@ -37,7 +37,7 @@ def test_an_update_that_breaks_the_policy_is_restored_and_the_run_fails_loudly(t
 
 def test_without_the_guard_the_same_update_breaks_the_next_rollout(tiny_ckpt, tmp_path):
     # what the guard prevents (and what happened before it): the next step's sampling fails
-    trainer = make_trainer(small_config(tmp_path, arm="sdar", steps=2, lr=1e30, guard_updates=False, tracking=False))
+    trainer = make_trainer(small_config(tmp_path, arm="sdar", steps=2, **{"optim.lr": 1e30, "optim.guard_updates": False}, tracking=False))
     trainer.train_step(0)
     with pytest.raises(RuntimeError):
         trainer.train_step(1)
@@ -47,10 +47,10 @@ def test_a_run_whose_loss_is_never_finite_exits_non_zero(tiny_ckpt, tmp_path, ml
     from sdar.cli import main
 
     rc = main(["train", "--config", "configs/household-tiny.yaml", "--output", str(tmp_path),
-               *[a for k, v in {"steps": 1, "tasks_per_step": 2, "group_size": 2, "eval_every": 0,
+               *[a for k, v in {"steps": 1, "tasks_per_step": 2, "group_size": 2, "eval.every": 0,
                                 "rollout.max_turns": 3, "rollout.max_response_tokens": 12,
                                 "warmstart.episodes": 24, "warmstart.tokenizer_episodes": 120, "warmstart.epochs": 1,
-                                "teacher_max_prompt_tokens": 1536, "rollout.max_prompt_tokens": 1024,
+                                "teacher.max_prompt_tokens": 1536, "rollout.max_prompt_tokens": 1024,
                                 "arm_overrides.kl_coef": ".nan",
                                 "model.tiny_overrides": "{hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2, "
                                                         "num_attention_heads: 2, num_key_value_heads: 1}"}.items()
@@ -59,7 +59,7 @@ def test_a_run_whose_loss_is_never_finite_exits_non_zero(tiny_ckpt, tmp_path, ml
 
 
 def test_resume_passes_over_a_checkpoint_with_non_finite_weights(tiny_ckpt, tmp_path):
-    make_trainer(small_config(tmp_path, arm="grpo", steps=2, tracking=False, keep_checkpoints=3)).run()
+    make_trainer(small_config(tmp_path, arm="grpo", steps=2, tracking=False, **{"checkpoint.keep": 3})).run()
     store = open_store(str(tmp_path / "checkpoints"))
     assert [s for s, _ in list_checkpoints(store)] == [1, 2]
     # poison step 2's weights in place (as an unguarded run with a diverged update would have saved them)
@@ -74,7 +74,7 @@ def test_resume_passes_over_a_checkpoint_with_non_finite_weights(tiny_ckpt, tmp_
 
 
 def test_a_newer_complete_checkpoint_wins_over_a_stale_marker(tiny_ckpt, tmp_path):
-    make_trainer(small_config(tmp_path, arm="grpo", steps=2, tracking=False, keep_checkpoints=3)).run()
+    make_trainer(small_config(tmp_path, arm="grpo", steps=2, tracking=False, **{"checkpoint.keep": 3})).run()
     store = open_store(str(tmp_path / "checkpoints"))
     # killed between step 2's _COMPLETE.json and latest.json: the marker still names step 1
     store.write_json(LATEST_MARKER, {"step": 1, "path": checkpoint_path(1)})
@@ -97,9 +97,9 @@ def test_a_step_replayed_after_a_kill_is_not_logged_twice(tiny_ckpt, tmp_path, m
 
     monkeypatch.setattr(tr.Trainer, "save_checkpoint", killed_at_3)
     with pytest.raises(KeyboardInterrupt):
-        make_trainer(small_config(tmp_path, arm="grpo", steps=3, checkpoint_every=2)).run()
+        make_trainer(small_config(tmp_path, arm="grpo", steps=3, **{"checkpoint.every": 2})).run()
     monkeypatch.setattr(tr.Trainer, "save_checkpoint", real)
-    summary = make_trainer(small_config(tmp_path, arm="grpo", steps=3, checkpoint_every=2)).run()
+    summary = make_trainer(small_config(tmp_path, arm="grpo", steps=3, **{"checkpoint.every": 2})).run()
     client = MlflowClient(mlflow_uri)
     for key in ("loss/pg", "reward", "success", "tokens/forced_frac"):
         assert sorted(m.step for m in client.get_metric_history(summary["run_id"], key)) == [0, 1, 2], key
@@ -168,7 +168,7 @@ DAMAGE = {
 def two_steps(tiny_ckpt, tmp_path_factory):
     """A finished 2-step run with checkpoints at steps 1 and 2 (copied by each test before it damages one)."""
     out = tmp_path_factory.mktemp("two-steps")
-    make_trainer(small_config(out, arm="grpo", steps=2, tracking=False, keep_checkpoints=3)).run()
+    make_trainer(small_config(out, arm="grpo", steps=2, tracking=False, **{"checkpoint.keep": 3})).run()
     return out
 
 
@@ -181,7 +181,7 @@ def test_resume_falls_back_from_a_damaged_newest_checkpoint(two_steps, tmp_path,
     shutil.copytree(two_steps / "checkpoints", tmp_path / "checkpoints")
     name, damage, why = DAMAGE[kind]
     damage(tmp_path / "checkpoints" / checkpoint_path(2) / name)
-    resumed = make_trainer(small_config(tmp_path, arm="grpo", steps=3, tracking=False, keep_checkpoints=3))
+    resumed = make_trainer(small_config(tmp_path, arm="grpo", steps=3, tracking=False, **{"checkpoint.keep": 3}))
     assert resumed.maybe_resume() and resumed.step == 1
     said = "".join(capsys.readouterr())
     assert "step-000002 cannot be loaded" in said and why in said and "kept, not deleted" in said, said

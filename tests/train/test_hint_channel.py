@@ -31,8 +31,8 @@ def test_the_hinted_context_is_the_students_plus_the_hint(tiny_ckpt, tmp_path):
 
 def _unconstrained(tmp_path, arm):
     # without constrained decoding the small warm start's actions are often rejected: error sites
-    return small_config(tmp_path, arm=arm, steps=1, tracking=False, mini_batch_size=100000, micro_batch_size=100000,
-                        **{"rollout.constrained": False, "rollout.max_response_tokens": 16})
+    return small_config(tmp_path, arm=arm, steps=1, tracking=False, **{"ppo.mini_batch_size": 100000, "ppo.micro_batch_size": 100000,
+                        "rollout.constrained": False, "rollout.max_response_tokens": 16})
 
 
 def test_jsd_is_nonzero_exactly_on_error_turn_tokens(tiny_ckpt, tmp_path, monkeypatch):
@@ -47,9 +47,12 @@ def test_jsd_is_nonzero_exactly_on_error_turn_tokens(tiny_ckpt, tmp_path, monkey
         return real(arm, batch)
 
     monkeypatch.setattr(tr, "compose_loss", capture)
+    steps = []
+    real_score = trainer.score_phase
+    monkeypatch.setattr(trainer, "score_phase", lambda step, r: steps.append(real_score(step, r)) or steps[-1])
     m = trainer.train_step(0).metrics
     (batch,) = seen
-    sites = trainer._hint_prompts
+    sites = steps[0].hint_prompts
     assert m["hint/error_sites"] == len(sites) > 0 and 0 < m["hint/error_site_rate"] <= 1
     # one row per error site, masked on its response tokens; the JSD there is positive (the hint
     # changes the teacher's distribution), and it is 0 on every position outside the mask

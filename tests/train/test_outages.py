@@ -67,7 +67,7 @@ def test_a_short_s3_outage_at_a_checkpoint_costs_nothing(tiny_ckpt, tmp_path, ou
         real(self, step)
 
     monkeypatch.setattr(tr.Trainer, "save_checkpoint", down_at_1)
-    trainer = make_trainer(small_config(tmp_path, arm="grpo", steps=3, checkpoint_uri=uri, tracking=False))
+    trainer = make_trainer(small_config(tmp_path, arm="grpo", steps=3, **{"checkpoint.uri": uri}, tracking=False))
     summary = trainer.run()
     assert summary["steps"] == 3
     assert len(trainer.outages) >= 1 and all(s > 0 for s in trainer.outages)
@@ -76,15 +76,15 @@ def test_a_short_s3_outage_at_a_checkpoint_costs_nothing(tiny_ckpt, tmp_path, ou
 
 def test_a_long_outage_stops_the_run_and_the_rerun_resumes_from_the_spool(tiny_ckpt, tmp_path, outage):
     uri = f"s3://{_bucket(outage)}/long"
-    make_trainer(small_config(tmp_path, arm="grpo", steps=1, checkpoint_uri=uri, tracking=False)).run()
+    make_trainer(small_config(tmp_path, arm="grpo", steps=1, **{"checkpoint.uri": uri}, tracking=False)).run()
     outage.down()
-    trainer = make_trainer(small_config(tmp_path, arm="grpo", steps=2, checkpoint_uri=uri, tracking=False,
-                                   checkpoint_retry_s=2.0))
+    trainer = make_trainer(small_config(tmp_path, arm="grpo", steps=2, **{"checkpoint.uri": uri}, tracking=False,
+                                   **{"checkpoint.retry_s": 2.0}))
     with pytest.raises(StorageError, match=r"unreachable for .* kept in .*checkpoint-spool.*rerun"):
         trainer.run()
     assert (tmp_path / "checkpoint-spool" / "checkpoints" / "step-000002").is_dir()
     # while the store is still down, a rerun already resumes from the spool (the newest checkpoint)
-    again = make_trainer(small_config(tmp_path, arm="grpo", steps=2, checkpoint_uri=uri, tracking=False))
+    again = make_trainer(small_config(tmp_path, arm="grpo", steps=2, **{"checkpoint.uri": uri}, tracking=False))
     assert again.maybe_resume() and again.step == 2
     outage.up()
     again.flush_checkpoints(wait=False)  # nothing pending in a fresh process: the spool is only read

@@ -4,6 +4,7 @@ defaults and the optimisation loop (README "Reference parity" table)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -44,8 +45,8 @@ def _captured_masks(trainer, monkeypatch):
 
 @pytest.mark.parametrize("mask_forced", [True, False])
 def test_forced_tokens_are_left_out_of_every_loss_term_and_statistic(tiny_ckpt, tmp_path, monkeypatch, mask_forced):
-    cfg = small_config(tmp_path, arm="sdar", steps=1, tracking=False, mini_batch_size=100000,
-                       micro_batch_size=100000, **{"rollout.mask_forced_tokens": mask_forced})
+    cfg = small_config(tmp_path, arm="sdar", steps=1, tracking=False, **{"ppo.mini_batch_size": 100000,
+                       "ppo.micro_batch_size": 100000}, **{"rollout.mask_forced_tokens": mask_forced})
     trainer = make_trainer(cfg)
     seen = _captured_masks(trainer, monkeypatch)
     m = trainer.train_step(0).metrics
@@ -73,8 +74,8 @@ def test_forced_tokens_are_left_out_of_every_loss_term_and_statistic(tiny_ckpt, 
 @pytest.mark.parametrize("placement", ["prefix", "user"])
 def test_trainer_teacher_sees_the_student_context_when_the_student_dropped_history(tiny_ckpt, tmp_path, placement):
     # a student budget that forces history to be dropped, a teacher budget that would have kept it
-    cfg = small_config(tmp_path, arm="sdar", steps=1, tracking=False, teacher_max_prompt_tokens=4096,
-                       **{"rollout.history": 2, "rollout.max_turns": 4, "rollout.privileged_placement": placement})
+    cfg = small_config(tmp_path, arm="sdar", steps=1, tracking=False, **{"teacher.max_prompt_tokens": 4096,
+                       "rollout.history": 2, "rollout.max_turns": 4, "rollout.privileged_placement": placement})
     trainer = make_trainer(cfg)
     trajs = trainer.collect(0)
     # each turn with history as if its budget had been one token short: the student drops a pair (refitted
@@ -138,7 +139,7 @@ def test_family_defaults_follow_the_reference_scripts(family, turns, history, kl
     from sdar.algos import get_arm
 
     cfg = load_config(None, {"env.family": family})
-    assert (cfg.rollout.max_turns, cfg.rollout.history, cfg.rollout.invalid_penalty, cfg.mini_batch_size) == (
+    assert (cfg.rollout.max_turns, cfg.rollout.history, cfg.rollout.invalid_penalty, cfg.ppo.mini_batch_size) == (
         turns, history, penalty, mini)
     assert get_arm(cfg.arm, **cfg.arm_overrides).kl_coef == kl
     # what a config sets wins over the family default
@@ -155,8 +156,8 @@ def test_opsd_arm_is_the_reference_opsd_script():
 
 
 def test_choices_are_checked_at_load():
-    for key, value in (("reward", "dense"), ("loss_normalisation", "seq"), ("rollout.penalize", "x"),
-                       ("rollout.privileged_placement", "system"), ("micro_batch_size", 0)):
+    for key, value in (("reward", "dense"), ("ppo.loss_normalisation", "seq"), ("rollout.penalize", "x"),
+                       ("rollout.privileged_placement", "system"), ("ppo.micro_batch_size", 0)):
         with pytest.raises(ValueError, match=key.split(".")[-1]):
             load_config(None, {key: value})
 
@@ -182,15 +183,15 @@ def test_micro_batch_weights_average_micro_batch_means_or_span_the_mini_batch():
 def test_the_update_takes_mini_batches_in_rollout_order(tiny_ckpt, tmp_path, monkeypatch):
     import sdar.train.trainer as tr
 
-    cfg = small_config(tmp_path, arm="grpo", steps=1, tracking=False, mini_batch_size=6, micro_batch_size=4)
+    cfg = small_config(tmp_path, arm="grpo", steps=1, tracking=False, **{"ppo.mini_batch_size": 6, "ppo.micro_batch_size": 4})
     trainer = make_trainer(cfg)
     assert trainer.optimizer.param_groups[0]["weight_decay"] == 0.01  # AdamW as verl's actor
     rows_seen = []
     real = tr.Trainer._micro_loss
 
-    def spy(self, mb, *args):
+    def spy(self, b, mb, *args):
         rows_seen.append(list(mb))
-        return real(self, mb, *args)
+        return real(self, b, mb, *args)
 
     monkeypatch.setattr(tr.Trainer, "_micro_loss", spy)
     m = trainer.train_step(0).metrics
@@ -209,17 +210,17 @@ def test_the_gradient_is_the_normalised_sum_of_micro_batch_losses(tiny_ckpt, tmp
     mean over the whole mini-batch (micro-batch losses weighted by their free tokens)."""
     import sdar.train.trainer as tr
 
-    cfg = small_config(tmp_path, arm="sdar", steps=1, tracking=False, mini_batch_size=100000, micro_batch_size=3,
-                       loss_normalisation=normalisation)
+    cfg = small_config(tmp_path, arm="sdar", steps=1, tracking=False, **{"ppo.mini_batch_size": 100000, "ppo.micro_batch_size": 3,
+                       "ppo.loss_normalisation": normalisation})
     trainer = make_trainer(cfg)
     trainer.optimizer.step = lambda: None  # keep the weights: the gradient is what is compared
-    trainer.cfg.grad_clip = 1e9
+    trainer.cfg.optim.grad_clip = 1e9
     parts = []
     real = tr.Trainer._micro_loss
 
-    def spy(self, mb, prompts, responses, allowed, old, free, *rest):
-        parts.append((mb, float(free[mb].sum()), (mb, prompts, responses, allowed, old, free, *rest)))
-        return real(self, mb, prompts, responses, allowed, old, free, *rest)
+    def spy(self, b, mb, *rest):
+        parts.append((mb, float(b.free[mb].sum()), (b, mb, *rest)))
+        return real(self, b, mb, *rest)
 
     monkeypatch.setattr(tr.Trainer, "_micro_loss", spy)
     assert trainer.train_step(0).metrics["updates"] == 1
@@ -247,7 +248,8 @@ def test_teacher_gap_is_taken_at_the_rollout_temperature(tiny_ckpt, tmp_path):
 
     def gap_at(temp):
         s = response_logprobs(trainer.model, prompts, responses, pad_id=trainer.pad_id, allowed=allowed, temperature=temp)
-        t = trainer.teacher.score(trainer.model, trajs, trainer.pad_id, temperature=temp)
+        trainer.teacher.scorer = dataclasses.replace(trainer.teacher.scorer, temperature=temp)
+        t = trainer.teacher.score(trainer.model, trajs)
         free = free_token_mask(allowed, s.mask)
         return float(((t.logp - s.logp) * free).sum() / free.sum())
 
@@ -284,7 +286,7 @@ def test_old_logp_from_the_first_forward_changes_nothing(tiny_ckpt, tmp_path, mi
     results = {}
     for reuse in (True, False):
         trainer = make_trainer(small_config(tmp_path / str(reuse), arm="sdar", steps=1, tracking=False,
-                                       mini_batch_size=mini, reuse_old_logp=reuse))
+                                       **{"ppo.mini_batch_size": mini, "ppo.reuse_old_logp": reuse}))
         m = trainer.train_step(0).metrics
         results[reuse] = (m, _updated(trainer))
     (m1, w1), (m0, w0) = results[True], results[False]
@@ -293,7 +295,7 @@ def test_old_logp_from_the_first_forward_changes_nothing(tiny_ckpt, tmp_path, mi
         assert m1[key] == pytest.approx(m0[key], abs=1e-5), key
     if mini == 100000:
         assert m1["pg/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
-    _assert_same_update(w1, w0, trainer.cfg.lr)
+    _assert_same_update(w1, w0, trainer.cfg.optim.lr)
 
 
 @pytest.mark.parametrize("mini", [6, 100000])
@@ -302,17 +304,17 @@ def test_old_logp_from_the_sampler_changes_nothing(tiny_ckpt, tmp_path, mini):
     pass's log-probs: no scoring pass, the same update and statistics, and a first PPO ratio of 1."""
     results = {}
     for on in (True, False):
-        trainer = make_trainer(small_config(tmp_path / str(on), arm="sdar", steps=1, tracking=False, mini_batch_size=mini,
-                                       reuse_old_logp=False, old_logp_from_sampler=on))
+        trainer = make_trainer(small_config(tmp_path / str(on), arm="sdar", steps=1, tracking=False, **{"ppo.mini_batch_size": mini,
+                                       "ppo.reuse_old_logp": False}, **{"ppo.old_logp_from_sampler": on}))
         calls = []
-        import sdar.train.trainer as tr
+        import sdar.models.scoring as sc
 
-        real = tr.response_logprobs
-        tr.response_logprobs = lambda *a, **k: calls.append(len(a[1])) or real(*a, **k)
+        real = sc.response_logprobs
+        sc.response_logprobs = lambda *a, **k: calls.append(len(a[1])) or real(*a, **k)
         try:
             m = trainer.train_step(0).metrics
         finally:
-            tr.response_logprobs = real
+            sc.response_logprobs = real
         rows = int(m["turn_samples"])
         results[on] = (m, calls, rows, {n: p.detach().clone() for n, p in trainer.model.named_parameters()
                                         if p.requires_grad})
@@ -329,7 +331,7 @@ def test_old_logp_from_the_sampler_changes_nothing(tiny_ckpt, tmp_path, mini):
 
 
 def test_merged_inference_changes_nothing(tiny_ckpt, tmp_path):
-    """Issue 14 (merged_inference): sampling, old_logp and the teacher on the plain module with the adapter merged
+    """Issue 14 (scoring.merged_inference): sampling, old_logp and the teacher on the plain module with the adapter merged
     in, the reference on the plain base: once the adapter has moved (step 1), the same samples, the same
     statistics and update as the peft module, and a first PPO ratio of 1 within 1e-5."""
     from peft import PeftModel
@@ -337,7 +339,7 @@ def test_merged_inference_changes_nothing(tiny_ckpt, tmp_path):
     results = {}
     for on in (True, False):
         trainer = make_trainer(small_config(tmp_path / str(on), arm="sdar", steps=2, tracking=False,
-                                            mini_batch_size=100000, merged_inference=on))
+                                            **{"ppo.mini_batch_size": 100000, "scoring.merged_inference": on}))
         trainer.train_step(0)
         sampler = trainer.backend.inference()
         assert isinstance(sampler, PeftModel) != on and (sampler is trainer.model) != on
@@ -364,7 +366,7 @@ def test_shared_prefix_rollouts_change_nothing(tiny_ckpt, tmp_path):
     results = {}
     for on in (True, False):
         trainer = make_trainer(small_config(tmp_path / str(on), arm="sdar", steps=2, tracking=False,
-                                            mini_batch_size=100000, **{"rollout.share_prefix": on}))
+                                            **{"ppo.mini_batch_size": 100000, "rollout.share_prefix": on}))
         trajs = []
         trainer.collect = lambda step, real=trainer.collect, trajs=trajs: trajs.append(real(step)) or trajs[-1]
         metrics = [trainer.train_step(k).metrics for k in (0, 1)]
@@ -425,14 +427,14 @@ def test_the_update_forward_from_shared_prefixes_gives_the_plain_forwards_number
         torch.testing.assert_close(g1[n], g0[n], rtol=tol * 10, atol=tol * 10 * max(float(g0[n].abs().max()), 1e-6))
 
 
-@pytest.mark.parametrize("flags", [{"prefix_cache": False}, {"length_buckets": False}, {}])
+@pytest.mark.parametrize("flags", [{"scoring.prefix_cache": False}, {"scoring.length_buckets": False}, {}])
 def test_the_update_with_length_groups_and_prefix_reuse_changes_nothing(tiny_ckpt, tmp_path, flags):
     """Issue 14.4: a step with the update's forwards regrouped (length groups, a task's prompt start once) makes
     the same update, with the same statistics, as with both switched off."""
     results = {}
-    for name, extra in (("on", flags), ("off", {"prefix_cache": False, "length_buckets": False})):
-        trainer = make_trainer(small_config(tmp_path / name, arm="sdar", steps=1, tracking=False, mini_batch_size=6,
-                                       micro_batch_size=3, **extra))
+    for name, extra in (("on", flags), ("off", {"scoring.prefix_cache": False, "scoring.length_buckets": False})):
+        trainer = make_trainer(small_config(tmp_path / name, arm="sdar", steps=1, tracking=False, **{"ppo.mini_batch_size": 6,
+                                       "ppo.micro_batch_size": 3}, **extra))
         import sdar.models.scoring as sc
 
         calls = []
@@ -444,10 +446,10 @@ def test_the_update_with_length_groups_and_prefix_reuse_changes_nothing(tiny_ckp
             sc.shared_prefix_logprobs = real
         results[name] = (m, calls, _updated(trainer))
     (m1, c1, w1), (m0, c0, w0) = results["on"], results["off"]
-    assert (True in c1) == flags.get("prefix_cache", True) and True not in c0  # the update used the prefix path
+    assert (True in c1) == flags.get("scoring.prefix_cache", True) and True not in c0  # the update used the prefix path
     for key in ("loss/pg", "loss/kl", "loss/sdar", "pg/ratio_mean", "pg/approx_kl", "sdar/gap_mean", "loss/total"):
         assert m1[key] == pytest.approx(m0[key], abs=1e-5), key
-    _assert_same_update(w1, w0, trainer.cfg.lr)
+    _assert_same_update(w1, w0, trainer.cfg.optim.lr)
 
 
 def _updated(trainer) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -486,7 +488,7 @@ def test_unique_rows_merges_only_rows_equal_in_prompt_response_allowed_and_group
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("grouped", [False, True])
 def test_dedup_scoring_forwards_each_distinct_row_once_with_the_same_numbers(tiny_ckpt, tmp_path, dtype, grouped):
-    """Issue 14 (dedup_scoring): rows equal in prompt, response and allowed tokens are forwarded once and take
+    """Issue 14 (scoring.dedup): rows equal in prompt, response and allowed tokens are forwarded once and take
     that forward's log-probs and entropies: the same numbers as scoring every row (fp32 1e-5, bf16 3e-2), fewer
     positions through the model, constrained rows and temperature 0.7 included."""
     import copy
@@ -527,15 +529,15 @@ def test_dedup_scoring_forwards_each_distinct_row_once_with_the_same_numbers(tin
 
 
 def test_dedup_scoring_changes_no_step_and_switches_off(tiny_ckpt, tmp_path, monkeypatch):
-    """Issue 14 (dedup_scoring): a step with the scoring passes deduplicated makes the same update and statistics
+    """Issue 14 (scoring.dedup): a step with the scoring passes deduplicated makes the same update and statistics
     as with it off, and scores fewer rows when the batch repeats a turn-sample."""
     import sdar.models.scoring as sc
 
     results = {}
     for on in (True, False):
         trainer = make_trainer(small_config(tmp_path / str(on), arm="sdar", steps=1, tracking=False,
-                                            mini_batch_size=100000, group_size=4, dedup_scoring=on,
-                                            **{"rollout.temperature": 0.3}))  # a task's rollouts often agree
+                                            **{"ppo.mini_batch_size": 100000}, group_size=4, **{"scoring.dedup": on,
+                                            "rollout.temperature": 0.3}))  # a task's rollouts often agree
         rows, trajs = [], []
 
         def counted(model, p, *a, real=sc._grouped_prefix_logprobs, **k):
@@ -556,17 +558,17 @@ def test_dedup_scoring_changes_no_step_and_switches_off(tiny_ckpt, tmp_path, mon
     for key in ("loss/pg", "loss/kl", "loss/sdar", "pg/ratio_mean", "sdar/gap_mean", "teacher/gap_free_tokens",
                 "loss/total"):
         assert m1[key] == pytest.approx(m0[key], abs=1e-5), key
-    _assert_same_update(w1, w0, trainer.cfg.lr)
+    _assert_same_update(w1, w0, trainer.cfg.optim.lr)
 
 
 def test_head_at_free_tokens_changes_no_step_and_switches_off(tiny_ckpt, tmp_path, monkeypatch):
-    """Issue 14 (head_at_free_tokens): a step whose forwards (scoring passes and update) run the output head only at
+    """Issue 14 (scoring.head_at_free_tokens): a step whose forwards (scoring passes and update) run the output head only at
     the response tokens that are not forced makes the same update and statistics as with the head over every
     response span, and runs the head at fewer positions."""
     results = {}
     for on in (True, False):
         trainer = make_trainer(small_config(tmp_path / str(on), arm="sdar", steps=1, tracking=False,
-                                            head_at_free_tokens=on))
+                                            **{"scoring.head_at_free_tokens": on}))
         rows = []
         for module in {trainer.model, trainer.policy.inference_model()}:
             module.get_output_embeddings().register_forward_pre_hook(
@@ -578,4 +580,4 @@ def test_head_at_free_tokens_changes_no_step_and_switches_off(tiny_ckpt, tmp_pat
     for key in ("loss/pg", "loss/kl", "loss/sdar", "pg/ratio_mean", "sdar/gap_mean", "teacher/gap_free_tokens",
                 "loss/total", "loss/entropy"):
         assert m1[key] == pytest.approx(m0[key], abs=1e-5), key
-    _assert_same_update(w1, w0, trainer.cfg.lr)
+    _assert_same_update(w1, w0, trainer.cfg.optim.lr)

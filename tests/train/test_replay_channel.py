@@ -10,15 +10,15 @@ import pytest
 import torch
 
 from sdar.algos import dpo_loss, get_arm
-from sdar.train.replay import PairSet, read_pair_set, summed_logp, tokenise_pairs, write_pair_set
+from sdar.train.replay import PairSet, read_pair_set, tokenise_pairs, write_pair_set
 
 from .conftest import make_trainer, small_config
 
 
 def _cfg(tmp_path, arm="grpo_replay", **kw):
     # one update per step, so every micro-batch is scored on the step's starting weights
-    return small_config(tmp_path, arm=arm, mini_batch_size=100000, micro_batch_size=4,
-                        **{"tracking": False, "rollout.max_turns": 4, **kw})
+    return small_config(tmp_path, arm=arm, **{"ppo.mini_batch_size": 100000, "ppo.micro_batch_size": 4,
+                        "tracking": False, "rollout.max_turns": 4, **kw})
 
 
 def _capture(monkeypatch, trainer):
@@ -43,7 +43,7 @@ def test_the_dpo_term_is_replay_coef_times_dpo_on_the_pools_pairs(tiny_ckpt, tmp
         seen = _capture(monkeypatch, trainer)
         pairs_seen = []
         real_due = trainer._due_pairs
-        monkeypatch.setattr(trainer, "_due_pairs", lambda temp: pairs_seen.append(real_due(temp)) or pairs_seen[-1])
+        monkeypatch.setattr(trainer, "_due_pairs", lambda: pairs_seen.append(real_due()) or pairs_seen[-1])
         m = trainer.train_step(0).metrics
     finally:
         trainer.replay.close()
@@ -106,8 +106,7 @@ def test_pairs_are_written_as_the_policy_writes_actions(tiny_ckpt, tmp_path):
     assert ps.rejected[0] == turn.response_ids and ps.prompts[0] == turn.prompt_ids
     assert ps.rejected_allowed[0] == turn.allowed
     # scored like the student: the trie renormalisation makes forced positions log 1
-    lp = summed_logp(trainer.model, ps.prompts, ps.chosen, ps.chosen_allowed, pad_id=trainer.pad_id,
-                     temperature=1.0, grad=False)
+    lp = trainer.scorer.summed(trainer.model, ps.prompts, ps.chosen, ps.chosen_allowed)
     assert lp.shape == (1,) and float(lp) <= 0
     # a JSONL round trip keeps every field
     back = read_pair_set(write_pair_set(ps, tmp_path / "pairs.jsonl"))
@@ -154,8 +153,8 @@ def test_the_api_key_never_reaches_logs_mlflow_or_the_compiled_pipeline(tiny_ckp
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     with serve_local_pool("household") as local:
         teachers = [replace(e, api_key_env="SDAR_TEST_TEACHER_KEY").to_dict() for e in local.endpoints]
-        cfg = _cfg(tmp_path / "run", arm="grpo_replay", steps=2, tracking=True, checkpoint_every=2,
-                   **{"replay.teachers": teachers, "replay.lag": 0})
+        cfg = _cfg(tmp_path / "run", arm="grpo_replay", steps=2, tracking=True, **{"checkpoint.every": 2,
+                   "replay.teachers": teachers, "replay.lag": 0})
         summary = make_trainer(cfg).run()
     assert summary["history"][-1]["replay/calls"] > 0  # the pool was really asked
     out = capsys.readouterr()

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import pytest
@@ -74,7 +75,7 @@ def test_nonfinite_loss_is_skipped_and_training_continues(tiny_ckpt, tmp_path, m
 
     monkeypatch.setattr(tr, "compose_loss", poisoned)
     # one update in all, skipped: allow that share (the run-level failure is tested in test_guards.py)
-    trainer = make_trainer(small_config(tmp_path, arm="sdar", steps=1, mini_batch_size=1000, max_skipped_update_frac=1.0))
+    trainer = make_trainer(small_config(tmp_path, arm="sdar", steps=1, **{"ppo.mini_batch_size": 1000, "optim.max_skipped_update_frac": 1.0}))
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     trainer.run()
     assert trainer.skipped_updates == 1
@@ -87,22 +88,22 @@ def test_nonfinite_loss_is_skipped_and_training_continues(tiny_ckpt, tmp_path, m
 def test_checkpoints_to_s3_and_resumes_from_there(tiny_ckpt, tmp_path, mlflow_uri, s3_server):
     bucket = s3_server.make_bucket()
     uri = f"s3://{bucket}/household/sdar"
-    train(small_config(tmp_path / "a", steps=1, checkpoint_uri=uri))
+    train(small_config(tmp_path / "a", steps=1, **{"checkpoint.uri": uri}))
     store = open_store(uri)
     assert latest_checkpoint(store)[0] == 1
     assert any(k.endswith("trainable.pt") for k in store.list("checkpoints"))
-    t = make_trainer(small_config(tmp_path / "b", steps=2, checkpoint_uri=uri))
+    t = make_trainer(small_config(tmp_path / "b", steps=2, **{"checkpoint.uri": uri}))
     assert t.maybe_resume() and t.step == 1
 
 
 def test_arms_that_do_not_need_the_teacher_can_skip_it(tiny_ckpt, tmp_path, mlflow_uri):
     import math
 
-    hist = train(small_config(tmp_path, arm="grpo", steps=1, teacher_for_all_arms=False))["history"]
+    hist = train(small_config(tmp_path, arm="grpo", steps=1, **{"teacher.for_all_arms": False}))["history"]
     assert "sdar/gate_mean" not in hist[0] and math.isnan(hist[0]["teacher/gap_all_tokens"])
     assert hist[0]["updates"] >= 1
     # an arm that needs the teacher scores it regardless of the switch
-    hist = train(small_config(tmp_path / "s", arm="sdar", steps=1, teacher_for_all_arms=False))["history"]
+    hist = train(small_config(tmp_path / "s", arm="sdar", steps=1, **{"teacher.for_all_arms": False}))["history"]
     assert "sdar/gate_mean" in hist[0]
 
 
@@ -111,7 +112,7 @@ def test_sdar_tracking_off_in_the_environment_turns_mlflow_off_for_sdar_train(ti
     from mlflow.tracking import MlflowClient
 
     monkeypatch.setenv("SDAR_TRACKING", "0")
-    summary = train(small_config(tmp_path, arm="grpo", steps=1, teacher_for_all_arms=False))
+    summary = train(small_config(tmp_path, arm="grpo", steps=1, **{"teacher.for_all_arms": False}))
     assert summary["run_id"] is None and (tmp_path / "history.json").is_file()
     assert MlflowClient(mlflow_uri).search_experiments(filter_string="name = 'household-tiny'") == []
 
@@ -119,7 +120,7 @@ def test_sdar_tracking_off_in_the_environment_turns_mlflow_off_for_sdar_train(ti
 def test_rollouts_are_scored_at_their_sampling_temperature(tiny_ckpt, tmp_path, mlflow_uri):
     # one mini-batch per step: before it updates, the policy is the sampling policy, so the PPO
     # ratio is exactly 1 when old and current log-probs are both taken at the rollout temperature
-    cfg = small_config(tmp_path, arm="sdar", steps=1, mini_batch_size=100000, **{"rollout.temperature": 0.5})
+    cfg = small_config(tmp_path, arm="sdar", steps=1, **{"ppo.mini_batch_size": 100000, "rollout.temperature": 0.5})
     h = train(cfg)["history"][0]
     assert h["updates"] == 1
     assert h["pg/approx_kl"] == pytest.approx(0.0, abs=1e-6) and h["pg/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
@@ -140,7 +141,8 @@ def test_teacher_engine_is_bypassed_and_counted_at_other_temperatures(tiny_ckpt,
     trainer = make_trainer(small_config(tmp_path, arm="sdar", steps=1, tracking=False))
     trajs = trainer.collect(1)
     trainer.teacher.engine = MustNotScore()
-    got = trainer.teacher.score(trainer.model, trajs, trainer.pad_id, temperature=0.5)
+    trainer.teacher.scorer = dataclasses.replace(trainer.teacher.scorer, temperature=0.5)
+    got = trainer.teacher.score(trainer.model, trajs)
     want = response_logprobs(trainer.model, trainer.teacher.prompts(trajs),
                              [t.response_ids for tr in trajs for t in tr.turns], pad_id=trainer.pad_id,
                              allowed=[t.allowed for tr in trajs for t in tr.turns], temperature=0.5)

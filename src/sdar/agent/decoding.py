@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from sdar.models.kv_cache import cache_of, with_cache
+
 
 @dataclass
 class Decoded:
@@ -109,7 +111,7 @@ def _prefill(model, prompts: list[list[int]], pad_id: int, device, share_prefix:
         # output as before this option existed, so that "off" reproduces earlier runs bit for bit
         kw = {"logits_to_keep": 1} if share_prefix else {}
         out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, **kw)
-        return out.past_key_values, out.logits[:, -1, :], attn, attn.sum(-1), B * width
+        return cache_of(out), out.logits[:, -1, :], attn, attn.sum(-1), B * width
     from transformers import DynamicCache
 
     P = max(s for _, s in plan)
@@ -122,8 +124,8 @@ def _prefill(model, prompts: list[list[int]], pad_id: int, device, share_prefix:
         for i in rows:
             group_of[i], shared[i] = g, s
     pids, pmask = pids.to(device), pmask.to(device)
-    start = model(input_ids=pids, attention_mask=pmask, position_ids=(pmask.cumsum(-1) - 1).clamp(min=0),
-                  use_cache=True, logits_to_keep=1).past_key_values
+    start = cache_of(model(input_ids=pids, attention_mask=pmask, position_ids=(pmask.cumsum(-1) - 1).clamp(min=0),
+                           use_cache=True, logits_to_keep=1))
     idx = torch.tensor(group_of, device=device)
     cache = DynamicCache([(layer.keys.index_select(0, idx), layer.values.index_select(0, idx)) for layer in start.layers])
     rests = [p[shared[i]:] for i, p in enumerate(prompts)]
@@ -137,9 +139,9 @@ def _prefill(model, prompts: list[list[int]], pad_id: int, device, share_prefix:
     base = torch.tensor(shared, device=device)
     attn = torch.cat([pmask.index_select(0, idx), smask], dim=1)
     pos = base.unsqueeze(1) + (smask.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True,
+    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, **with_cache(cache), use_cache=True,
                 logits_to_keep=1)
-    return out.past_key_values, out.logits[:, -1, :], attn, base + smask.sum(-1), len(plan) * P + B * W
+    return cache_of(out), out.logits[:, -1, :], attn, base + smask.sum(-1), len(plan) * P + B * W
 
 
 def _processed_logprobs(logits: torch.Tensor, allowed: list[int] | None, temperature: float, top_p: float) -> torch.Tensor:
@@ -235,10 +237,10 @@ def constrained_sample(model, prompts: list[list[int]], tries: list, *, max_new_
         step_ids, step_mask = step_ids.to(device), step_mask.to(device)
         step_pos = count.unsqueeze(1) + torch.arange(L, device=device).unsqueeze(0)
         attn = torch.cat([attn, step_mask], dim=1)
-        out = model(input_ids=step_ids, attention_mask=attn, position_ids=step_pos, past_key_values=past,
+        out = model(input_ids=step_ids, attention_mask=attn, position_ids=step_pos, **with_cache(past),
                     use_cache=True)
         st.forwards += 1
-        past = out.past_key_values
+        past = cache_of(out)
         at = torch.tensor([max(len(c), 1) - 1 for c in chunks], device=device)
         last = out.logits[torch.arange(B, device=device), at, :]
         count = count + step_mask.sum(-1)

@@ -129,7 +129,7 @@ def fit_prompt_ids(tokenizer, builder: PromptBuilder, view: TurnView, max_tokens
     what = "the prompt (privileged skills + turn)" if skills is not None else "the prompt"
     raise ValueError(
         f"{what} needs {len(ids)} tokens with no history, over the limit of {max_tokens}; "
-        "raise max_prompt_tokens (or teacher_max_prompt_tokens) or shorten the skills"
+        "raise rollout.max_prompt_tokens (or teacher.max_prompt_tokens) or shorten the skills"
     )
 
 

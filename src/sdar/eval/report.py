@@ -104,27 +104,25 @@ def read_trajectories(path: str | os.PathLike) -> list[Trajectory]:
     return out
 
 
-def teacher_replay(model, tokenizer, scorer, trajs: list[Trajectory], *, pad_id: int, gate_beta: float = 5.0,
-                   batch_size: int = 16, temperature: float = 1.0, mask_forced_tokens: bool = True) -> dict[str, Any]:
+def teacher_replay(model, teacher, trajs: list[Trajectory], *, gate_beta: float = 5.0,
+                   mask_forced_tokens: bool = True) -> dict[str, Any]:
     """Score every turn of `trajs` under the student (its recorded prompt) and under the privileged
-    teacher (`scorer`, a `TeacherScorer`), both at `temperature` (the rollout's) and under the same
-    constrained distribution the turn was sampled from: per-trajectory and overall token-mean gap
+    teacher (`teacher`, a `TeacherScorer`), both with the teacher's `Scorer` (at the rollout's temperature) and
+    under the same constrained distribution the turn was sampled from: per-trajectory and overall token-mean gap
     (log p_teacher - log p_student), SDAR gate sigmoid(gate_beta * gap), and the share of tokens the
     teacher endorses (gap > 0), over the tokens that carried a choice (all tokens with
     mask_forced_tokens=False); `forced_frac` is the share left out. No gradient; the model is not changed."""
     import torch
 
     from sdar.algos.sdar import sdar_gate
-    from sdar.models.scoring import free_token_mask, response_logprobs
+    from sdar.models.scoring import free_token_mask
 
     batch = TurnBatch.of(trajs)
     allowed = batch.allowed
     if not len(batch):
         raise ValueError("no turns to replay: every trajectory is empty")
-    student = response_logprobs(model, batch.prompts, batch.responses, pad_id=pad_id, batch_size=batch_size,
-                                allowed=allowed, temperature=temperature)
-    teacher = scorer.score(model, batch, pad_id, temperature=temperature)
-    gate, gap = sdar_gate(student.logp, teacher.logp, gate_beta)
+    student = teacher.scorer.score(model, batch.prompts, batch.responses, allowed)
+    gate, gap = sdar_gate(student.logp, teacher.score(model, batch).logp, gate_beta)
     mask = free_token_mask(allowed, student.mask, forced_free=not mask_forced_tokens)
     forced_frac = 1.0 - float(free_token_mask(allowed, student.mask).sum()) / max(float(student.mask.sum()), 1.0)
 

@@ -77,16 +77,16 @@ def select_tasks(
 def eval_task_set(env: Any, cfg: Any) -> list[str]:
     """The evaluation tasks of a `TrainConfig` on `env` (a TextEnv or a RemoteEnv).
 
-    `cfg.eval_task_ids` when given (as listed; the split is then not read), else `cfg.eval_tasks`
-    ids of `cfg.env.eval_split` chosen by `cfg.eval_task_order` (see `select_tasks`).
+    `cfg.eval.task_ids` when given (as listed; the split is then not read), else `cfg.eval.tasks`
+    ids of `cfg.env.eval_split` chosen by `cfg.eval.task_order` (see `select_tasks`).
     """
-    given = list(cfg.eval_task_ids or [])
+    given = list(cfg.eval.task_ids or [])
     if given:
         return given
     family = cfg.env.family
-    return select_tasks(env.task_ids(cfg.env.eval_split), cfg.eval_tasks,
+    return select_tasks(env.task_ids(cfg.env.eval_split), cfg.eval.tasks,
                         type_of=lambda tid: task_type_of(family, tid),
-                        order=cfg.eval_task_order)
+                        order=cfg.eval.task_order)
 
 
 def read_task_list(spec: str) -> list[str]:

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from sdar.models.kv_cache import cache_of
 
 class _LogpEntropy(torch.autograd.Function):
     """log p(target) and the entropy from [N, V] logits in one fused pass, with a hand-written backward.
@@ -74,7 +75,7 @@ _HEAD_WHERE_NEEDED = contextvars.ContextVar("head_where_needed", default=True)
 @contextmanager
 def head_where_needed(on: bool = True) -> Iterator[None]:
     """Inside: scoring runs the output head only at the response tokens it needs (on, the default) or, off, over
-    each forward's whole response span, forced tokens included (the same numbers; what `--set head_at_free_tokens=
+    each forward's whole response span, forced tokens included (the same numbers; what `--set scoring.head_at_free_tokens=
     false` measures)."""
     token = _HEAD_WHERE_NEEDED.set(on)
     try:
@@ -119,7 +120,7 @@ def _decoder_and_head(model: torch.nn.Module):
 
 def logits_at(model: torch.nn.Module, rows: torch.Tensor, cols: torch.Tensor, **forward: Any) -> tuple[torch.Tensor, Any]:
     """The logits [N, V] at positions (rows[k], cols[k]) of the forward `model(**forward)`, and that forward's
-    output (for its `past_key_values`). Where the logits are the output head applied to the decoder's last hidden
+    output (for its KV cache, `sdar.models.kv_cache.cache_of`). Where the logits are the output head applied to the decoder's last hidden
     state (`_decoder_and_head`), the head and the [N, V] logits exist at those positions only (scoring needs few:
     not the forced tokens of a constrained decoder, not the prompt; 5-10% of a pass's time on the tiny model and on
     SmolLM2-135M, benchmarks/bench_scoring_head.py). Other models run from the first of those positions on and the
@@ -140,8 +141,8 @@ def encode_kv(model: torch.nn.Module, input_ids: torch.Tensor):
     where `_decoder_and_head` splits the model, else the whole model keeping one position's logits."""
     split = _decoder_and_head(model)
     if split is None:
-        return model(input_ids=input_ids, use_cache=True, logits_to_keep=1).past_key_values
-    return split[0](input_ids=input_ids, use_cache=True).past_key_values
+        return cache_of(model(input_ids=input_ids, use_cache=True, logits_to_keep=1))
+    return cache_of(split[0](input_ids=input_ids, use_cache=True))
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:

@@ -235,7 +235,7 @@ class Policy:
         SmolLM2-135M in float32, 1 GB for a 0.5B model in bfloat16), no gradients or optimizer state.
     plain_inference (LoRA): `inference_model()` and `reference()` give plain modules without peft's
         wrappers (a copy of the adapted layers with the adapter merged in; the base's own tensors),
-        faster on CPU; the trainer sets it from cfg.merged_inference.
+        faster on CPU; the trainer sets it from cfg.scoring.merged_inference.
     """
 
     def __init__(
@@ -249,7 +249,7 @@ class Policy:
         self.spec = spec
         self._reference = reference_model
         self.base_source = base_source  # reloads the initial weights; None = kept in <checkpoint>/base
-        # no-grad forwards on plain modules (see `inference_model`); the trainer sets it from cfg.merged_inference
+        # no-grad forwards on plain modules (see `inference_model`); the trainer sets it from cfg.scoring.merged_inference
         self.plain_inference = False
         self._plain_base: PreTrainedModel | None = None
         self._merged: PreTrainedModel | None = None

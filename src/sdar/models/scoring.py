@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sdar.models.kv_cache import with_cache
 from sdar.models.logprobs import (encode_kv, head_where_needed_on, logits_at, logp_and_entropy, position_ids_from_mask,
                                   token_logprobs)
 
@@ -381,7 +382,7 @@ def shared_prefix_logprobs(model, prefix: list[int], prompts: list[list[int]], r
             pos = (P + torch.arange(L)).unsqueeze(0).expand(b, L)
             lp, ent, m, out = _response_scores(
                 model, dict(input_ids=ids.to(device), attention_mask=att.to(device), position_ids=pos.to(device),
-                            past_key_values=cache, use_cache=True),
+                            **with_cache(cache), use_cache=True),
                 [len(prompts[i]) for i in rows], _pick(responses, rows), _pick(allowed, rows), T, temperature,
                 with_entropy, grad)
             parts.append(ScoredBatch(logp=lp, mask=m, entropy=ent))
@@ -438,3 +439,69 @@ def _grouped_prefix_logprobs(model, prompts, responses, groups, *, pad_id, batch
         z = torch.zeros(0, T, device=device)
         return ScoredBatch(logp=z, entropy=z if with_entropy else None, mask=z)
     return _in_row_order([rows for rows, _ in parts], [p for _, p in parts], n)
+
+
+@dataclass(frozen=True)
+class Scorer:
+    """How every forward of a run scores responses: the scoring passes (old_logp, the reference, the teacher),
+    the update's forward with gradients and the DPO pairs' sums. All at `temperature`, the rollout's (scores are
+    those of the distribution the tokens were sampled from), with the `scoring:` section's switches, none of
+    which changes a number beyond float rounding (tests/train/test_reference_parity.py). `build_runtime` makes
+    the run's one Scorer (`Scorer.of`); a caller passes a model and rows, never a temperature or a switch.
+
+    batch_size: sequences per no-grad forward. prefix_cache: rows of one group (a task's turn-samples) continue
+    from one KV cache of the prompt start they share. dedup: a no-grad pass forwards each distinct row once.
+    length_buckets: rows of similar length forwarded together. head_at_free_tokens: inside `scope()`, the output
+    head runs only at the response tokens that are not forced.
+    """
+
+    temperature: float = 1.0
+    pad_id: int = 0
+    batch_size: int | None = 16
+    prefix_cache: bool = True
+    dedup: bool = True
+    length_buckets: bool = True
+    head_at_free_tokens: bool = True
+
+    @classmethod
+    def of(cls, cfg, pad_id: int) -> Scorer:
+        """The Scorer of a TrainConfig: its `scoring:` section at its rollout temperature."""
+        s = cfg.scoring
+        return cls(temperature=cfg.rollout.temperature, pad_id=pad_id, batch_size=s.batch_size, prefix_cache=s.prefix_cache,
+                   dedup=s.dedup, length_buckets=s.length_buckets, head_at_free_tokens=s.head_at_free_tokens)
+
+    def scope(self):
+        """The context every forward of a step runs in (where the output head runs: `head_where_needed`)."""
+        from sdar.models.logprobs import head_where_needed
+
+        return head_where_needed(self.head_at_free_tokens)
+
+    def score(self, model, prompts: list[list[int]], responses: list[list[int]], allowed, groups: list | None = None
+              ) -> ScoredBatch:
+        """No-grad log-probs [B, T] of every row's response. groups: a key per row whose rows share their prompt
+        start (a task's turn-samples); with prefix_cache that start is encoded once per group."""
+        if groups is not None and self.prefix_cache:
+            return grouped_prefix_logprobs(model, prompts, responses, groups, pad_id=self.pad_id, batch_size=self.batch_size,
+                                           allowed=allowed, temperature=self.temperature, dedup=self.dedup)
+        return response_logprobs(model, prompts, responses, pad_id=self.pad_id, batch_size=self.batch_size, allowed=allowed,
+                                 temperature=self.temperature, length_buckets=self.length_buckets, dedup=self.dedup)
+
+    def with_grad(self, model, prompts: list[list[int]], responses: list[list[int]], allowed,
+                  groups: list | None = None) -> ScoredBatch:
+        """The update's forward: log-probs and entropies [B, T] with gradients (one micro-batch; groups as in
+        `score`)."""
+        if groups is not None and self.prefix_cache and len(prompts) > 1:
+            return grouped_prefix_logprobs(model, prompts, responses, groups, pad_id=self.pad_id, allowed=allowed,
+                                           temperature=self.temperature, grad=True, with_entropy=True)
+        return response_logprobs(model, prompts, responses, pad_id=self.pad_id, with_entropy=True, grad=True,
+                                 allowed=allowed, temperature=self.temperature, length_buckets=self.length_buckets)
+
+    def summed(self, model, prompts: list[list[int]], responses: list[list[int]], allowed, grad: bool = False
+               ) -> torch.Tensor:
+        """[P] summed log-probs of each response after its prompt (forced tokens contribute log 1 = 0): the DPO
+        term's sequence scores, with gradients when `grad`."""
+        if not prompts:
+            return torch.zeros(0)
+        s = response_logprobs(model, prompts, responses, pad_id=self.pad_id, batch_size=None if grad else self.batch_size,
+                              grad=grad, allowed=allowed, temperature=self.temperature)
+        return (s.logp * s.mask).sum(dim=1)

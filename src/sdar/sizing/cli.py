@@ -124,7 +124,7 @@ def _add_model_arguments(p: argparse.ArgumentParser) -> None:
         help="a training config (e.g. configs/paper/alfworld-qwen2.5-7b.yaml): the model, LoRA "
         "or full, GPUs (launch.nodes x launch.gpus_per_node), group size, tasks per step, "
         "micro-batch, sequence length (rollout.max_prompt_tokens + max_response_tokens), "
-        "teacher extra tokens (teacher_max_prompt_tokens - rollout.max_prompt_tokens) and steps "
+        "teacher extra tokens (teacher.max_prompt_tokens - rollout.max_prompt_tokens) and steps "
         "come from it; a flag given explicitly overrides it",
     )
     p.add_argument(

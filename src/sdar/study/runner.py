@@ -10,7 +10,7 @@ Layout (results are small JSON, meant to be committed; the work directory holds 
                                                       a child run per cell (unless MLFLOW_TRACKING_URI is set)
 
 A cell is trained in segments, one per eval step: the trainer runs to the segment's end (resuming
-from its newest checkpoint: a killed run loses at most `checkpoint_every` steps), the policy is
+from its newest checkpoint: a killed run loses at most `checkpoint.every` steps), the policy is
 evaluated on the family's held-out tasks with per-task outcomes kept (the paired analysis needs
 them), the partial record is saved, then the next segment resumes from the checkpoint. Every run of a
 family plays the same held-out tasks (`sdar.eval.tasks`), with the same evaluation sampling seed per
@@ -30,7 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from sdar.config import drop_added_defaults
+from sdar.config import drop_added_defaults, flat_layout
 from sdar.study.spec import Cell, StudySpec
 
 # the per-step metrics a result keeps (the analysis's curves); the full history stays in MLflow
@@ -57,7 +57,7 @@ def cell_config(spec: StudySpec, cell: Cell, work: Path, steps: int | None = Non
     from sdar.config import load_config
 
     overrides = {**spec.overrides_for(cell.family), "arm": cell.arm, "seed": cell.seed,
-                 "steps": steps or spec.steps, "eval_every": 0, "experiment": f"study-{spec.name}",
+                 "steps": steps or spec.steps, "eval.every": 0, "experiment": f"study-{spec.name}",
                  "output_dir": str(work / cell.family / f"seed{cell.seed}" / cell.arm)}
     if parent_run_id:
         overrides["parent_run_id"] = parent_run_id
@@ -66,7 +66,8 @@ def cell_config(spec: StudySpec, cell: Cell, work: Path, steps: int | None = Non
 
 def config_fingerprint(cfg) -> str:
     """A hash of everything in `cfg` that shapes a run's numbers (not where it writes or how long it runs)."""
-    d = drop_added_defaults(cfg.to_dict())  # fields newer than the committed results, at their neutral default
+    # the flat layout the committed results were fingerprinted in; fields newer than them at their neutral default
+    d = drop_added_defaults(flat_layout(cfg.to_dict()))
     for key in _NOT_IDENTITY:  # "section.field" names a field of a section
         head, _, field_name = key.partition(".")
         (d.get(head, {}) if field_name else d).pop(field_name or head, None)
@@ -308,7 +309,8 @@ class StudyRunner:
             # without it; their log-probs agree within 1e-5 only, and a sample flipped by that is not another warm
             # start: replay as the record may have been made
             for older in (replace(cfg, rollout=replace(cfg.rollout, share_prefix=False)),
-                          replace(cfg, merged_inference=False, rollout=replace(cfg.rollout, share_prefix=False))):
+                          replace(cfg, scoring=replace(cfg.scoring, merged_inference=False),
+                                  rollout=replace(cfg.rollout, share_prefix=False))):
                 if not differ:
                     break
                 differ = replay_differs(older)
@@ -432,7 +434,7 @@ class StudyRunner:
 
         workers = env_workers if backend == "alfworld" else 1  # other backends have no engine processes
         cfg = cell_config(self.spec, cell, self.work)
-        cfg = replace(cfg, eval_tasks=games or 10**6, eval_task_ids=[], tracking=False,
+        cfg = replace(cfg, eval=replace(cfg.eval, tasks=games or 10**6, task_ids=[]), tracking=False,
                       env=replace(cfg.env, eval_split=split, kwargs={**cfg.env.kwargs, "backend": backend,
                                                                      **({"workers": workers} if workers > 1 else {})}))
         ensure_warm_start(cfg, self.console)

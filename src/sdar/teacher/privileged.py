@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from sdar.agent.prompts import PromptBuilder, prefix_ids, teacher_prompt_ids
 from sdar.agent.rollout import Trajectory, TurnBatch
-from sdar.models.scoring import ScoredBatch, grouped_prefix_logprobs, response_logprobs
+from sdar.models.scoring import ScoredBatch, Scorer
 
 
 @dataclass
@@ -19,10 +19,12 @@ class TeacherScorer:
     same history pairs as the student, the skills at the start of the user message).
     max_prompt_tokens: the teacher's prompt budget. The teacher's context is the student's by
     construction, so nothing is ever dropped from it: a turn whose privileged prompt does not fit raises
-    an error naming teacher_max_prompt_tokens (the reference cuts the prompt from the left, i.e. the
+    an error naming teacher.max_prompt_tokens (the reference cuts the prompt from the left, i.e. the
     skills first; this project never scores a teacher that lost its skills).
     student_has_skills: the student's prompts already carry the skills (skill_grpo); the teacher's
     prompt is then the student's own.
+    scorer: the run's `Scorer` (the rollout temperature and the scoring switches; with prefix_cache a task's
+    teacher prompts share their start, skills included, which is encoded once).
     engine: None scores with the training-side forward; a `VLLMBackend` scores through vLLM's prompt
     log-probs (`sdar.teacher.vllm_scoring`), falling back to the forward per row where the
     constrained renormalisation needs tokens outside vLLM's top-`engine_topk` (counted in
@@ -31,8 +33,8 @@ class TeacherScorer:
 
     builder: PromptBuilder
     tokenizer: object
+    scorer: Scorer = field(default_factory=Scorer)
     max_prompt_tokens: int = 2048
-    batch_size: int = 16
     scored_turns: int = 0
     # the exact privileged text the teacher saw: {task_type: {task_id: text}} (what privileged_skills.json logs)
     skills_seen: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -42,10 +44,6 @@ class TeacherScorer:
     fallback_turns: int = 0
     placement: str = "prefix"
     student_has_skills: bool = False
-    # placement "prefix": encode each task's skills prefix once and reuse its KV for the task's turn-samples
-    prefix_cache: bool = True
-    # forward each distinct (prompt, response, allowed) row once (models.scoring.unique_rows)
-    dedup: bool = True
 
     def prompts(self, batch: TurnBatch | list[Trajectory]) -> list[list[int]]:
         """The teacher's prompt ids of every row of `batch` (a TurnBatch, or the trajectories it is made of)."""
@@ -69,44 +67,35 @@ class TeacherScorer:
             if len(ids) > self.max_prompt_tokens:
                 raise ValueError(
                     f"the teacher's prompt for task {traj.task_id!r} needs {len(ids)} tokens (the student's "
-                    f"{len(turn.prompt_ids)} plus the privileged skills), over teacher_max_prompt_tokens="
-                    f"{self.max_prompt_tokens}; raise teacher_max_prompt_tokens to at least "
+                    f"{len(turn.prompt_ids)} plus the privileged skills), over teacher.max_prompt_tokens="
+                    f"{self.max_prompt_tokens}; raise teacher.max_prompt_tokens to at least "
                     "rollout.max_prompt_tokens + the skills' length, or shorten the skills (env.kwargs.skills)")
             self.scored_turns += 1
             out.append(ids)
         return out
 
-    def score(self, model, batch: TurnBatch | list[Trajectory], pad_id: int, temperature: float = 1.0) -> ScoredBatch:
+    def score(self, model, batch: TurnBatch | list[Trajectory]) -> ScoredBatch:
         """Teacher log-probs [B, T] of every row's response (B = the batch's turn-samples, in trajectory order),
-        under softmax(logits / temperature) (the rollout temperature, as the student's are scored)."""
+        under the scorer's softmax(logits / temperature) (the rollout temperature, as the student's are scored)."""
         batch = batch if isinstance(batch, TurnBatch) else TurnBatch.of(batch)
         prompts = self.prompts(batch)
-        responses, allowed = batch.responses, batch.allowed
-        if self.engine is not None and temperature == 1.0:
+        responses, allowed, sc = batch.responses, batch.allowed, self.scorer
+        if self.engine is not None and sc.temperature == 1.0:
             # vLLM's prompt log-probs are those of the raw logits; other temperatures are scored here
             from sdar.teacher.vllm_scoring import vllm_response_logprobs
 
-            out, fell_back = vllm_response_logprobs(self.engine, model, prompts, responses, pad_id=pad_id,
-                                                    batch_size=self.batch_size, allowed=allowed, topk=self.engine_topk)
+            out, fell_back = vllm_response_logprobs(self.engine, model, prompts, responses, pad_id=sc.pad_id,
+                                                    batch_size=sc.batch_size, allowed=allowed, topk=self.engine_topk)
             self.engine_turns += len(prompts)
             self.fallback_turns += fell_back
             return out
         if self.engine is not None:  # every turn falls back to the trainer's forward: count them
             self.engine_turns += len(prompts)
             self.fallback_turns += len(prompts)
-        if self.prefix_cache:
-            return self._score_by_prefix(model, batch, prompts, responses, allowed, pad_id, temperature)
-        return response_logprobs(model, prompts, responses, pad_id=pad_id, batch_size=self.batch_size,
-                                 allowed=allowed, temperature=temperature, dedup=self.dedup)
-
-    def _score_by_prefix(self, model, batch: TurnBatch, prompts, responses, allowed, pad_id: int,
-                         temperature: float) -> ScoredBatch:
-        """The turn-samples of one task share the start of their teacher prompts (system prompt and skills:
-        placement prefix puts the skills before the chat, user at the start of the user message): that
-        common prefix is encoded once per task and its KV reused for each of them."""
+        # the turn-samples of one task share the start of their teacher prompts (system prompt and skills:
+        # placement prefix puts the skills before the chat, user at the start of the user message)
         groups = [batch.trajectories[k].task_id + "\0" + batch.trajectories[k].skills for k in batch.traj_of_row]
-        return grouped_prefix_logprobs(model, prompts, responses, groups, pad_id=pad_id, batch_size=self.batch_size,
-                                       allowed=allowed, temperature=temperature, dedup=self.dedup)
+        return sc.score(model, prompts, responses, allowed, groups=groups)
 
     @property
     def fallback_frac(self) -> float:

@@ -1,4 +1,4 @@
-"""Teacher log-probs through vLLM's prompt log-probs (teacher_engine: vllm): the response tokens of
+"""Teacher log-probs through vLLM's prompt log-probs (teacher.engine: vllm): the response tokens of
 prompt + response sequences scored by the rollout engine, as the same `ScoredBatch` the training-side
 forward returns, with per-row fallback to that forward where vLLM's answer cannot be renormalised.
 
@@ -122,8 +122,8 @@ def select_teacher_engine(name: str, backend):
         return None
     if name == "vllm":
         if not hasattr(backend, "prompt_logprobs"):
-            raise ValueError("teacher_engine 'vllm' scores through the vLLM rollout engine, but the generation backend "
+            raise ValueError("teacher.engine 'vllm' scores through the vLLM rollout engine, but the generation backend "
                              f"is {type(backend).__name__}; set model.generation_backend: vllm (on a CUDA machine) "
-                             "or teacher_engine: train")
+                             "or teacher.engine: train")
         return backend
-    raise ValueError(f"unknown teacher_engine {name!r}; choose one of train, vllm")
+    raise ValueError(f"unknown teacher.engine {name!r}; choose one of train, vllm")

@@ -96,7 +96,7 @@ def _eval_overrides(args: argparse.Namespace) -> dict:
     if getattr(args, "tasks", None):
         from sdar.eval.tasks import read_task_list
 
-        overrides["eval_task_ids"] = read_task_list(args.tasks)
+        overrides["eval.task_ids"] = read_task_list(args.tasks)
     return overrides
 
 
@@ -119,7 +119,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     # evaluation only: the train split is never read (a data tree may hold just the eval split)
     rt = build_runtime(cfg, train=False)
     types = Counter(task_type_of(cfg.env.family, t) or "?" for t in rt.eval_tasks)
-    where = "the given task list" if cfg.eval_task_ids else f"split {cfg.env.eval_split!r} ({cfg.eval_task_order})"
+    where = "the given task list" if cfg.eval.task_ids else f"split {cfg.env.eval_split!r} ({cfg.eval.task_order})"
     backend = cfg.env.kwargs.get("backend") if cfg.env.family == "household" else None
     console.print(f"evaluating {len(rt.eval_tasks)} tasks of {where}"
                   + (f" on the household {backend!r} backend" if backend else "") + ": "
@@ -133,7 +133,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     student = rt.evaluate()
     teacher = rt.evaluate(privileged=True)
     gap = rt.teacher_gap(student.trajectories)
-    table = Table(title=f"{cfg.env.family}: {student.n} held-out tasks, temperature {cfg.eval_temperature}")
+    table = Table(title=f"{cfg.env.family}: {student.n} held-out tasks, temperature {cfg.eval.temperature}")
     for col in ("policy", "success", "95% CI", "mean length", "invalid"):
         table.add_column(col, justify="right")
     for name, r in (("student", student), ("teacher (skills in context)", teacher)):

@@ -107,18 +107,6 @@ def tokenise_pairs(pairs, trajs, tokenizer, family: str, constrained: bool) -> P
     return out
 
 
-def summed_logp(model, prompts, responses, allowed, *, pad_id: int, temperature: float, grad: bool,
-                batch_size: int | None = None) -> torch.Tensor:
-    """[P] summed log-probs of each response after its prompt (forced tokens contribute log 1 = 0)."""
-    from sdar.models.scoring import response_logprobs
-
-    if not prompts:
-        return torch.zeros(0)
-    s = response_logprobs(model, prompts, responses, pad_id=pad_id, batch_size=batch_size, grad=grad,
-                          allowed=allowed, temperature=temperature)
-    return (s.logp * s.mask).sum(dim=1)
-
-
 class ReplayChannel:
     """The teacher pool, its background worker and the pairs waiting for the next step.
 

@@ -23,7 +23,7 @@ from sdar.agent.prompts import PromptBuilder
 from sdar.agent.rollout import RolloutConfig, Trajectory, TurnBatch
 from sdar.algos import ArmConfig
 from sdar.config import TrainConfig
-from sdar.models.scoring import free_token_mask, response_logprobs
+from sdar.models.scoring import Scorer, free_token_mask
 from sdar.teacher import TeacherScorer
 from sdar.teacher.vllm_scoring import select_teacher_engine
 
@@ -69,6 +69,7 @@ class Runtime:
     rollout_cfg: RolloutConfig  # cfg.rollout with the env's family and the arm's student prompt
     builder: PromptBuilder
     backend: Any  # sdar.agent.backends.GenerationBackend
+    scorer: Scorer  # every forward's scoring: the rollout temperature and the `scoring:` switches
     teacher: TeacherScorer
     env_factory: Callable[[], Any]
     train_pool: list[str]  # the train split's task ids ([] for evaluation)
@@ -84,8 +85,7 @@ class Runtime:
 
     @property
     def pad_id(self) -> int:
-        tok = self.policy.tokenizer
-        return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        return self.scorer.pad_id
 
     def evaluate(self, temperature: float | None = None, tasks: list[str] | None = None, privileged: bool = False):
         """Success on the held-out tasks; privileged=True acts with the skills in the prompt (the teacher's
@@ -95,20 +95,17 @@ class Runtime:
         seed_everything(step_seed(self.cfg.seed, EVAL_SEED_STEP))
         rc = replace(self.rollout_cfg, skills_in_prompt=privileged or self.rollout_cfg.skills_in_prompt)
         if privileged:
-            rc = replace(rc, max_prompt_tokens=self.cfg.teacher_max_prompt_tokens)
+            rc = replace(rc, max_prompt_tokens=self.cfg.teacher.max_prompt_tokens)
         return evaluate(self.backend, self.tokenizer, self.env_factory, tasks or self.eval_tasks, rc,
-                        temperature=self.cfg.eval_temperature if temperature is None else temperature)
+                        temperature=self.cfg.eval.temperature if temperature is None else temperature)
 
     def teacher_gap(self, trajs: list[Trajectory]) -> float:
         """Token-mean log-prob gap (teacher with skills minus student) on given trajectories, at the rollout
         temperature, over the tokens that carried a choice (all response tokens with mask_forced_tokens off)."""
         batch = TurnBatch.of(trajs)
-        temp = self.rollout_cfg.temperature
         model = self.policy.inference_model()
-        old = response_logprobs(model, batch.prompts, batch.responses, pad_id=self.pad_id,
-                                batch_size=self.cfg.score_batch_size, allowed=batch.allowed, temperature=temp,
-                                dedup=self.cfg.dedup_scoring)
-        teacher = self.teacher.score(model, batch, self.pad_id, temperature=temp)
+        old = self.scorer.score(model, batch.prompts, batch.responses, batch.allowed)
+        teacher = self.teacher.score(model, batch)
         free = free_token_mask(batch.allowed, old.mask, forced_free=not self.rollout_cfg.mask_forced_tokens)
         return masked_mean(teacher.logp - old.logp, free)
 
@@ -125,7 +122,7 @@ class Runtime:
             found = latest_checkpoint(store)
         if found is None:
             raise FileNotFoundError(f"no complete checkpoint under {uri}: give a run's output directory, its "
-                                    "checkpoints/ directory or checkpoint_uri")
+                                    "checkpoints/ directory or checkpoint.uri")
         step, rel = found
         from sdar.storage import DamagedCheckpointError, fetch_checkpoint
 
@@ -177,27 +174,28 @@ def build_runtime(cfg: TrainConfig, *, policy=None, env_factory: Callable[[], An
     device = device or cfg.resolved_device()
     if policy.device != device:
         policy.to(device)
-    # sampling, teacher and reference on plain modules (LoRA on CPU: see the merged_inference help)
-    policy.plain_inference = cfg.merged_inference and torch.device(device).type == "cpu"
+    # sampling, teacher and reference on plain modules (LoRA on CPU: see the scoring.merged_inference help)
+    policy.plain_inference = cfg.scoring.merged_inference and torch.device(device).type == "cpu"
     rollout_cfg = replace(cfg.rollout, family=cfg.env.family, skills_in_prompt=arm.skills_in_student_prompt)
     builder = PromptBuilder(cfg.env.family, history=rollout_cfg.history, show_admissible=rollout_cfg.show_admissible)
     # vLLM serves the current LoRA adapter, re-exported when the weights change (checked per call)
     backend = make_backend(cfg.model.generation_backend, policy, vllm=cfg.vllm, jump_forward=cfg.rollout.jump_forward,
                            share_prefix=cfg.rollout.share_prefix)
-    teacher = TeacherScorer(builder, policy.tokenizer, cfg.teacher_max_prompt_tokens, cfg.score_batch_size,
-                            engine=select_teacher_engine(cfg.teacher_engine, backend), engine_topk=cfg.vllm.teacher_topk,
-                            placement=rollout_cfg.privileged_placement, student_has_skills=rollout_cfg.skills_in_prompt,
-                            prefix_cache=cfg.prefix_cache, dedup=cfg.dedup_scoring)
+    tok = policy.tokenizer
+    scorer = Scorer.of(cfg, pad_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+    teacher = TeacherScorer(builder, tok, scorer=scorer, max_prompt_tokens=cfg.teacher.max_prompt_tokens,
+                            engine=select_teacher_engine(cfg.teacher.engine, backend), engine_topk=cfg.vllm.teacher_topk,
+                            placement=rollout_cfg.privileged_placement, student_has_skills=rollout_cfg.skills_in_prompt)
     env_factory = env_factory or make_env_factory(cfg)
     probe = env_factory()
     try:
         train_pool = probe.task_ids(cfg.env.train_split) if train else []
-        eval_tasks = eval_task_set(probe, cfg)  # stratified over task types unless cfg.eval_task_order is "first"
+        eval_tasks = eval_task_set(probe, cfg)  # stratified over task types unless cfg.eval.task_order is "first"
     finally:
         probe.close()
     if train and len(train_pool) < cfg.tasks_per_step:
         raise ValueError(f"the {cfg.env.train_split!r} split has {len(train_pool)} tasks, fewer than "
                          f"tasks_per_step={cfg.tasks_per_step}")
     return Runtime(cfg=cfg, arm=arm, device=device, policy=policy, rollout_cfg=rollout_cfg, builder=builder,
-                   backend=backend, teacher=teacher, env_factory=env_factory, train_pool=list(train_pool),
+                   backend=backend, scorer=scorer, teacher=teacher, env_factory=env_factory, train_pool=list(train_pool),
                    eval_tasks=list(eval_tasks))

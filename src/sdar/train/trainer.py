@@ -27,7 +27,7 @@ import torch
 from sdar.agent.rollout import Trajectory, TurnBatch, episode_reward, rollout, turn_rewards
 from sdar.algos import LossBatch, compose_loss, grpo_advantages
 from sdar.config import TrainConfig
-from sdar.models.scoring import ScoredBatch, free_token_mask, response_logprobs
+from sdar.models.scoring import ScoredBatch, _pick, free_token_mask
 from sdar.train import distributed
 from sdar.train.runtime import (  # noqa: F401 - make_env_factory, seed_everything, WEIGHTS_FILE: re-exported
     WEIGHTS_FILE,
@@ -57,6 +57,68 @@ class StepResult:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass
+class Rollouts:
+    """The rollout phase's output: this rank's episodes, their turn-samples (row i of every [B, T] tensor of
+    the step) and each row's GRPO advantage."""
+
+    trajs: list[Trajectory]
+    batch: TurnBatch
+    advantages: torch.Tensor
+    seconds: float
+
+
+@dataclass
+class StepBatch:
+    """The score phase's output: the step's turn-samples with every score the update reads, and how the update
+    walks them. The update fills `old` for the rows in `reuse` from its own first forward."""
+
+    rollouts: Rollouts
+    free: torch.Tensor  # [B, T] 1 on the response tokens that carry a choice: every loss term is over these
+    old: ScoredBatch  # old_logp
+    ref: ScoredBatch | None  # the reference's log-probs (arms with a KL term)
+    teacher: ScoredBatch | None  # the privileged teacher's
+    plan: Any  # sdar.train.distributed.RowSplit: this rank's rows of every rank's
+    orders: list[list[int]]  # per epoch, the global row order mini-batches are cut from
+    reuse: set[int]  # rows whose old_logp the update's first forward gives
+    hint_prompts: dict[int, list[int]]  # error-site row -> its hinted teacher prompt (channel 2)
+    pairs: Any  # the DPO pairs due this step (channel 3), or None
+    slots: dict[int, list[int]]  # micro-batch index (within an epoch) -> the pairs it carries
+    seconds: float
+    micro_index: int = 0  # the micro-batch the update is at, within an epoch
+
+    @property
+    def prompts(self) -> list[list[int]]:
+        return self.rollouts.batch.prompts
+
+    @property
+    def responses(self) -> list[list[int]]:
+        return self.rollouts.batch.responses
+
+    @property
+    def allowed(self) -> list:
+        return self.rollouts.batch.allowed
+
+    @property
+    def groups(self) -> list[str]:
+        """Each row's task: the rows of a task share their prompt start (the scorer's prefix cache)."""
+        return self.rollouts.batch.task_ids
+
+
+@dataclass
+class UpdateResult:
+    """The update phase's output: the summed metrics of the optimizer steps taken, and how many."""
+
+    sums: dict[str, float] = field(default_factory=dict)
+    updates: int = 0
+    seconds: float = 0.0
+
+
+# the parts a Trainer reads from its runtime (`sdar.train.runtime.Runtime`), where they live
+_RUNTIME_PARTS = frozenset({"arm", "device", "policy", "model", "tokenizer", "pad_id", "rollout_cfg", "builder",
+                            "backend", "scorer", "teacher", "env_factory", "train_pool", "eval_tasks"})
+
+
 class Trainer:
     """Trains the runtime's policy with `cfg.arm`: the runtime (`sdar.train.runtime`) plus an optimizer,
     checkpoints (local or s3://, resumable), MLflow tracking and, for the replay arms, the teacher pool."""
@@ -72,24 +134,18 @@ class Trainer:
         self.dist = distributed.init_from_env()  # rank 0 of 1 unless started by torchrun
         self.out = cfg.resolved_output_dir()
         self.out.mkdir(parents=True, exist_ok=True)
-        rt = runtime or build_runtime(cfg, policy=policy, env_factory=env_factory, train=train,
-                                      device=self.dist.device if self.dist.enabled else None)
-        self.runtime = rt
-        # the runtime's parts under the names the loop below reads
-        self.arm, self.device, self.policy = rt.arm, rt.device, rt.policy
-        self.model, self.tokenizer, self.pad_id = rt.model, rt.tokenizer, rt.pad_id
-        self.rollout_cfg, self.builder, self.backend, self.teacher = rt.rollout_cfg, rt.builder, rt.backend, rt.teacher
-        self.env_factory, self.train_pool, self.eval_tasks = rt.env_factory, rt.train_pool, rt.eval_tasks
+        self.runtime = runtime or build_runtime(cfg, policy=policy, env_factory=env_factory, train=train,
+                                                device=self.dist.device if self.dist.enabled else None)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("the policy has no trainable parameters; enable LoRA or full fine-tuning")
         distributed.broadcast_params(self.params, self.dist)
-        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
         from sdar.storage import ArtifactStore
 
         from sdar.storage import BucketNotFoundError, CredentialsError, StorageError
 
-        uri = cfg.checkpoint_uri or str(self.out / "checkpoints")
+        uri = cfg.checkpoint.uri or str(self.out / "checkpoints")
         try:
             self.store = ArtifactStore.for_uri(uri)
         except (BucketNotFoundError, CredentialsError):
@@ -99,7 +155,7 @@ class Trainer:
                                "checkpoints wait in the local spool[/yellow]")
             self.store = ArtifactStore.for_uri(uri, check=False)
         # a remote store (s3://) gets every checkpoint through a local spool: written there first, uploaded
-        # with retries; an outage shorter than cfg.checkpoint_retry_s costs nothing, and resume reads both
+        # with retries; an outage shorter than cfg.checkpoint.retry_s costs nothing, and resume reads both
         from sdar.storage import LocalStore
 
         self.spool = None if isinstance(self.store, LocalStore) else LocalStore(self.out / "checkpoint-spool")
@@ -110,7 +166,6 @@ class Trainer:
         self.run_id: str | None = None
         self.skipped_updates = 0
         self.attempted_updates = 0
-        self._hint_prompts: dict[int, list[int]] = {}  # error-site row -> hinted teacher prompt (this step)
         self.history: list[dict[str, float]] = []
         # Composer channel 3: the teacher pool replays each step's trajectories; its DPO pairs enter the loss
         # a step later. Pairs handed in from outside (the DAG's teacher_replay step) join the first step's
@@ -127,7 +182,12 @@ class Trainer:
                 self.console.print(f"replay: {len(self._given_pairs)} DPO pairs from {cfg.replay.pairs_path} join "
                                    "the first step's loss")
 
-    # ---- one RL step --------------------------------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        if name in _RUNTIME_PARTS and "runtime" in self.__dict__:
+            return getattr(self.__dict__["runtime"], name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    # ---- one RL step: rollout -> score -> update --------------------------------------------
     def sample_tasks(self, step: int) -> tuple[list[str], list[int]]:
         rng = random.Random(_step_seed(self.cfg.seed, step))
         tasks = rng.sample(self.train_pool, self.cfg.tasks_per_step)
@@ -137,10 +197,10 @@ class Trainer:
 
     def collect(self, step: int) -> list[Trajectory]:
         """This rank's task groups (all of them alone), in lock-step, or one group at a time under
-        its own seed when cfg.group_seeded_rollouts."""
+        its own seed when cfg.rollout.group_seeded."""
         ids, groups = self.sample_tasks(step)
         mine = distributed.group_range(self.cfg.tasks_per_step, self.dist)
-        if self.cfg.group_seeded_rollouts:
+        if self.cfg.rollout.group_seeded:
             chunks = [(_step_seed(self.cfg.seed * 7_919 + g + 1, step), [g]) for g in mine]
         else:  # rank 0 (and a single process) keeps the step's seed
             chunks = [(_step_seed(self.cfg.seed, step) + self.dist.rank, list(mine))]
@@ -158,172 +218,174 @@ class Trainer:
         return trajs
 
     def train_step(self, step: int) -> StepResult:
-        """One RL step: rollouts, the scoring passes, the update (see the module docstring)."""
-        from sdar.models.logprobs import head_where_needed
+        """One RL step: the rollout phase, the score phase (old, reference and teacher log-probs, no gradient),
+        the update phase (the arm's composed loss, mini-batch by mini-batch); every forward in the Scorer's scope."""
+        with self.scorer.scope():
+            t0 = time.perf_counter()
+            rollouts = self.rollout_phase(step)
+            batch = self.score_phase(step, rollouts)
+            update = self.update_phase(step, batch)
+            return StepResult(step, self.step_metrics(batch, update, time.perf_counter() - t0))
 
-        with head_where_needed(self.cfg.head_at_free_tokens):
-            return self._train_step(step)
-
-    def _train_step(self, step: int) -> StepResult:
-        cfg, arm = self.cfg, self.arm
+    def rollout_phase(self, step: int) -> Rollouts:
+        """This rank's episodes of the step, their turn-samples, and GRPO's advantage of each."""
         t0 = time.perf_counter()
         trajs = self.collect(step)
         if self.replay is not None:  # the teacher pool replays these frozen trajectories in the background
             self.replay.submit(trajs)
-        t_rollout = time.perf_counter() - t0
-        batch = TurnBatch.of(trajs)  # the step's turn-samples: row i of every [B, T] tensor below
-        prompts, responses, allowed = batch.prompts, batch.responses, batch.allowed
-        rc = self.rollout_cfg
+        rc, cfg = self.rollout_cfg, self.cfg
+        batch = TurnBatch.of(trajs)
         rewards = [r for _, _, r in turn_rewards(trajs, rc.invalid_penalty, rc.penalize, cfg.env.family, cfg.reward)]
-        advantages = grpo_advantages(rewards, batch.groups)
+        return Rollouts(trajs, batch, grpo_advantages(rewards, batch.groups), time.perf_counter() - t0)
 
-        t1 = time.perf_counter()
-        # every score is taken at the rollout temperature: the distribution the tokens were sampled from
-        temp = self.rollout_cfg.temperature
-        n = len(batch)
-        mask = batch.response_mask()
-        T = mask.shape[1]
+    def score_phase(self, step: int, r: Rollouts) -> StepBatch:
+        """Every score the update reads, taken before any weight moves: old_logp (except the rows the update's own
+        first forward gives, and those the sampler reported), the reference's (for the KL term), the privileged
+        teacher's (for the arms that distil, and for every arm's gap metrics), and the due DPO pairs'."""
+        t0, cfg, arm, batch = time.perf_counter(), self.cfg, self.arm, r.batch
         # the tokens that carry a choice: every loss term and per-token statistic is over these
-        free = free_token_mask(allowed, mask, forced_free=not rc.mask_forced_tokens)
-        # Composer channel 2: error sites (steps the environment marked with a hint template) and the
-        # teacher context of each: the student's prompt with the rendered hint inserted at that turn
-        flat = batch.turns
-        sites = [i for i, t in enumerate(flat) if t.hint_template_key]
-        self._hint_prompts = {}
-        if arm.hint_distill_coef != 0.0:
-            from sdar.teacher.hints import hint_prompt_ids, render_hint
-
-            self._hint_prompts = {i: hint_prompt_ids(self.tokenizer, prompts[i], render_hint(
-                cfg.env.family, flat[i].hint_template_key, flat[i].error_args)) for i in sites}
-        # mini-batches are drawn over every rank's rows (alone: this process's), so N ranks make the
-        # same updates on the same samples as one process; each rank scores only its own rows
-        self._row_tasks = batch.task_ids  # rows of a task share their prompt start
+        free = free_token_mask(batch.allowed, batch.response_mask(), forced_free=not self.rollout_cfg.mask_forced_tokens)
+        # mini-batches are drawn over every rank's rows (alone: this process's), so N ranks make the same updates on
+        # the same samples as one process; each rank scores only its own rows
         plan = distributed.split_rows([int(x) for x in free.sum(dim=1).tolist()], self.dist)
         gen = torch.Generator().manual_seed(_step_seed(cfg.seed, step))
-        orders = [torch.randperm(plan.n, generator=gen).tolist() if cfg.shuffle_mini_batches else list(range(plan.n))
-                  for _ in range(cfg.ppo_epochs)]
-        # old_logp of the first mini-batch's rows is the update's own first forward (the weights have not
-        # moved yet): only the other rows need a scoring pass here
-        # and rows whose sampler reported its log-probs (the trainer's own model sampled them) need none at all
-        sampled = self._sampler_rows(batch) if cfg.old_logp_from_sampler else {}
-        reused = set(plan.local(orders[0][: cfg.mini_batch_size])) if cfg.reuse_old_logp else set()
+        orders = [torch.randperm(plan.n, generator=gen).tolist() if cfg.ppo.shuffle_mini_batches else list(range(plan.n))
+                  for _ in range(cfg.ppo.epochs)]
+        old, reuse = self._old_logp(batch, plan, orders[0])
+        ref = None
+        if arm.kl_coef != 0.0:  # LoRA: the same module with the adapter disabled; full fine-tuning: the frozen copy
+            with self.policy.reference() as ref_model:
+                ref = self.scorer.score(ref_model, batch.prompts, batch.responses, batch.allowed, groups=batch.task_ids)
+        # the teacher is theta_old with the skills in context; scored for every arm so the teacher-student gap
+        # can be compared across arms, used in the loss only by SDAR/OPSD
+        teacher = None
+        if arm.needs_teacher or cfg.teacher.for_all_arms:
+            teacher = self.teacher.score(self.policy.inference_model(), batch)
+        pairs = self._due_pairs()
+        return StepBatch(r, free, old, ref, teacher, plan, orders, reuse, self._hint_prompts(batch), pairs,
+                         self._pair_slots(pairs, plan, orders[0]), time.perf_counter() - t0)
+
+    def _old_logp(self, batch: TurnBatch, plan, first_order: list[int]) -> tuple[ScoredBatch, set[int]]:
+        """old_logp [B, T], and the rows left for the update's first forward to fill (the first mini-batch's: the
+        weights have not moved yet, so that forward is old_logp). Rows whose sampler reported its log-probs (the
+        trainer's own model sampled them) need no pass at all."""
+        cfg, n, mask = self.cfg, len(batch), batch.response_mask()
+        sampled = self._sampler_rows(batch) if cfg.ppo.old_logp_from_sampler else {}
+        reused = set(plan.local(first_order[: cfg.ppo.mini_batch_size])) if cfg.ppo.reuse_old_logp else set()
         reused -= set(sampled)
         scored = [i for i in range(n) if i not in reused and i not in sampled]
-        old_logp = torch.zeros(n, T, device=self.device)
+        old_logp = torch.zeros(n, mask.shape[1], device=self.device)
         if scored:
-            part = response_logprobs(self.policy.inference_model(), [prompts[i] for i in scored], [responses[i] for i in scored],
-                                     pad_id=self.pad_id, batch_size=cfg.score_batch_size,
-                                     allowed=[allowed[i] for i in scored], temperature=temp,
-                                     length_buckets=cfg.length_buckets, dedup=cfg.dedup_scoring)
+            part = self.scorer.score(self.policy.inference_model(), _pick(batch.prompts, scored),
+                                     _pick(batch.responses, scored), _pick(batch.allowed, scored))
             old_logp[torch.tensor(scored), : part.logp.shape[1]] = part.logp.to(old_logp.device)
         for i, lp in sampled.items():
             old_logp[i, : len(lp)] = torch.tensor(lp, dtype=old_logp.dtype)
-        old = ScoredBatch(logp=old_logp, entropy=None, mask=mask.to(old_logp.device))
-        self._reuse_rows = reused
-        ref = None
-        if arm.kl_coef != 0.0:
-            # LoRA: the same module with the adapter disabled; full fine-tuning: the frozen copy
-            with self.policy.reference() as ref_model:
-                if cfg.prefix_cache:  # a task's turn-samples share their prompt start: encoded once
-                    from sdar.models.scoring import grouped_prefix_logprobs
+        return ScoredBatch(logp=old_logp, entropy=None, mask=mask.to(old_logp.device)), reused
 
-                    ref = grouped_prefix_logprobs(ref_model, prompts, responses, self._row_tasks,
-                                                  pad_id=self.pad_id, batch_size=cfg.score_batch_size,
-                                                  allowed=allowed, temperature=temp, dedup=cfg.dedup_scoring)
-                else:
-                    ref = response_logprobs(ref_model, prompts, responses, pad_id=self.pad_id,
-                                            batch_size=cfg.score_batch_size, allowed=allowed, temperature=temp,
-                                            length_buckets=cfg.length_buckets, dedup=cfg.dedup_scoring)
-        # the teacher is theta_old with the skills in context; scored for every arm so the
-        # teacher-student gap can be compared across arms, used in the loss only by SDAR/OPSD
-        teacher = None
-        if arm.needs_teacher or cfg.teacher_for_all_arms:
-            teacher = self.teacher.score(self.policy.inference_model(), batch, self.pad_id, temperature=temp)
-        pairs = self._due_pairs(temp)
-        t_score = time.perf_counter() - t1
-        # channel 3: pair p rides in micro-batch p mod M of every epoch (M micro-batches per epoch)
+    def _hint_prompts(self, batch: TurnBatch) -> dict[int, list[int]]:
+        """Composer channel 2: error-site row (a step the environment marked with a hint template) -> its teacher
+        context, the student's prompt with the rendered hint inserted at that turn ({} for arms without it)."""
+        if self.arm.hint_distill_coef == 0.0:
+            return {}
+        from sdar.teacher.hints import hint_prompt_ids, render_hint
+
+        flat, family = batch.turns, self.cfg.env.family
+        return {i: hint_prompt_ids(self.tokenizer, batch.prompts[i], render_hint(family, t.hint_template_key, t.error_args))
+                for i, t in enumerate(flat) if t.hint_template_key}
+
+    def _pair_slots(self, pairs, plan, first_order: list[int]) -> dict[int, list[int]]:
+        """Channel 3: pair p rides in micro-batch p mod M of every epoch (M micro-batches per epoch)."""
+        if pairs is None:
+            return {}
+        cfg = self.cfg
+        n_micro = sum(len(micro_batches(plan, first_order[s : s + cfg.ppo.mini_batch_size], cfg.ppo.micro_batch_size,
+                                        self.arm.agg, cfg.ppo.loss_normalisation))
+                      for s in range(0, plan.n, cfg.ppo.mini_batch_size))
         slots: dict[int, list[int]] = {}
-        if pairs is not None:
-            n_micro = sum(len(micro_batches(plan, orders[0][s : s + cfg.mini_batch_size], cfg.micro_batch_size,
-                                            arm.agg, cfg.loss_normalisation)) for s in range(0, plan.n, cfg.mini_batch_size))
-            for p in range(len(pairs)):
-                slots.setdefault(p % max(n_micro, 1), []).append(p)
+        for p in range(len(pairs)):
+            slots.setdefault(p % max(n_micro, 1), []).append(p)
+        return slots
 
-        t2 = time.perf_counter()
-        sums: dict[str, float] = {}
-        updates = 0
-        for order in orders:
-            k_micro = 0
-            for start in range(0, plan.n, cfg.mini_batch_size):
-                rows = order[start : start + cfg.mini_batch_size]
-                self.optimizer.zero_grad(set_to_none=True)
-                finite, metrics, present = True, {}, {}
-                parts = micro_batches(plan, rows, cfg.micro_batch_size, arm.agg, cfg.loss_normalisation)
-                for part, weight in parts:
-                    mb = plan.local(part)
-                    # a rank with no rows of this micro-batch still forms its (empty) loss: every rank then
-                    # reports the same metric names to sync_update, whose all-reduce needs equal sizes
-                    total, part_metrics = self._micro_loss(mb, prompts, responses, allowed, old, free, ref, teacher,
-                                                           advantages, temp, pairs, slots.get(k_micro, []))
-                    k_micro += 1
-                    if not bool(torch.isfinite(total)):
-                        finite = False  # the update is skipped; the other micro-batches still report metrics
-                    elif mb and finite:
-                        (total * weight).backward()
-                    for k, v in part_metrics.items():
-                        metrics[k] = metrics.get(k, 0.0) + weight * float(v)
-                        present[k] = present.get(k, 0.0) + weight
-                # a term only some micro-batches carry (replay pairs): its statistics are means over those
-                whole = sum(w for _, w in parts)
-                for k, w in present.items():
-                    if 0.0 < w < whole:
-                        metrics[k] *= whole / w
-                if self._reuse_rows:  # a micro-batch never ran (non-finite loss): score its rows now, unmoved
-                    rest = sorted(self._reuse_rows)
-                    got = response_logprobs(self.model, [prompts[i] for i in rest], [responses[i] for i in rest],
-                                            pad_id=self.pad_id, batch_size=cfg.score_batch_size,
-                                            allowed=[allowed[i] for i in rest], temperature=temp,
-                                            length_buckets=cfg.length_buckets)
-                    old.logp[torch.tensor(rest), : got.logp.shape[1]] = got.logp
-                    self._reuse_rows = set()
-                self.attempted_updates += 1
-                if not finite:
-                    self.optimizer.zero_grad(set_to_none=True)
-                # metrics are already weighted: summed over ranks they are the mini-batch's
-                finite, metrics = distributed.sync_update(self.params, metrics, 1.0, finite, self.dist)
-                if not finite:
-                    self.optimizer.zero_grad(set_to_none=True)
-                    self.skipped_updates += 1
-                    self.console.print(f"[yellow]step {step}: non-finite loss, update skipped[/yellow]")
-                    continue
-                gn = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
-                if not torch.isfinite(gn):
-                    self.optimizer.zero_grad(set_to_none=True)
-                    self.skipped_updates += 1
-                    self.console.print(f"[yellow]step {step}: non-finite gradient, update skipped[/yellow]")
-                    continue
-                before = self._snapshot() if cfg.guard_updates else None
-                self.optimizer.step()
-                if before is not None:
-                    probe = plan.local(rows)[:1]
-                    healthy = self._healthy(probe, prompts, responses, allowed, temp)
-                    healthy = distributed.all_true(healthy, self.dist)
-                    if not healthy:
-                        self._restore(before)
-                        self.skipped_updates += 1
-                        self.console.print(f"[yellow]step {step}: the update made the weights or the policy's "
-                                           "log-probs non-finite; restored the weights of before it[/yellow]")
-                        continue
-                updates += 1
-                metrics["grad_norm"] = gn
-                for k, v in metrics.items():
-                    sums[k] = sums.get(k, 0.0) + float(v)
-        t_update = time.perf_counter() - t2
+    def update_phase(self, step: int, b: StepBatch) -> UpdateResult:
+        """The optimizer steps of this step: ppo.epochs passes over the step's rows, a mini-batch each."""
+        t0, cfg = time.perf_counter(), self.cfg
+        result = UpdateResult()
+        for order in b.orders:
+            b.micro_index = 0  # pairs ride in micro-batch p mod M of every epoch
+            for start in range(0, b.plan.n, cfg.ppo.mini_batch_size):
+                metrics = self._mini_batch_update(step, b, order[start : start + cfg.ppo.mini_batch_size])
+                if metrics is not None:
+                    result.updates += 1
+                    for k, v in metrics.items():
+                        result.sums[k] = result.sums.get(k, 0.0) + float(v)
+        result.seconds = time.perf_counter() - t0
+        return result
 
-        turns = batch.turns
-        gen_tokens = sum(len(r) for r in responses)
-        out = {k: v / max(updates, 1) for k, v in sums.items()}
-        gap = None if teacher is None else teacher.logp - old.logp
+    def _mini_batch_update(self, step: int, b: StepBatch, rows: list[int]) -> dict[str, float] | None:
+        """One optimizer step on mini-batch `rows` (global ids): its micro-batches' losses and gradients, then the
+        update; its metrics (weighted means over the mini-batch), or None when the update was skipped."""
+        self.optimizer.zero_grad(set_to_none=True)
+        finite, metrics, present = True, {}, {}
+        parts = micro_batches(b.plan, rows, self.cfg.ppo.micro_batch_size, self.arm.agg, self.cfg.ppo.loss_normalisation)
+        for part, weight in parts:
+            mb = b.plan.local(part)
+            # a rank with no rows of this micro-batch still forms its (empty) loss: every rank then reports the
+            # same metric names to sync_update, whose all-reduce needs equal sizes
+            total, part_metrics = self._micro_loss(b, mb, b.slots.get(b.micro_index, []))
+            b.micro_index += 1
+            if not bool(torch.isfinite(total)):
+                finite = False  # the update is skipped; the other micro-batches still report metrics
+            elif mb and finite:
+                (total * weight).backward()
+            for k, v in part_metrics.items():
+                metrics[k] = metrics.get(k, 0.0) + weight * float(v)
+                present[k] = present.get(k, 0.0) + weight
+        # a term only some micro-batches carry (replay pairs): its statistics are means over those
+        whole = sum(w for _, w in parts)
+        for k, w in present.items():
+            if 0.0 < w < whole:
+                metrics[k] *= whole / w
+        if b.reuse:  # a micro-batch never ran (non-finite loss): score its rows now, unmoved
+            rest = sorted(b.reuse)
+            got = self.scorer.score(self.model, _pick(b.prompts, rest), _pick(b.responses, rest), _pick(b.allowed, rest))
+            b.old.logp[torch.tensor(rest), : got.logp.shape[1]] = got.logp
+            b.reuse = set()
+        return self._apply_update(step, b, rows, metrics, finite)
+
+    def _apply_update(self, step: int, b: StepBatch, rows: list[int], metrics: dict[str, float], finite: bool
+                      ) -> dict[str, float] | None:
+        """Sum the ranks' gradients, clip and step; skip the update (None) when the loss, the gradient or the
+        weights after it are not finite, restoring the weights of before it."""
+        self.attempted_updates += 1
+        if not finite:
+            self.optimizer.zero_grad(set_to_none=True)
+        # metrics are already weighted: summed over ranks they are the mini-batch's
+        finite, metrics = distributed.sync_update(self.params, metrics, 1.0, finite, self.dist)
+        why = None if finite else "non-finite loss, update skipped"
+        gn = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.grad_clip) if finite else None
+        if gn is not None and not torch.isfinite(gn):
+            why = "non-finite gradient, update skipped"
+        if why is None:
+            before = self._snapshot() if self.cfg.optim.guard_updates else None
+            self.optimizer.step()
+            if before is not None and not distributed.all_true(self._healthy(b, b.plan.local(rows)[:1]), self.dist):
+                self._restore(before)
+                why = "the update made the weights or the policy's log-probs non-finite; restored the weights of before it"
+        if why is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.skipped_updates += 1
+            self.console.print(f"[yellow]step {step}: {why}[/yellow]")
+            return None
+        return {**metrics, "grad_norm": gn}
+
+    def step_metrics(self, b: StepBatch, u: UpdateResult, step_s: float) -> dict[str, float]:
+        """The step's metrics, summed over ranks (`distributed.reduce_step_metrics`)."""
+        cfg, trajs, turns, allowed, n = self.cfg, b.rollouts.trajs, b.rollouts.batch.turns, b.allowed, len(b.prompts)
+        sites = sum(1 for t in turns if t.hint_template_key)
+        choice = free_token_mask(allowed, b.old.mask)  # the tokens constrained decoding left a choice at
+        gap = None if b.teacher is None else b.teacher.logp - b.old.logp
+        out = {k: v / max(u.updates, 1) for k, v in u.sums.items()}
         out.update({
             "reward": sum(episode_reward(tr, cfg.env.family, cfg.reward) for tr in trajs) / len(trajs),
             "env_reward": sum(tr.reward for tr in trajs) / len(trajs),
@@ -333,27 +395,26 @@ class Trainer:
             "format_error_rate": sum(not t.format_valid for t in turns) / max(len(turns), 1),
             # accepted actions the environment marked as making no progress (revisits, non-task objects, ...)
             "no_progress_rate": sum(t.env_valid and bool(t.error_kind) and t.valid for t in turns) / max(len(turns), 1),
-            "turn_samples": float(n),
-            "tokens_per_s": gen_tokens / max(t_rollout, 1e-9),
-            "time/rollout_s": t_rollout, "time/score_s": t_score, "time/update_s": t_update,
-            "time/step_s": time.perf_counter() - t0,
-            # forced: response tokens constrained decoding allowed no alternative to (left out of the loss
-            # and of every sdar/*, pg/* and loss/* statistic when rollout.mask_forced_tokens)
-            "tokens/forced_frac": 1.0 - float(free_token_mask(allowed, old.mask).sum()) / max(float(old.mask.sum()), 1.0),
-            "tokens/free": float(free.sum()),
-            "teacher/gap_free_tokens": float("nan") if gap is None else _masked_mean(gap, free_token_mask(allowed, old.mask)),
-            "teacher/gap_all_tokens": float("nan") if gap is None else _masked_mean(gap, old.mask),
+            "turn_samples": float(n), "tokens_per_s": sum(map(len, b.responses)) / max(b.rollouts.seconds, 1e-9),
+            "time/rollout_s": b.rollouts.seconds, "time/score_s": b.seconds, "time/update_s": u.seconds,
+            "time/step_s": step_s,
+            # forced: response tokens constrained decoding allowed no alternative to (left out of the loss and of
+            # every sdar/*, pg/* and loss/* statistic when rollout.mask_forced_tokens)
+            "tokens/forced_frac": 1.0 - float(choice.sum()) / max(float(b.old.mask.sum()), 1.0),
+            "tokens/free": float(b.free.sum()),
+            "teacher/gap_free_tokens": float("nan") if gap is None else _masked_mean(gap, choice),
+            "teacher/gap_all_tokens": float("nan") if gap is None else _masked_mean(gap, b.old.mask),
             "teacher/vllm_fallback_frac": self.teacher.fallback_frac,
-            "updates": float(updates), "skipped_updates": float(self.skipped_updates),
+            "updates": float(u.updates), "skipped_updates": float(self.skipped_updates),
             # turn-samples at error sites (marked by the environment with a hint template), every arm
-            "hint/error_sites": float(len(sites)), "hint/error_site_rate": len(sites) / max(n, 1),
+            "hint/error_sites": float(sites), "hint/error_site_rate": sites / max(n, 1),
         })
         if self.replay is not None:
             out.update(self.replay.metrics())
-            out["replay/pairs_in_loss"] = float(len(pairs) if pairs is not None else 0)
-        counts = {"trajectories": len(trajs), "turns": len(turns), "tokens": float(old.mask.sum()),
-                  "free_tokens": float(free_token_mask(allowed, old.mask).sum()), "teacher_turns": self.teacher.scored_turns}
-        return StepResult(step, distributed.reduce_step_metrics(out, counts, self.dist))
+            out["replay/pairs_in_loss"] = float(len(b.pairs) if b.pairs is not None else 0)
+        counts = {"trajectories": len(trajs), "turns": len(turns), "tokens": float(b.old.mask.sum()),
+                  "free_tokens": float(choice.sum()), "teacher_turns": self.teacher.scored_turns}
+        return distributed.reduce_step_metrics(out, counts, self.dist)
 
     def _sampler_rows(self, batch: TurnBatch) -> dict[int, list[float]]:
         """Turn-sample row -> the sampler's log-probs, where they are the trainer's old_logp: the transformers
@@ -381,65 +442,50 @@ class Trainer:
         self.optimizer.load_state_dict(opt_state)
         self.optimizer.zero_grad(set_to_none=True)
 
-    def _healthy(self, rows, prompts, responses, allowed, temp) -> bool:
+    def _healthy(self, b: StepBatch, rows: list[int]) -> bool:
         """The trainable weights are finite and the policy scores `rows` (local) to finite log-probs: weights
         that are finite but huge (lr far too high) overflow in the forward, and would fail the next rollout."""
-        if not all(bool(torch.isfinite(p).all()) for p in self.params):
+        if not self._finite_weights():
             return False
         if not rows:
             return True
-        scored = response_logprobs(self.model, [prompts[i] for i in rows], [responses[i] for i in rows],
-                                   pad_id=self.pad_id, allowed=[allowed[i] for i in rows], temperature=temp)
+        scored = self.scorer.score(self.model, _pick(b.prompts, rows), _pick(b.responses, rows), _pick(b.allowed, rows))
         return bool(torch.isfinite(scored.logp).all())
 
     def _finite_weights(self) -> bool:
         return all(bool(torch.isfinite(p).all()) for p in self.params)
 
-    def _micro_loss(self, mb, prompts, responses, allowed, old, free, ref, teacher, advantages, temp,
-                    pairs=None, pair_idx=()):
+    def _micro_loss(self, b: StepBatch, mb: list[int], pair_idx=()):
         """The arm's composed loss on local rows `mb` (one forward with grad), over their free tokens, plus
-        the DPO term on replay pairs `pair_idx` of `pairs` when this micro-batch carries some."""
-        if self.cfg.prefix_cache and len(mb) > 1:  # the prompt start this micro-batch's rows of a task share: once
-            from sdar.models.scoring import grouped_prefix_logprobs
-
-            cur = grouped_prefix_logprobs(self.model, [prompts[i] for i in mb], [responses[i] for i in mb],
-                                          [self._row_tasks[i] for i in mb], pad_id=self.pad_id,
-                                          allowed=[allowed[i] for i in mb], temperature=temp, grad=True,
-                                          with_entropy=True)
-        else:
-            cur = response_logprobs(self.model, [prompts[i] for i in mb], [responses[i] for i in mb],
-                                    pad_id=self.pad_id, with_entropy=True, grad=True,
-                                    allowed=[allowed[i] for i in mb], temperature=temp,
-                                    length_buckets=self.cfg.length_buckets)
+        the DPO term on the replay pairs `pair_idx` of this step when this micro-batch carries some."""
+        cur = self.scorer.with_grad(self.model, _pick(b.prompts, mb), _pick(b.responses, mb), _pick(b.allowed, mb),
+                                    groups=_pick(b.groups, mb))
         T = cur.logp.shape[1]
         idx = torch.tensor(mb, dtype=torch.long)
-        fill = [j for j, i in enumerate(mb) if i in self._reuse_rows]
+        fill = [j for j, i in enumerate(mb) if i in b.reuse]
         if fill:  # first forward on unchanged weights: it is old_logp (exact), no separate pass needed
             rows = torch.tensor([mb[j] for j in fill], dtype=torch.long)
-            old.logp[rows, :T] = cur.logp.detach()[torch.tensor(fill)].to(old.logp.device)
-            self._reuse_rows = self._reuse_rows - {mb[j] for j in fill}
+            b.old.logp[rows, :T] = cur.logp.detach()[torch.tensor(fill)].to(b.old.logp.device)
+            b.reuse = b.reuse - {mb[j] for j in fill}
         batch = LossBatch(
-            logp=cur.logp, old_logp=old.logp[idx, :T], advantages=advantages[idx].to(cur.logp.device),
-            mask=cur.mask * free[idx, :T].to(cur.mask.device),
-            ref_logp=None if ref is None else ref.logp[idx, :T],
-            teacher_logp=None if teacher is None else teacher.logp[idx, :T],
+            logp=cur.logp, old_logp=b.old.logp[idx, :T], advantages=b.rollouts.advantages[idx].to(cur.logp.device),
+            mask=cur.mask * b.free[idx, :T].to(cur.mask.device),
+            ref_logp=None if b.ref is None else b.ref.logp[idx, :T],
+            teacher_logp=None if b.teacher is None else b.teacher.logp[idx, :T],
             entropy=cur.entropy,
         )
         if self.arm.hint_distill_coef != 0.0:
-            self._hint_inputs(batch, mb, prompts, responses, allowed, free)
+            self._hint_inputs(batch, b, mb)
         if pair_idx and self.arm.replay_coef != 0.0:
-            from sdar.train.replay import summed_logp
-
-            sel = list(pair_idx)
+            sel, pairs = list(pair_idx), b.pairs
             for side in ("chosen", "rejected"):
-                lp = summed_logp(self.model, [pairs.prompts[i] for i in sel], [getattr(pairs, side)[i] for i in sel],
-                                 [getattr(pairs, f"{side}_allowed")[i] for i in sel], pad_id=self.pad_id,
-                                 temperature=temp, grad=True)
+                lp = self.scorer.summed(self.model, _pick(pairs.prompts, sel), _pick(getattr(pairs, side), sel),
+                                        _pick(getattr(pairs, f"{side}_allowed"), sel), grad=True)
                 setattr(batch, f"dpo_{side}_logp", lp)
                 setattr(batch, f"dpo_ref_{side}_logp", getattr(pairs, f"ref_{side}")[torch.tensor(sel)].to(lp.device))
         return compose_loss(self.arm, batch)
 
-    def _due_pairs(self, temp: float):
+    def _due_pairs(self):
         """This step's DPO pairs (the previous step's replay, plus pairs handed in for the first step), with
         the frozen reference's summed log-probs computed once."""
         if self.replay is None:
@@ -452,39 +498,36 @@ class Trainer:
             pairs = given
         if pairs is None or not len(pairs):
             return None
-        from sdar.train.replay import summed_logp
-
         with self.policy.reference() as ref_model:
             for side in ("chosen", "rejected"):
-                setattr(pairs, f"ref_{side}", summed_logp(
-                    ref_model, pairs.prompts, getattr(pairs, side), getattr(pairs, f"{side}_allowed"),
-                    pad_id=self.pad_id, temperature=temp, grad=False, batch_size=self.cfg.score_batch_size))
+                setattr(pairs, f"ref_{side}", self.scorer.summed(ref_model, pairs.prompts, getattr(pairs, side),
+                                                                 getattr(pairs, f"{side}_allowed")))
         return pairs
 
-    def _hint_inputs(self, batch: LossBatch, mb, prompts, responses, allowed, free) -> None:
+    def _hint_inputs(self, batch: LossBatch, b: StepBatch, mb: list[int]) -> None:
         """Channel 2's inputs for the error-site rows of `mb`: the student's logits (with grad) and the
         hinted teacher's (no grad, same weights, eval mode) on that turn's response tokens; the JSD is
         over their free tokens only. A micro-batch without error sites gets an empty mask (JSD 0)."""
         from sdar.teacher.hints import response_logits
 
-        err = [i for i in mb if i in self._hint_prompts]
+        err = [i for i in mb if i in b.hint_prompts]
         if not err:
             z = torch.zeros(1, 1, 1, device=batch.logp.device)
             batch.hint_student_logits, batch.hint_teacher_logits, batch.hint_mask = z, z, torch.zeros(1, 1, device=z.device)
             return
-        resp, allow = [responses[i] for i in err], [allowed[i] for i in err]
-        s_logits, hmask = response_logits(self.model, [prompts[i] for i in err], resp, pad_id=self.pad_id,
-                                          allowed=allow, grad=True)
+        resp, allow = _pick(b.responses, err), _pick(b.allowed, err)
+        pad = self.scorer.pad_id
+        s_logits, hmask = response_logits(self.model, _pick(b.prompts, err), resp, pad_id=pad, allowed=allow, grad=True)
         was_training = self.model.training
         self.model.eval()
         try:
-            t_logits, _ = response_logits(self.model, [self._hint_prompts[i] for i in err], resp, pad_id=self.pad_id,
-                                          allowed=allow, grad=False)
+            t_logits, _ = response_logits(self.model, [b.hint_prompts[i] for i in err], resp, pad_id=pad, allowed=allow,
+                                          grad=False)
         finally:
             self.model.train(was_training)
         T = hmask.shape[1]
         batch.hint_student_logits, batch.hint_teacher_logits = s_logits, t_logits
-        batch.hint_mask = hmask * free[torch.tensor(err), :T].to(hmask.device)
+        batch.hint_mask = hmask * b.free[torch.tensor(err), :T].to(hmask.device)
 
     # ---- evaluation ---------------------------------------------------------------------
     def evaluate(self, temperature: float | None = None, tasks: list[str] | None = None, privileged: bool = False):
@@ -501,7 +544,7 @@ class Trainer:
 
         if not self.dist.is_main:  # the replicas hold the same weights; one writer
             return
-        if not self._finite_weights():  # unreachable with guard_updates; a bad checkpoint would poison resume
+        if not self._finite_weights():  # unreachable with optim.guard_updates; a bad checkpoint would poison resume
             self.console.print(f"[red]step {step}: the weights are not finite; checkpoint not written (the last "
                                "good one stays the one to resume from)[/red]")
             return
@@ -515,7 +558,7 @@ class Trainer:
                 "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
                 "arm": self.arm.name, "config": self.cfg.to_dict(), "skills_seen": self.teacher.skills_seen,
             }, Path(tmp) / STATE_FILE)
-            write_checkpoint(self.spool or self.store, step, tmp, keep_last=self.cfg.keep_checkpoints)
+            write_checkpoint(self.spool or self.store, step, tmp, keep_last=self.cfg.checkpoint.keep)
         if self.spool is not None:
             self._pending = step  # an older pending step is superseded: resume wants the newest
             self.flush_checkpoints(wait=False)
@@ -525,7 +568,7 @@ class Trainer:
 
         A failure starts (or continues) an outage, reported once; wait=False tries once (the run goes on
         and the next step tries again), wait=True retries with backoff. An outage longer than
-        cfg.checkpoint_retry_s ends the run with an error naming the spool, from which a rerun resumes."""
+        cfg.checkpoint.retry_s ends the run with an error naming the spool, from which a rerun resumes."""
         from sdar.storage import COMPLETE_FILE, StorageError, checkpoint_path, write_checkpoint
 
         delay = 1.0
@@ -535,24 +578,24 @@ class Trainer:
                 with tempfile.TemporaryDirectory() as tmp:
                     self.spool.get_dir(checkpoint_path(step), tmp)
                     (Path(tmp) / COMPLETE_FILE).unlink(missing_ok=True)
-                    write_checkpoint(self.store, step, tmp, keep_last=self.cfg.keep_checkpoints)
+                    write_checkpoint(self.store, step, tmp, keep_last=self.cfg.checkpoint.keep)
             except Exception as exc:  # noqa: BLE001 - botocore raises many kinds; all mean "not stored yet"
                 now = time.monotonic()
                 if self._outage_since is None:
                     self._outage_since = now
                     self.console.print(f"[yellow]checkpoint of step {step} could not reach {self.store.uri} "
                                        f"({type(exc).__name__}: {str(exc)[:200]}); kept in {self.spool.uri}, "
-                                       f"retrying for up to {self.cfg.checkpoint_retry_s:.0f} s[/yellow]")
+                                       f"retrying for up to {self.cfg.checkpoint.retry_s:.0f} s[/yellow]")
                 waited = now - self._outage_since
-                if waited > self.cfg.checkpoint_retry_s:
+                if waited > self.cfg.checkpoint.retry_s:
                     raise StorageError(
                         f"the checkpoint store {self.store.uri} has been unreachable for {waited:.0f} s "
-                        f"(checkpoint_retry_s={self.cfg.checkpoint_retry_s:.0f}); the checkpoint of step {step} is kept "
+                        f"(checkpoint.retry_s={self.cfg.checkpoint.retry_s:.0f}); the checkpoint of step {step} is kept "
                         f"in {self.spool.uri}: rerun the same command once the store is back, it resumes from there"
                     ) from exc
                 if not wait:
                     return False
-                time.sleep(min(delay, max(0.0, self.cfg.checkpoint_retry_s - waited) + 0.01))
+                time.sleep(min(delay, max(0.0, self.cfg.checkpoint.retry_s - waited) + 0.01))
                 delay = min(delay * 2, 30.0)
                 continue
             self._pending = None
@@ -615,7 +658,7 @@ class Trainer:
                                + "; ".join(passed_over) + "): delete them (or use another output_dir) to start over")
         if state.get("arm") != self.arm.name:
             raise ValueError(f"checkpoint at {store.uri_for(rel)} is of arm {state.get('arm')!r}, not "
-                             f"{self.arm.name!r}; use another output_dir/checkpoint_uri")
+                             f"{self.arm.name!r}; use another output_dir/checkpoint.uri")
         load_trainable(self.model, weights, store.uri_for(rel))
         self.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"]["torch"])
@@ -702,13 +745,13 @@ class Trainer:
                     step = self.step
                     result = self.train_step(step)
                     m = result.metrics
-                    if main and cfg.eval_every and (step + 1) % cfg.eval_every == 0:
+                    if main and cfg.eval.every and (step + 1) % cfg.eval.every == 0:
                         ev = self.evaluate()
                         m.update(ev.metrics())
                     self.history.append({"step": step, **m})
                     tracker.log_metrics(_tracked(m), step=step)
                     self.step = step + 1
-                    if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
+                    if self.step % cfg.checkpoint.every == 0 or self.step == cfg.steps:
                         self.save_checkpoint(self.step)
                         # the exact privileged texts the teacher saw so far, per task type and task
                         tracker.log_dict(self.teacher.skills_seen, "privileged_skills.json")
@@ -734,10 +777,10 @@ class Trainer:
 
     def _check_skipped(self) -> None:
         frac = self.skipped_updates / self.attempted_updates if self.attempted_updates else 0.0
-        if frac > self.cfg.max_skipped_update_frac:
+        if frac > self.cfg.optim.max_skipped_update_frac:
             raise TrainingFailed(
                 f"{self.skipped_updates} of {self.attempted_updates} updates were skipped (non-finite loss, gradient "
-                f"or weights), more than max_skipped_update_frac={self.cfg.max_skipped_update_frac}: this run did "
+                f"or weights), more than optim.max_skipped_update_frac={self.cfg.optim.max_skipped_update_frac}: this run did "
                 "not train. Check lr, the arm's coefficients (arm_overrides) and the model's dtype; the last "
                 f"finite checkpoint is kept in {self.store.uri_for('checkpoints')}")
 
@@ -778,7 +821,7 @@ def micro_batches(plan, rows: list[int], size: int, agg: str, normalisation: str
     Summed over ranks (alone: as they are), the weighted losses give the mini-batch's loss exactly.
     """
     if normalisation not in ("micro_batch", "mini_batch"):
-        raise ValueError(f"loss_normalisation={normalisation!r} is not one of micro_batch, mini_batch")
+        raise ValueError(f"ppo.loss_normalisation={normalisation!r} is not one of micro_batch, mini_batch")
     parts = [rows[k : k + size] for k in range(0, len(rows), size)]
     if normalisation == "micro_batch":
         return [(part, plan.share(part, agg) / len(parts)) for part in parts]

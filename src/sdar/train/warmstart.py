@@ -133,7 +133,7 @@ def _cache_key(cfg: TrainConfig, tiny) -> str:
         "v": WARMSTART_VERSION, "env": {k: v for k, v in asdict(cfg.env).items() if k != "url"}, "warmstart": drop_added_defaults(asdict(cfg.warmstart), "warmstart"), "tiny": tiny.to_dict(),
         "rollout": {k: getattr(cfg.rollout, k) for k in ("history", "use_memory", "max_prompt_tokens", "max_turns", "constrained",
                                                           "show_admissible", "privileged_placement")},
-        "teacher_max": cfg.teacher_max_prompt_tokens, "seed": cfg.seed,
+        "teacher_max": cfg.teacher.max_prompt_tokens, "seed": cfg.seed,
     }, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -179,7 +179,7 @@ def sft_examples(cfg: TrainConfig, tokenizer, builder: PromptBuilder,
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     examples = []
     for t in turns:
-        limit = cfg.teacher_max_prompt_tokens if t["privileged"] else cfg.rollout.max_prompt_tokens
+        limit = cfg.teacher.max_prompt_tokens if t["privileged"] else cfg.rollout.max_prompt_tokens
         ids, _ = fit_prompt_ids(tokenizer, builder, t["view"], limit, skills=t["skills"] if t["privileged"] else None,
                                 placement=cfg.rollout.privileged_placement)
         resp = tokenizer(format_action(cfg.env.family, t["action"]), add_special_tokens=False)["input_ids"] + [eos]
