@@ -1,12 +1,14 @@
 # One entry point for people and CI. `make test` and `make demo` work on a fresh clone:
-# they create .venv/, install the CPU torch wheel first (so no CUDA build is pulled),
+# they create .venv/, install the CPU torch build first (so no CUDA build is pulled where PyTorch's CPU index answers),
 # then the environments (envs/, torch-free) and the package with its extras, then run.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-# GPU machines: make install TORCH_SPEC='torch==2.13.0' EXTRAS=dev,gpu (a CUDA index in pip.conf)
+# torch comes from PyTorch's CPU index when it answers (tools/install_torch.py), else from the configured index.
+# GPU machines: make install TORCH_SPEC='torch==2.13.0' TORCH_INDEX= EXTRAS=dev,gpu (a CUDA index in pip.conf)
 TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 EXTRAS ?= dev,alfworld,trl
 STAMP := $(VENV)/.sdar-installed
 # the official ALFWorld evaluation games live outside the repo
@@ -28,7 +30,7 @@ ENV_SERVER_IMAGE := $(REGISTRY)/sdar-env-server:$(TAG)
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet "$(TORCH_SPEC)"
+	$(PY) tools/install_torch.py "$(TORCH_SPEC)" --index "$(TORCH_INDEX)"
 
 # envs/ (the torch-free sdar-envs distribution) and sdar in one command: sdar's exact sdar-envs pin
 # is then met by the local editable install, never looked up on an index

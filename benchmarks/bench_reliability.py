@@ -523,7 +523,7 @@ class ReclaimResult:
     wall_s: float = 0.0
 
 
-def reclaim_section(n: int, ttl_s: float = 2.0) -> ReclaimResult:
+def reclaim_section(n: int, ttl_s: float | None = None) -> ReclaimResult:
     """`n` WebSocket sessions opened (an episode reset each) and left idle; the server must tell each why and close
     it once reclaimed, and hold none of their connections afterwards."""
     from concurrent.futures import ThreadPoolExecutor
@@ -535,6 +535,7 @@ def reclaim_section(n: int, ttl_s: float = 2.0) -> ReclaimResult:
     from sdar_envs.client import http_json, serve_in_background
     from sdar_envs.server_config import ServerOptions
 
+    ttl_s = ttl_s if ttl_s is not None else max(3.0, 0.05 * n)  # longer than opening them all takes
     res = ReclaimResult(n, ttl_s)
     t0 = time.monotonic()
     opts = ServerOptions(session_ttl_s=ttl_s, reap_interval_s=0.25, max_sessions=max(1024, n), max_sessions_per_client=n)
@@ -543,8 +544,9 @@ def reclaim_section(n: int, ttl_s: float = 2.0) -> ReclaimResult:
     tasks = http_json("GET", f"{url}/tasks?split=test")["task_ids"]
     with handle, contextlib.ExitStack() as stack:
         before = rss_mb(handle.pid)
-        conns = [stack.enter_context(connect(ws_url, open_timeout=30)) for _ in range(n)]
-        for i, ws in enumerate(conns):
+        conns = []
+        for i in range(n):  # each session's idle clock starts at its reset
+            conns.append(ws := stack.enter_context(connect(ws_url, open_timeout=30)))
             ws.send(json.dumps({"type": "reset", "data": {"task_id": tasks[i % len(tasks)]}}))
             json.loads(ws.recv(timeout=30))
 

@@ -16,13 +16,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sdar.progress import LINE as PROGRESS_LINE
+
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _EXECUTING = re.compile(r"Executing task '([^']+)'")
 _FINISHED = re.compile(r"Task '([^']+)' finished with status (\w+)")
-# the trainer's per-step line (sdar.train.trainer) and the warm start's progress (sdar.train.warmstart)
+# the trainer's per-step line (sdar.train.trainer)
 _STEP = re.compile(r"\[([\w.-]+)\] step (\d+)/(\d+): success ([\d.]+)")
 _EVAL = re.compile(r"eval ([\d.]+)\s*$")
-_WARM = re.compile(r"warm-start update (\d+)/(\d+)")
+# the progress lines of the long loops (sdar.progress): warm start, evaluation
+_PHASE = PROGRESS_LINE
 
 
 @dataclass
@@ -156,9 +159,9 @@ class TaskLog(io.TextIOBase):
                 self.console.print(f"  {task.key}: {task.info}", highlight=False)
             self._refresh()
             return
-        warm = _WARM.search(plain)
-        if warm:
-            task.info = f"warm start: update {warm.group(1)}/{warm.group(2)}"
+        phase = _PHASE.search(plain.strip())
+        if phase:
+            task.info = f"{phase['label']} {phase['done']}/{phase['total']} {phase['unit']}"
             self._refresh()
 
     # ---- the view -----------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import torch
 
 from sdar.agent.backends import TransformersBackend
 from sdar.agent.constrained import action_trie
-from sdar.agent.decoding import DecodeStats, _processed_logprobs, constrained_sample, prefix_plan
+from sdar.agent.decoding import DecodeStats, _processed_logprobs, constrained_sample, prefix_groups
 from sdar.models import TinyModelConfig, build_tiny_model, train_tokenizer
 from sdar.models.scoring import response_logprobs
 
@@ -89,10 +89,10 @@ def _grouped_prompts(tok):
     return [tok(r, add_special_tokens=False)["input_ids"] for r in rows]
 
 
-def test_prefix_plan_groups_the_rows_of_a_task_and_leaves_the_rest_whole(small):
+def test_prefix_groups_groups_the_rows_of_a_task_and_leaves_the_rest_whole(small):
     tok, _ = small
     prompts = _grouped_prompts(tok)
-    plan = prefix_plan(prompts)
+    plan = prefix_groups(prompts)
     groups = sorted(sorted(rows) for rows, _ in plan)
     assert groups == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12]]
     for rows, shared in plan:
@@ -100,12 +100,12 @@ def test_prefix_plan_groups_the_rows_of_a_task_and_leaves_the_rest_whole(small):
         whole = len(os.path.commonprefix(group)) if len(rows) > 1 else shared
         # the whole start the group shares, but never a row's last token (it predicts the first response token)
         assert shared == min(whole, min(len(p) for p in group) - 1) > 0
-    assert prefix_plan(prompts[:1]) is None  # one row: nothing to share
+    assert prefix_groups(prompts[:1]) is None  # one row: nothing to share
     # a row no longer than the shared start keeps its last token: the start stops one short of it
-    short = prefix_plan([prompts[0], prompts[0][:4], prompts[0][:4] + [7]])
+    short = prefix_groups([prompts[0], prompts[0][:4], prompts[0][:4] + [7]])
     assert short is not None and all(s <= 3 for _, s in short)
     # rows that share nothing at all: no plan, the prompts go whole
-    assert prefix_plan([[1, 2, 3], [4, 5, 6], [7, 8]]) is None
+    assert prefix_groups([[1, 2, 3], [4, 5, 6], [7, 8]]) is None
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.6])

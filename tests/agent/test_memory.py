@@ -106,7 +106,7 @@ def test_memory_names_the_next_place_once_it_is_known_by_hand():
     other.update("You pick up the egg 1 from the drawer 1.")
     assert "Next:" not in other.render()
     # without the plan (an ablation), only the search frontier is ever named
-    plain = HouseholdMemory("heat some apple and put it in countertop", plan=False)
+    plain = HouseholdMemory("heat some apple and put it in countertop", next_place=False)
     plain.update("Looking quickly around you, you see a cabinet 1, a drawer 1, and a microwave 1.\n")
     plain.update("You arrive at drawer 1. On the drawer 1, you see a apple 2.")
     plain.update("You pick up the apple 2 from the drawer 1.")

@@ -70,6 +70,8 @@ def test_reading_and_checking_a_config_needs_neither_torch_nor_transformers():
             "from sdar.config import load_config\n"
             "cfg = load_config(None, {'env.family': 'searchqa'})\nload_config('configs/household-tiny.yaml')\n"
             "assert cfg.rollout.max_turns == 4 and 'torch' not in [m for m in sys.modules if sys.modules[m]]\n"
+            # the config layer holds its own types: loading a config imports no other part of sdar's packages
+            "assert not [m for m in sys.modules if m.startswith(('sdar.replay', 'sdar.train', 'sdar.models'))]\n"
             "try:\n    load_config(None, {'rollout.penalize': 'sometimes'})\nexcept ValueError as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr
@@ -109,7 +111,7 @@ def test_a_misspelled_arm_setting_stops_train_and_eval_before_any_work(tmp_path,
 
 
 def test_a_greedy_rollout_temperature_is_refused_at_load_and_names_eval_temperature():
-    with pytest.raises(ValueError, match=r"rollout.temperature=0.0: .* must be > 0 .*eval_temperature: 0"):
+    with pytest.raises(ValueError, match=r"rollout.temperature=0.0: .* must be > 0 .*eval.temperature: 0"):
         load_config(CONFIG, {"rollout.temperature": 0})
     assert load_config(CONFIG, {"eval.temperature": 0}).eval.temperature == 0.0  # greedy evaluation is fine
 

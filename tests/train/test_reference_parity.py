@@ -164,20 +164,20 @@ def test_choices_are_checked_at_load():
 
 # ---- 6. optimisation -------------------------------------------------------------------------------
 def test_micro_batch_weights_average_micro_batch_means_or_span_the_mini_batch():
-    plan = RowSplit(tokens=[3, 1, 1, 1, 2], offset=0, count=5)
+    split = RowSplit(tokens=[3, 1, 1, 1, 2], offset=0, count=5)
     rows = [0, 1, 2, 3, 4]
-    micro = micro_batches(plan, rows, 2, "token-mean", "micro_batch")
+    micro = micro_batches(split, rows, 2, "token-mean", "micro_batch")
     assert [p for p, _ in micro] == [[0, 1], [2, 3], [4]]
     assert [w for _, w in micro] == pytest.approx([1 / 3] * 3)
-    mini = micro_batches(plan, rows, 2, "token-mean", "mini_batch")
+    mini = micro_batches(split, rows, 2, "token-mean", "mini_batch")
     assert [w for _, w in mini] == pytest.approx([4 / 8, 2 / 8, 2 / 8])
     # two ranks: rank 1 holds rows 3, 4; its weights plus rank 0's give the single-process ones
-    r0, r1 = RowSplit(plan.tokens, 0, 3), RowSplit(plan.tokens, 3, 2)
+    r0, r1 = RowSplit(split.tokens, 0, 3), RowSplit(split.tokens, 3, 2)
     for mode in ("micro_batch", "mini_batch"):
-        alone = [w for _, w in micro_batches(plan, rows, 2, "token-mean", mode)]
-        split = [a + b for (_, a), (_, b) in zip(micro_batches(r0, rows, 2, "token-mean", mode),
-                                                  micro_batches(r1, rows, 2, "token-mean", mode))]
-        assert split == pytest.approx(alone)
+        alone = [w for _, w in micro_batches(split, rows, 2, "token-mean", mode)]
+        summed = [a + b for (_, a), (_, b) in zip(micro_batches(r0, rows, 2, "token-mean", mode),
+                                                   micro_batches(r1, rows, 2, "token-mean", mode))]
+        assert summed == pytest.approx(alone)
 
 
 def test_the_update_takes_mini_batches_in_rollout_order(tiny_ckpt, tmp_path, monkeypatch):

@@ -200,3 +200,29 @@ def test_sft_batches_are_the_batches_the_sft_runs(monkeypatch):
     g = torch.Generator().manual_seed(5)
     full = [len(p) + len(r) for p, r, _ in examples]
     assert seen == warmstart.sft_batches(full, 4, g) + warmstart.sft_batches(full, 4, g)
+
+
+def test_the_warm_start_and_an_evaluation_show_their_progress_in_a_log(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from sdar.progress import LINE
+    from sdar.train.warmstart import build_tiny_checkpoint
+
+    from .conftest import SMALL, make_trainer, small_config
+
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=False, width=200)
+    build_tiny_checkpoint(small_config(tmp_path / "run"), tmp_path / "ws", console)
+    phases = {LINE.search(x)["label"] for x in out.getvalue().splitlines() if LINE.search(x)}
+    assert phases == {"warm start: tokenizer's expert episodes", "warm start: expert episodes", "warm start: SFT"}
+    trainer = make_trainer(small_config(tmp_path / "eval", tracking=False))
+    out.seek(0)
+    out.truncate()
+    from sdar.eval import evaluate
+
+    res = evaluate(trainer.backend, trainer.tokenizer, trainer.env_factory, trainer.eval_tasks, trainer.rollout_cfg,
+                   batch_episodes=2, console=console)
+    lines = [LINE.search(x) for x in out.getvalue().splitlines() if LINE.search(x)]
+    assert [m["label"] for m in lines] == ["evaluating"] * len(lines) and lines[-1]["done"] == str(res.n) == str(SMALL["eval.tasks"])

@@ -428,7 +428,7 @@ def serve_in_background(
     Returns (url, handle); `handle.stop()` ends the server.
     """
     from sdar_envs.base import available_envs
-    from sdar_envs.server_config import ServerOptions, options_to_args
+    from sdar_envs.server_config import ServerOptions
 
     if ":" not in family and family not in available_envs():
         # checked here, so a typo fails at once instead of after a child process starts
@@ -453,8 +453,19 @@ def serve_in_background(
         opts = replace(opts, probe_port=probe_sock.getsockname()[1])
     if in_process:
         return url, _serve_thread(url, opts, sock, startup_timeout_s, operator_token, probe_sock, probe_url)
+    return url, _serve_process(url, opts, sock, probe_sock, probe_url, kwargs_json, startup_timeout_s,
+                               die_with_parent, operator_token)
+
+
+def _serve_process(url: str, opts: Any, sock: socket.socket, probe_sock: socket.socket | None, probe_url: str | None,
+                   kwargs_json: str, startup_timeout_s: float, die_with_parent: bool, operator_token: str | None
+                   ) -> ServerHandle:  # fmt: skip
+    """`python -m sdar_envs.server` on the bound sockets (the child gets its own copies), waited for until healthy."""
+    from sdar_envs.server_config import options_to_args
+
+    family = opts.family
     log_file = tempfile.NamedTemporaryFile(prefix=f"sdar-{family.replace(':', '_')}-", suffix=".log", delete=False)
-    cmd = [sys.executable, "-m", "sdar_envs.server", "--env", opts.family, "--fd", str(sock.fileno()),
+    cmd = [sys.executable, "-m", "sdar_envs.server", "--env", family, "--fd", str(sock.fileno()),
            "--port", url.rsplit(":", 1)[1], "--env-kwargs", kwargs_json, *options_to_args(opts)]  # fmt: skip
     fds = [sock.fileno()]
     if probe_sock is not None:
@@ -470,13 +481,7 @@ def serve_in_background(
 
         env[OPERATOR_TOKEN_ENV] = operator_token  # the environment, not argv: ps shows argv
     try:
-        proc = subprocess.Popen(
-            cmd,
-            pass_fds=tuple(fds),
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
+        proc = subprocess.Popen(cmd, pass_fds=tuple(fds), stdout=log_file, stderr=subprocess.STDOUT, env=env)
     finally:
         sock.close()  # the child holds its own copies
         if probe_sock is not None:
@@ -488,7 +493,7 @@ def serve_in_background(
     except BaseException:
         handle.stop()
         raise
-    return url, handle
+    return handle
 
 
 def _serve_thread(url: str, opts: Any, sock: socket.socket, startup_timeout_s: float, operator_token: str | None,

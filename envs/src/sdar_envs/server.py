@@ -815,6 +815,11 @@ class SdarEnvServer(HTTPEnvServer):
                 raise HTTPException(400, f"cannot list split {split[:100]!r}: {exc.args[0] if exc.args else exc}") from None
             return {"family": self.options.family, "split": split, "task_ids": list(ids)}
 
+        self._add_session_table_routes(app)
+
+    def _add_session_table_routes(self, app: FastAPI) -> None:
+        """GET and POST /sessions, and the routes of one session: reset, step, state(t), close."""
+
         @app.get("/sessions", tags=["Sessions"], summary="Session counts; every session with the operator token")
         async def list_sessions(request: Request) -> dict[str, Any]:
             out = self.session_counts(client_address(request.scope))

@@ -51,11 +51,11 @@ def _lcp(a: list[int], b: list[int]) -> int:
     return k
 
 
-def prefix_plan(prompts: list[list[int]]) -> list[tuple[list[int], int]] | None:
+def prefix_groups(prompts: list[list[int]]) -> list[tuple[list[int], int]] | None:
     """How to share prompt starts in one prefill: groups of rows with the start length each group shares (the
     last prompt token stays in every row's own part). Rows sorted by prompt are cut into groups wherever two
     neighbours share fewer than t tokens, for every t that occurs; rows left alone share the start common to
-    all. The plan that runs the fewest padded positions wins; None when none runs fewer than the rows whole."""
+    all. The grouping that runs the fewest padded positions wins; None when none runs fewer than the rows whole."""
     B = len(prompts)
     if B < 2:
         return None
@@ -64,41 +64,41 @@ def prefix_plan(prompts: list[list[int]]) -> list[tuple[list[int], int]] | None:
     adjacent = [_lcp(prompts[a], prompts[b]) for a, b in zip(order, order[1:])]
     common = min(min(adjacent), min(len(p) for p in prompts) - 1)
 
-    def cost(plan):  # padded positions: the group starts' forward, then every row's rest
-        return len(plan) * max(s for _, s in plan) + B * max(len(prompts[i]) - s for rows, s in plan for i in rows)
+    def cost(groups):  # padded positions: the group starts' forward, then every row's rest
+        return len(groups) * max(s for _, s in groups) + B * max(len(prompts[i]) - s for rows, s in groups for i in rows)
 
-    def plan_for(t: int):
-        groups, cur = [], [order[0]]
+    def grouped_at(t: int):
+        runs, cur = [], [order[0]]
         for i, k in zip(order[1:], adjacent):
             if k >= t:
                 cur.append(i)
             else:
-                groups.append(cur)
+                runs.append(cur)
                 cur = [i]
-        groups.append(cur)
-        plan = []
-        for rows in groups:
+        runs.append(cur)
+        groups = []
+        for rows in runs:
             if len(rows) > 1:
                 shared = min(min(_lcp(prompts[rows[0]], prompts[i]) for i in rows[1:]),
                              min(len(prompts[i]) for i in rows) - 1)
-                plan.append((rows, shared))
-        alone = [rows[0] for rows in groups if len(rows) == 1]
+                groups.append((rows, shared))
+        alone = [rows[0] for rows in runs if len(rows) == 1]
         if alone:  # the rows that share nothing beyond the common start continue from it together
-            plan += [(alone, common)] if common > 0 else [([i], len(prompts[i]) - 1) for i in alone]
-        return plan if all(s > 0 for _, s in plan) else None
+            groups += [(alone, common)] if common > 0 else [([i], len(prompts[i]) - 1) for i in alone]
+        return groups if all(s > 0 for _, s in groups) else None
 
-    plans = [p for p in (plan_for(t) for t in sorted(set(adjacent)) if t > 0) if p]
-    best = min(plans, key=cost, default=None)
+    candidates = [g for g in (grouped_at(t) for t in sorted(set(adjacent)) if t > 0) if g]
+    best = min(candidates, key=cost, default=None)
     return best if best is not None and cost(best) < B * width else None
 
 
 def _prefill(model, prompts: list[list[int]], pad_id: int, device, share_prefix: bool):
     """The prompts through the model: (KV cache, next-token logits [B, V], attention mask so far [B, W],
-    positions so far [B], padded positions run). Left padding; with a prefix plan the cache holds each row's
+    positions so far [B], padded positions run). Left padding; with prefix groups the cache holds each row's
     group start, then its own rest: [pad, start][pad, rest] (masked pads, positions from the real tokens)."""
     B = len(prompts)
-    plan = prefix_plan(prompts) if share_prefix else None
-    if plan is None:
+    groups = prefix_groups(prompts) if share_prefix else None
+    if groups is None:
         width = max(len(p) for p in prompts)
         ids = torch.full((B, width), pad_id, dtype=torch.long)
         attn = torch.zeros((B, width), dtype=torch.long)
@@ -114,11 +114,11 @@ def _prefill(model, prompts: list[list[int]], pad_id: int, device, share_prefix:
         return cache_of(out), out.logits[:, -1, :], attn, attn.sum(-1), B * width
     from transformers import DynamicCache
 
-    P = max(s for _, s in plan)
+    P = max(s for _, s in groups)
     group_of, shared = [0] * B, [0] * B
-    pids = torch.full((len(plan), P), pad_id, dtype=torch.long)
-    pmask = torch.zeros((len(plan), P), dtype=torch.long)
-    for g, (rows, s) in enumerate(plan):
+    pids = torch.full((len(groups), P), pad_id, dtype=torch.long)
+    pmask = torch.zeros((len(groups), P), dtype=torch.long)
+    for g, (rows, s) in enumerate(groups):
         pids[g, P - s:] = torch.tensor(prompts[rows[0]][:s])
         pmask[g, P - s:] = 1
         for i in rows:
@@ -141,7 +141,7 @@ def _prefill(model, prompts: list[list[int]], pad_id: int, device, share_prefix:
     pos = base.unsqueeze(1) + (smask.cumsum(-1) - 1).clamp(min=0)
     out = model(input_ids=ids, attention_mask=attn, position_ids=pos, **with_cache(cache), use_cache=True,
                 logits_to_keep=1)
-    return cache_of(out), out.logits[:, -1, :], attn, base + smask.sum(-1), len(plan) * P + B * W
+    return cache_of(out), out.logits[:, -1, :], attn, base + smask.sum(-1), len(groups) * P + B * W
 
 
 def _processed_logprobs(logits: torch.Tensor, allowed: list[int] | None, temperature: float, top_p: float) -> torch.Tensor:
@@ -163,6 +163,51 @@ def _processed_logprobs(logits: torch.Tensor, allowed: list[int] | None, tempera
     return torch.log_softmax(z, dim=-1)
 
 
+def _next_chunk(trie, toks: list[int], last: torch.Tensor, gen: torch.Generator, temperature: float, top_p: float,
+                eos: set[int], max_new_tokens: int, jump_forward: bool) -> tuple[list[int], list[float], int]:
+    """A row's next token (sampled from `last`, its next-token logits, unless the trie allows one token) and, with
+    jump_forward, the run of forced tokens after it: (tokens, their log-probs, how many were forced)."""
+    allowed = trie.allowed(toks) if trie is not None else None
+    n_forced = 0
+    if allowed is not None and len(allowed) == 1:
+        tok, lp = allowed[0], 0.0
+        n_forced += 1
+    else:
+        logp = _processed_logprobs(last, allowed or None, temperature, top_p)
+        tok = int(torch.multinomial(logp.exp(), 1, generator=gen).item())
+        lp = float(logp[tok])
+    chunk, chunk_lp = [tok], [lp]
+    # the run of forced tokens after it needs no decision: it joins this forward
+    while jump_forward and trie is not None and tok not in eos and len(toks) + len(chunk) < max_new_tokens:
+        nxt = trie.allowed(toks + chunk)
+        if len(nxt) != 1:
+            break
+        tok = nxt[0]
+        chunk.append(tok)
+        chunk_lp.append(0.0)
+        n_forced += 1
+    return chunk, chunk_lp, n_forced
+
+
+def _decode_forward(model, chunks: list[list[int]], pad_id: int, past, attn: torch.Tensor, count: torch.Tensor):
+    """One forward of every live row's new tokens (`chunks`, [] for finished rows) on the cache: (cache, each row's
+    next-token logits, attention mask, real tokens so far)."""
+    device = attn.device
+    B, L = len(chunks), max(len(c) for c in chunks)
+    step_ids = torch.full((B, L), pad_id, dtype=torch.long)
+    step_mask = torch.zeros((B, L), dtype=torch.long)
+    for i, c in enumerate(chunks):
+        if c:
+            step_ids[i, : len(c)] = torch.tensor(c)
+            step_mask[i, : len(c)] = 1
+    step_ids, step_mask = step_ids.to(device), step_mask.to(device)
+    step_pos = count.unsqueeze(1) + torch.arange(L, device=device).unsqueeze(0)
+    attn = torch.cat([attn, step_mask], dim=1)
+    out = model(input_ids=step_ids, attention_mask=attn, position_ids=step_pos, **with_cache(past), use_cache=True)
+    at = torch.tensor([max(len(c), 1) - 1 for c in chunks], device=device)
+    return cache_of(out), out.logits[torch.arange(B, device=device), at, :], attn, count + step_mask.sum(-1)
+
+
 @torch.no_grad()
 def constrained_sample(model, prompts: list[list[int]], tries: list, *, max_new_tokens: int, temperature: float,
                        top_p: float, eos_ids: list[int], pad_id: int, jump_forward: bool = True,
@@ -171,7 +216,7 @@ def constrained_sample(model, prompts: list[list[int]], tries: list, *, max_new_
 
     jump_forward: feed each row's run of forced tokens in one forward (False: one token per forward,
     the same tokens and log-probs). temperature must be > 0 (greedy decoding takes `model.generate`).
-    share_prefix: encode the prompt starts rows share once per group (`prefix_plan`); the same tokens and
+    share_prefix: encode the prompt starts rows share once per group (`prefix_groups`); the same tokens and
     log-probs up to float rounding.
     """
     if temperature <= 0:
@@ -199,51 +244,19 @@ def constrained_sample(model, prompts: list[list[int]], tries: list, *, max_new_
         for i in range(B):
             if done[i]:
                 continue
-            trie = tries[i]
-            allowed = trie.allowed(toks[i]) if trie is not None else None
-            if allowed is not None and len(allowed) == 1:
-                tok, lp = allowed[0], 0.0
-                forced[i] += 1
-            else:
-                logp = _processed_logprobs(last[i], allowed or None, temperature, top_p)
-                tok = int(torch.multinomial(logp.exp(), 1, generator=gens[i]).item())
-                lp = float(logp[tok])
-            chunk, chunk_lp = [tok], [lp]
-            # the run of forced tokens after it needs no decision: it joins this forward
-            while (jump_forward and trie is not None and tok not in eos
-                   and len(toks[i]) + len(chunk) < max_new_tokens):
-                nxt = trie.allowed(toks[i] + chunk)
-                if len(nxt) != 1:
-                    break
-                tok = nxt[0]
-                chunk.append(tok)
-                chunk_lp.append(0.0)
-                forced[i] += 1
+            chunk, chunk_lp, n_forced = _next_chunk(tries[i], toks[i], last[i], gens[i], temperature, top_p, eos,
+                                                    max_new_tokens, jump_forward)
+            forced[i] += n_forced
             toks[i] += chunk
             lps[i] += chunk_lp
-            if tok in eos or len(toks[i]) >= max_new_tokens:
+            if chunk[-1] in eos or len(toks[i]) >= max_new_tokens:
                 done[i] = True
             else:
                 chunks[i] = chunk
         if all(done):
             break
-        L = max(len(c) for c in chunks)
-        step_ids = torch.full((B, L), pad_id, dtype=torch.long)
-        step_mask = torch.zeros((B, L), dtype=torch.long)
-        for i, c in enumerate(chunks):
-            if c:
-                step_ids[i, : len(c)] = torch.tensor(c)
-                step_mask[i, : len(c)] = 1
-        step_ids, step_mask = step_ids.to(device), step_mask.to(device)
-        step_pos = count.unsqueeze(1) + torch.arange(L, device=device).unsqueeze(0)
-        attn = torch.cat([attn, step_mask], dim=1)
-        out = model(input_ids=step_ids, attention_mask=attn, position_ids=step_pos, **with_cache(past),
-                    use_cache=True)
+        past, last, attn, count = _decode_forward(model, chunks, pad_id, past, attn, count)
         st.forwards += 1
-        past = cache_of(out)
-        at = torch.tensor([max(len(c), 1) - 1 for c in chunks], device=device)
-        last = out.logits[torch.arange(B, device=device), at, :]
-        count = count + step_mask.sum(-1)
     st.forced += sum(forced)
     st.tokens += sum(len(t) for t in toks)
     return [Decoded(toks[i], lps[i], bool(toks[i]) and toks[i][-1] in eos, forced[i]) for i in range(B)]

@@ -45,7 +45,7 @@ def _items(text: str) -> list[str]:
 class HouseholdMemory:
     """Tracks visited receptacles, their contents, the held object and its state.
 
-    With `plan` (the default) the last line names the next place once the memory knows it: the
+    With `next_place` (the default) the last line names the next place once the memory knows it: the
     receptacle where a task object was seen, the appliance the task's state needs ("heat":
     microwave), the desklamp, the receptacle the task fills ("Next: go to microwave 1."); while
     nothing is known it names the search frontier instead ("Search next: go to cabinet 3.").
@@ -53,10 +53,10 @@ class HouseholdMemory:
     A from-scratch tiny model copies such a line reliably but could not work the place out
     itself (right only 24-55% of the time at those turns), so the student's moves become a
     copy and the search order, where the skills text helps, is left as the decision that
-    separates the privileged teacher from the student. `plan=False` is the ablation.
+    separates the privileged teacher from the student. `next_place=False` is the ablation.
     """
 
-    def __init__(self, task: str = "", plan: bool = True) -> None:
+    def __init__(self, task: str = "", next_place: bool = True) -> None:
         # the object and receptacle types the task names ("put a cool apple in diningtable"): task
         # objects are flagged where they were seen, so matching the goal against what is lying around
         # is a lookup in the memory rather than a comparison across the prompt (a tiny model picked up
@@ -75,7 +75,7 @@ class HouseholdMemory:
         verbs = {"hot": "heat", "heat": "heat", "cool": "cool", "clean": "clean"}
         states = {verbs[w] for w in words if w in verbs}
         self.appliance = APPLIANCE[states.pop()] if len(states) == 1 else None
-        self.plan = plan
+        self.next_place = next_place
 
     def update(self, observation: str) -> None:
         m = _ROOM.search(observation)
@@ -122,7 +122,7 @@ class HouseholdMemory:
         unvisited = [r for r in self.room if r not in self.seen]
         if self.room:
             text += f" Not visited: {', '.join(unvisited) if unvisited else 'none'}."
-        place = self._next_place(found) if self.plan else None
+        place = self._next_place(found) if self.next_place else None
         if place is not None:
             text += f" Next: go to {place}."
         elif unvisited and self._searching(found):

@@ -55,19 +55,25 @@ def evaluate(
     temperature: float = 0.4,
     episodes_per_task: int = 1,
     batch_episodes: int = 64,
+    console: Any = None,
 ) -> EvalResult:
-    """Play every task `episodes_per_task` times at `temperature` (0 = greedy)."""
+    """Play every task `episodes_per_task` times at `temperature` (0 = greedy), `batch_episodes` at a time; the
+    progress goes to `console` (`sdar.progress`: a bar on a terminal, a line per batch in a log)."""
+    from sdar.progress import Progress
+
     ecfg = replace(cfg, temperature=temperature)
     jobs = [t for t in task_ids for _ in range(episodes_per_task)]
     trajs: list[Trajectory] = []
-    for start in range(0, len(jobs), batch_episodes):
-        chunk = jobs[start : start + batch_episodes]
-        envs = [env_factory() for _ in chunk]
-        try:
-            trajs += rollout(backend, tokenizer, envs, chunk, list(range(len(chunk))), ecfg)
-        finally:
-            for e in envs:
-                e.close()
+    with Progress("evaluating", len(jobs), "episodes", console=console, every=batch_episodes) as progress:
+        for start in range(0, len(jobs), batch_episodes):
+            chunk = jobs[start : start + batch_episodes]
+            envs = [env_factory() for _ in chunk]
+            try:
+                trajs += rollout(backend, tokenizer, envs, chunk, list(range(len(chunk))), ecfg)
+            finally:
+                for e in envs:
+                    e.close()
+            progress.advance(len(chunk))
     by_type: dict[str, list[Trajectory]] = defaultdict(list)
     for t in trajs:
         by_type[t.task_type].append(t)

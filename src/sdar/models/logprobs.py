@@ -150,6 +150,48 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def _check_scoring_args(input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float,
+                        chunk_size: int | None, first_position: int) -> None:
+    if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} must both be [B, L]"
+        )
+    if input_ids.shape[1] < 2:
+        raise ValueError("need sequences of at least 2 tokens: the first token has no log-prob")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive number of sequences or None, got {chunk_size}")
+    L = input_ids.shape[1]
+    if not 0 <= first_position < L:
+        raise ValueError(f"first_position must be in [0, {L}) for sequences of {L} tokens, got {first_position}")
+
+
+def _chunk_logprobs(model, ids: torch.Tensor, mask: torch.Tensor, temperature: float, return_entropy: bool,
+                    allowed: torch.Tensor | None, f: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One forward's (logp, entropy) [b, L] at every position (the last column a dummy target), zeros before `f`."""
+    L = ids.shape[1]
+    kw = {"logits_to_keep": L - f} if f else {}
+    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=False, **kw)
+    # float32 from here: bf16 log-softmax over a large vocabulary loses ~2 decimal digits
+    logits = out.logits.float()
+    del out
+    if temperature != 1.0:
+        logits = logits / temperature
+    if allowed is not None:
+        # a large finite value, not -inf: p * logits must stay 0 (not NaN) in the entropy
+        logits = logits.masked_fill(~allowed, -1e9)
+    # score all L positions (a dummy target at the last one) so the [b, L, V] logits need no
+    # sliced copy, then drop the last column
+    target = torch.cat([ids[:, f + 1 :], torch.zeros_like(ids[:, :1])], dim=1)
+    logp, ent = logp_and_entropy(logits, target, return_entropy)
+    if f:  # the columns before first_position were not computed: zeros, like padding
+        pad = torch.zeros(ids.shape[0], f, dtype=logp.dtype, device=logp.device)
+        logp = torch.cat([pad, logp], dim=1)
+        ent = torch.cat([pad, ent], dim=1) if return_entropy else ent
+    return logp, ent
+
+
 def token_logprobs(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -184,53 +226,22 @@ def token_logprobs(
         `logp[:, t0 - 1 : t1 - 1]` for response tokens `input_ids[:, t0:t1]`. Columns whose context
         position or target token is padding are 0 (mask them; never read them).
     """
-    if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
-        raise ValueError(
-            f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} must both be [B, L]"
-        )
-    if input_ids.shape[1] < 2:
-        raise ValueError("need sequences of at least 2 tokens: the first token has no log-prob")
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    if chunk_size is not None and chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive number of sequences or None, got {chunk_size}")
-    L = input_ids.shape[1]
-    if not 0 <= first_position < L:
-        raise ValueError(f"first_position must be in [0, {L}) for sequences of {L} tokens, got {first_position}")
+    _check_scoring_args(input_ids, attention_mask, temperature, chunk_size, first_position)
     device = next(model.parameters()).device
     input_ids = input_ids.to(device)
     attention_mask = attention_mask.to(device)
-    B = input_ids.shape[0]
-    f = first_position
+    B, f = input_ids.shape[0], first_position
     step = chunk_size or B
     logps: list[torch.Tensor] = []
     ents: list[torch.Tensor] = []
     for start in range(0, B, step):
         ids = input_ids[start : start + step]
         mask = attention_mask[start : start + step]
-        kw = {"logits_to_keep": L - f} if f else {}
-        out = model(
-            input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=False, **kw
-        )
-        # float32 from here: bf16 log-softmax over a large vocabulary loses ~2 decimal digits
-        logits = out.logits.float()
-        if temperature != 1.0:
-            logits = logits / temperature
-        if allowed is not None:
-            # a large finite value, not -inf: p * logits must stay 0 (not NaN) in the entropy
-            logits = logits.masked_fill(~allowed[start : start + step].to(device), -1e9)
-        # score all L positions (a dummy target at the last one) so the [b, L, V] logits need no
-        # sliced copy, then drop the last column
-        target = torch.cat([ids[:, f + 1 :], torch.zeros_like(ids[:, :1])], dim=1)
-        logp, ent = logp_and_entropy(logits, target, return_entropy)
-        if f:  # the columns before first_position were not computed: zeros, like padding
-            pad = torch.zeros(ids.shape[0], f, dtype=logp.dtype, device=logp.device)
-            logp = torch.cat([pad, logp], dim=1)
-            ent = torch.cat([pad, ent], dim=1) if return_entropy else ent
+        chunk_allowed = None if allowed is None else allowed[start : start + step].to(device)
+        logp, ent = _chunk_logprobs(model, ids, mask, temperature, return_entropy, chunk_allowed, f)
         valid = (mask[:, 1:] > 0) & (mask[:, :-1] > 0)
         valid[:, :f] = False
         logps.append(torch.where(valid, logp[:, :-1], torch.zeros((), dtype=logp.dtype, device=logp.device)))
         if return_entropy:
             ents.append(torch.where(valid, ent[:, :-1], torch.zeros((), dtype=ent.dtype, device=ent.device)))
-        del out, logits
     return torch.cat(logps), (torch.cat(ents) if return_entropy else None)

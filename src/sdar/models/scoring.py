@@ -167,54 +167,23 @@ def response_logprobs(
     if len(prompts) != len(responses):
         raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
     n = len(prompts)
-    if dedup and not grad and not prompt_lm and n > 1:
-        once = _scored_once(lambda rows: response_logprobs(
-            model, _pick(prompts, rows), _pick(responses, rows), pad_id=pad_id, batch_size=batch_size,
-            with_entropy=with_entropy, allowed=_pick(allowed, rows),
-            temperature=temperature, length_buckets=length_buckets), prompts, responses, allowed)
-        if once is not None:
-            return once
-    if length_buckets and grad and n > 1:
-        # with gradients: rows of similar lengths in one forward each (the update's micro-batch keeps its rows
-        # and its loss; only the padding goes). Every group's activations stay alive until backward either way
-        groups = length_groups([len(p) + len(r) for p, r in zip(prompts, responses)], batch_size or n)
-        if len(groups) > 1:
-            return _regrouped(groups, n, lambda rows: response_logprobs(
-                model, _pick(prompts, rows), _pick(responses, rows), pad_id=pad_id,
-                with_entropy=with_entropy, grad=True, allowed=_pick(allowed, rows),
-                prompt_lm=prompt_lm, temperature=temperature, length_buckets=False))
-    if length_buckets and not grad and batch_size and n > batch_size:
-        # batches of similar lengths pad far less (a student prompt beside a privileged one, a 3-token
-        # action beside a long answer); rows go back to their order after, so nothing else changes
-        order = sorted(range(n), key=lambda i: len(prompts[i]) + len(responses[i]))
-        out = response_logprobs(model, _pick(prompts, order), _pick(responses, order), pad_id=pad_id,
-                                batch_size=batch_size, with_entropy=with_entropy, grad=False,
-                                allowed=_pick(allowed, order),
-                                prompt_lm=prompt_lm, temperature=temperature, length_buckets=False)
-        inv = torch.empty(n, dtype=torch.long)
-        inv[torch.tensor(order)] = torch.arange(n)
-        inv = inv.to(out.logp.device)
-        return ScoredBatch(logp=out.logp[inv], entropy=None if out.entropy is None else out.entropy[inv],
-                           mask=out.mask[inv], prompt_logp_sum=out.prompt_logp_sum, prompt_tokens=out.prompt_tokens)
+    kw = dict(pad_id=pad_id, batch_size=batch_size, with_entropy=with_entropy, grad=grad, prompt_lm=prompt_lm,
+              temperature=temperature, length_buckets=length_buckets, dedup=dedup)
+    reordered = _reordered(model, prompts, responses, allowed, kw)
+    if reordered is not None:
+        return reordered
     T = max((len(r) for r in responses), default=0)
     device = next(model.parameters()).device
     logp = torch.zeros(n, T, device=device)
     ent = torch.zeros(n, T, device=device) if with_entropy else None
     mask = torch.zeros(n, T, device=device)
     step = batch_size or max(n, 1)
-    ctx = torch.enable_grad() if grad else torch.no_grad()
     chunks_lp, chunks_ent = [], []
     prompt_sum, prompt_n = torch.zeros((), device=device), 0
-    with ctx:
+    with torch.enable_grad() if grad else torch.no_grad():
         for start in range(0, n, step):
             rows = range(start, min(start + step, n))
-            seqs = [prompts[i] + responses[i] for i in rows]
-            L = max(len(s) for s in seqs)
-            ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
-            att = torch.zeros((len(seqs), L), dtype=torch.long)
-            for j, s in enumerate(seqs):
-                ids[j, : len(s)] = torch.tensor(s)
-                att[j, : len(s)] = 1
+            ids, att = _right_padded([prompts[i] + responses[i] for i in rows], pad_id)
             if not prompt_lm:  # logits only where a response token is predicted and not forced
                 att = att.to(device)
                 lp, e, m, _ = _response_scores(
@@ -222,45 +191,93 @@ def response_logprobs(
                                 use_cache=False),
                     [len(prompts[i]) for i in rows], _pick(responses, rows), _pick(allowed, rows), T, temperature,
                     with_entropy, grad)
-                chunks_lp.append(lp)
-                if with_entropy:
-                    chunks_ent.append(e)
-                mask[start : start + len(seqs)] = m
-                continue
-            # the prompt LM term (the warm start's SFT) needs the logits at every position
-            first = 0
-            mask_v = None
-            if allowed is not None and any(allowed[i] is not None for i in rows):
-                vocab = model.get_output_embeddings().weight.shape[0]
-                mask_v = allowed_mask(_pick(prompts, rows), _pick(responses, rows),
-                                      [allowed[i] for i in rows], L, vocab, start=first)
-            lp, e = token_logprobs(model, ids.to(device), att.to(device), return_entropy=with_entropy,
-                                   allowed=mask_v, temperature=temperature, first_position=first)
-            if prompt_lm:
-                pm = torch.zeros_like(lp)
-                for j, i in enumerate(rows):
-                    pm[j, : len(prompts[i]) - 1] = 1
-                prompt_sum = prompt_sum + (lp * pm).sum()
-                prompt_n += int(pm.sum().item())
-            # token at position p is scored at index p - 1 of the [B, L-1] output
-            idx = torch.zeros(len(seqs), T, dtype=torch.long)
-            m = torch.zeros(len(seqs), T)
-            for j, i in enumerate(rows):
-                r = len(responses[i])
-                p0 = len(prompts[i]) - 1
-                idx[j, :r] = torch.arange(p0, p0 + r)
-                m[j, :r] = 1
-            idx = idx.to(device)
-            chunks_lp.append(lp.gather(1, idx) * m.to(device))
+            else:  # the prompt LM term (the warm start's SFT) needs the logits at every position
+                lp, e, m, lm_sum, lm_n = _with_prompt_lm(model, ids, att, _pick(prompts, rows), _pick(responses, rows),
+                                                         _pick(allowed, rows), T, temperature, with_entropy)
+                prompt_sum, prompt_n = prompt_sum + lm_sum, prompt_n + lm_n
+            chunks_lp.append(lp)
             if with_entropy:
-                chunks_ent.append(e.gather(1, idx) * m.to(device))
-            mask[start : start + len(seqs)] = m.to(device)
+                chunks_ent.append(e)
+            mask[start : start + len(rows)] = m.to(device)
     if chunks_lp:
         logp = torch.cat(chunks_lp)
         if with_entropy:
             ent = torch.cat(chunks_ent)
     return ScoredBatch(logp=logp, entropy=ent, mask=mask,
                        prompt_logp_sum=prompt_sum if prompt_lm else None, prompt_tokens=prompt_n)
+
+
+def _reordered(model, prompts, responses, allowed, kw: dict) -> ScoredBatch | None:
+    """`response_logprobs` (its keyword arguments `kw`) with the rows forwarded in another grouping and returned in
+    the caller's order: each distinct row once (dedup), groups of similar length (length_buckets); None when
+    neither applies and the rows go through as they are."""
+    n, grad, batch_size = len(prompts), kw["grad"], kw["batch_size"]
+    if kw["dedup"] and not grad and not kw["prompt_lm"] and n > 1:
+        once = _scored_once(lambda rows: response_logprobs(
+            model, _pick(prompts, rows), _pick(responses, rows), allowed=_pick(allowed, rows),
+            **{**kw, "dedup": False, "grad": False, "prompt_lm": False}), prompts, responses, allowed)
+        if once is not None:
+            return once
+    if kw["length_buckets"] and grad and n > 1:
+        # with gradients: rows of similar lengths in one forward each (the update's micro-batch keeps its rows
+        # and its loss; only the padding goes). Every group's activations stay alive until backward either way
+        groups = length_groups([len(p) + len(r) for p, r in zip(prompts, responses)], batch_size or n)
+        if len(groups) > 1:
+            return _regrouped(groups, n, lambda rows: response_logprobs(
+                model, _pick(prompts, rows), _pick(responses, rows), allowed=_pick(allowed, rows),
+                **{**kw, "batch_size": None, "length_buckets": False, "dedup": False}))
+    if kw["length_buckets"] and not grad and batch_size and n > batch_size:
+        # batches of similar lengths pad far less (a student prompt beside a privileged one, a 3-token
+        # action beside a long answer); rows go back to their order after, so nothing else changes
+        order = sorted(range(n), key=lambda i: len(prompts[i]) + len(responses[i]))
+        out = response_logprobs(model, _pick(prompts, order), _pick(responses, order), allowed=_pick(allowed, order),
+                                **{**kw, "length_buckets": False, "dedup": False})
+        return _in_caller_order(out, order)
+    return None
+
+
+def _right_padded(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask) [B, L] of `seqs`, right-padded with `pad_id`."""
+    L = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
+    att = torch.zeros((len(seqs), L), dtype=torch.long)
+    for j, s in enumerate(seqs):
+        ids[j, : len(s)] = torch.tensor(s)
+        att[j, : len(s)] = 1
+    return ids, att
+
+
+def _in_caller_order(out: ScoredBatch, order: list[int]) -> ScoredBatch:
+    """`out`, scored in `order`, back in the caller's order."""
+    inv = torch.empty(len(order), dtype=torch.long)
+    inv[torch.tensor(order)] = torch.arange(len(order))
+    inv = inv.to(out.logp.device)
+    return ScoredBatch(logp=out.logp[inv], entropy=None if out.entropy is None else out.entropy[inv],
+                       mask=out.mask[inv], prompt_logp_sum=out.prompt_logp_sum, prompt_tokens=out.prompt_tokens)
+
+
+def _with_prompt_lm(model, ids, att, prompts, responses, allowed, T: int, temperature: float, with_entropy: bool):
+    """One chunk scored at every position: (response log-probs [b, T], their entropies or None, mask [b, T], the
+    summed log-probs of the prompt tokens after the first, their count)."""
+    device = next(model.parameters()).device
+    mask_v = None
+    if allowed is not None and any(a is not None for a in allowed):
+        vocab = model.get_output_embeddings().weight.shape[0]
+        mask_v = allowed_mask(prompts, responses, list(allowed), ids.shape[1], vocab, start=0)
+    lp, e = token_logprobs(model, ids.to(device), att.to(device), return_entropy=with_entropy,
+                           allowed=mask_v, temperature=temperature, first_position=0)
+    pm = torch.zeros_like(lp)
+    for j, prompt in enumerate(prompts):
+        pm[j, : len(prompt) - 1] = 1
+    # token at position p is scored at index p - 1 of the [B, L-1] output
+    idx = torch.zeros(len(prompts), T, dtype=torch.long)
+    m = torch.zeros(len(prompts), T)
+    for j, (prompt, response) in enumerate(zip(prompts, responses)):
+        idx[j, : len(response)] = torch.arange(len(prompt) - 1, len(prompt) - 1 + len(response))
+        m[j, : len(response)] = 1
+    idx, md = idx.to(device), m.to(device)
+    ent = e.gather(1, idx) * md if with_entropy else None
+    return lp.gather(1, idx) * md, ent, m, (lp * pm).sum(), int(pm.sum().item())
 
 
 def length_groups(lengths: list[int], max_rows: int, slack: float = 0.2) -> list[list[int]]:

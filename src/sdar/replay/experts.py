@@ -188,7 +188,7 @@ def _read_room(view: TurnView) -> _Room:
         room = sorted(set(seen) | set(todo), key=_order)
         k = _Room(room, seen, holding, state)
     else:  # no memory: what the recent window shows, plus the admissible list
-        mem = HouseholdMemory(view.task, plan=False)
+        mem = HouseholdMemory(view.task, next_place=False)
         for obs in observations:
             mem.update(obs)
         k = _Room(list(mem.room), dict(mem.seen), mem.holding, remembered=False)

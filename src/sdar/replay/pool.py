@@ -18,99 +18,16 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from sdar.config.replay import TeacherEndpoint  # noqa: F401 - re-exported: the pool's endpoints
+
 log = logging.getLogger("sdar.replay")
 
-# what a local server gets when no key is configured (OpenAI clients refuse an empty key)
-LOCAL_DUMMY_KEY = "sdar-local"
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RETRY_STATUS = (408, 409, 429)  # plus every 5xx
 LATENCY_WINDOW = 10_000  # latency percentiles are over the last this many requests
 _METRIC_UNSAFE = re.compile(r"[^\w\-. :/]")
-
-
-@dataclass
-class TeacherEndpoint:
-    """One teacher: a model behind an OpenAI-compatible `/v1/chat/completions`."""
-
-    name: str = field(metadata={"help": "How stats and logs call it (unique within a pool)."})
-    base_url: str = field(metadata={
-        "help": "The API root, e.g. \"http://127.0.0.1:8300/v1\" or \"https://api.openai.com/v1\"."})
-    model: str = field(metadata={"help": "The model id sent with each request."})
-    api_key_env: str | None = field(default=None, metadata={
-        "help": "The NAME of the environment variable holding the key; null = a local server that wants no key "
-                "(a dummy one is sent)."})
-    price_in_per_1k: float = field(default=0.0, metadata={
-        "help": "USD per 1,000 prompt tokens (budget and cost stats)."})
-    price_out_per_1k: float = field(default=0.0, metadata={
-        "help": "USD per 1,000 completion tokens (budget and cost stats)."})
-    concurrency: int = field(default=4, metadata={"help": "Requests in flight to this endpoint at most."})
-    timeout_s: float = field(default=30.0, metadata={"help": "Per-request timeout, seconds."})
-    max_retries: int = field(default=3, metadata={
-        "help": "Extra attempts after a retryable failure (connection error, timeout, 408/409/429, 5xx), with "
-                "exponential backoff and jitter."})
-
-    def __post_init__(self) -> None:
-        where = f"teacher {self.name!r}"
-        if not self.name or not str(self.name).strip():
-            raise ValueError("a teacher endpoint needs a non-empty name")
-        if not str(self.base_url).startswith(("http://", "https://")):
-            raise ValueError(f"{where}: base_url must start with http:// or https:// (e.g. http://127.0.0.1:8300/v1), "
-                             f"got {self.base_url!r}")
-        if not self.model:
-            raise ValueError(f"{where}: model is empty; give the model id the endpoint serves")
-        if self.api_key_env is not None and not _ENV_NAME.match(str(self.api_key_env)):
-            raise ValueError(f"{where}: api_key_env must name an environment variable (letters, digits, _), got "
-                             "a value that is not one; put the key itself in that variable, never in the config")
-        for f in ("price_in_per_1k", "price_out_per_1k"):
-            if float(getattr(self, f)) < 0:
-                raise ValueError(f"{where}: {f} must be >= 0 USD, got {getattr(self, f)}")
-        if int(self.concurrency) < 1:
-            raise ValueError(f"{where}: concurrency must be >= 1, got {self.concurrency}")
-        if float(self.timeout_s) <= 0:
-            raise ValueError(f"{where}: timeout_s must be > 0, got {self.timeout_s}")
-        if int(self.max_retries) < 0:
-            raise ValueError(f"{where}: max_retries must be >= 0, got {self.max_retries}")
-
-    @property
-    def identity(self) -> str:
-        """What the cache keys on: the same model at the same address is the same teacher."""
-        return f"{self.base_url.rstrip('/')}|{self.model}"
-
-    def api_key(self) -> str:
-        """The key from `api_key_env` (a dummy one when None); a missing variable is an error naming it."""
-        if self.api_key_env is None:
-            return LOCAL_DUMMY_KEY
-        key = os.environ.get(self.api_key_env)
-        if not key:
-            raise ValueError(f"teacher {self.name!r}: environment variable {self.api_key_env} is not set (or empty); "
-                             f"export it (on a cluster: mount the Secret as {self.api_key_env}) or set api_key_env: "
-                             "null for a local server without a key")
-        return key
-
-    def cost(self, tokens_in: int, tokens_out: int) -> float:
-        """USD for one request's token counts."""
-        return tokens_in / 1000.0 * self.price_in_per_1k + tokens_out / 1000.0 * self.price_out_per_1k
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TeacherEndpoint:
-        known = [f.name for f in fields(cls)]
-        unknown = sorted(set(data) - set(known))
-        if unknown:
-            hint = " (put the key in an environment variable and name it in api_key_env)" if any(
-                "key" in k and k != "api_key_env" for k in unknown) else ""
-            raise ValueError(f"unknown teacher setting(s) {unknown}; valid settings: {', '.join(known)}{hint}")
-        missing = [k for k in ("name", "base_url", "model") if k not in data]
-        if missing:
-            raise ValueError(f"teacher {data.get('name', '?')!r} lacks {missing}; "
-                             "every teacher needs name, base_url, model")
-        return cls(**data)
 
 
 class ResponseCache:

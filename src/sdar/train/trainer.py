@@ -78,7 +78,7 @@ class StepBatch:
     old: ScoredBatch  # old_logp
     ref: ScoredBatch | None  # the reference's log-probs (arms with a KL term)
     teacher: ScoredBatch | None  # the privileged teacher's
-    plan: Any  # sdar.train.distributed.RowSplit: this rank's rows of every rank's
+    split: Any  # sdar.train.distributed.RowSplit: this rank's rows of every rank's
     orders: list[list[int]]  # per epoch, the global row order mini-batches are cut from
     reuse: set[int]  # rows whose old_logp the update's first forward gives
     hint_prompts: dict[int, list[int]]  # error-site row -> its hinted teacher prompt (channel 2)
@@ -247,11 +247,11 @@ class Trainer:
         free = free_token_mask(batch.allowed, batch.response_mask(), forced_free=not self.rollout_cfg.mask_forced_tokens)
         # mini-batches are drawn over every rank's rows (alone: this process's), so N ranks make the same updates on
         # the same samples as one process; each rank scores only its own rows
-        plan = distributed.split_rows([int(x) for x in free.sum(dim=1).tolist()], self.dist)
+        split = distributed.split_rows([int(x) for x in free.sum(dim=1).tolist()], self.dist)
         gen = torch.Generator().manual_seed(_step_seed(cfg.seed, step))
-        orders = [torch.randperm(plan.n, generator=gen).tolist() if cfg.ppo.shuffle_mini_batches else list(range(plan.n))
+        orders = [torch.randperm(split.n, generator=gen).tolist() if cfg.ppo.shuffle_mini_batches else list(range(split.n))
                   for _ in range(cfg.ppo.epochs)]
-        old, reuse = self._old_logp(batch, plan, orders[0])
+        old, reuse = self._old_logp(batch, split, orders[0])
         ref = None
         if arm.kl_coef != 0.0:  # LoRA: the same module with the adapter disabled; full fine-tuning: the frozen copy
             with self.policy.reference() as ref_model:
@@ -262,16 +262,16 @@ class Trainer:
         if arm.needs_teacher or cfg.teacher.for_all_arms:
             teacher = self.teacher.score(self.policy.inference_model(), batch)
         pairs = self._due_pairs()
-        return StepBatch(r, free, old, ref, teacher, plan, orders, reuse, self._hint_prompts(batch), pairs,
-                         self._pair_slots(pairs, plan, orders[0]), time.perf_counter() - t0)
+        return StepBatch(r, free, old, ref, teacher, split, orders, reuse, self._hint_prompts(batch), pairs,
+                         self._pair_slots(pairs, split, orders[0]), time.perf_counter() - t0)
 
-    def _old_logp(self, batch: TurnBatch, plan, first_order: list[int]) -> tuple[ScoredBatch, set[int]]:
+    def _old_logp(self, batch: TurnBatch, split, first_order: list[int]) -> tuple[ScoredBatch, set[int]]:
         """old_logp [B, T], and the rows left for the update's first forward to fill (the first mini-batch's: the
         weights have not moved yet, so that forward is old_logp). Rows whose sampler reported its log-probs (the
         trainer's own model sampled them) need no pass at all."""
         cfg, n, mask = self.cfg, len(batch), batch.response_mask()
         sampled = self._sampler_rows(batch) if cfg.ppo.old_logp_from_sampler else {}
-        reused = set(plan.local(first_order[: cfg.ppo.mini_batch_size])) if cfg.ppo.reuse_old_logp else set()
+        reused = set(split.local(first_order[: cfg.ppo.mini_batch_size])) if cfg.ppo.reuse_old_logp else set()
         reused -= set(sampled)
         scored = [i for i in range(n) if i not in reused and i not in sampled]
         old_logp = torch.zeros(n, mask.shape[1], device=self.device)
@@ -294,14 +294,14 @@ class Trainer:
         return {i: hint_prompt_ids(self.tokenizer, batch.prompts[i], render_hint(family, t.hint_template_key, t.error_args))
                 for i, t in enumerate(flat) if t.hint_template_key}
 
-    def _pair_slots(self, pairs, plan, first_order: list[int]) -> dict[int, list[int]]:
+    def _pair_slots(self, pairs, split, first_order: list[int]) -> dict[int, list[int]]:
         """Channel 3: pair p rides in micro-batch p mod M of every epoch (M micro-batches per epoch)."""
         if pairs is None:
             return {}
         cfg = self.cfg
-        n_micro = sum(len(micro_batches(plan, first_order[s : s + cfg.ppo.mini_batch_size], cfg.ppo.micro_batch_size,
+        n_micro = sum(len(micro_batches(split, first_order[s : s + cfg.ppo.mini_batch_size], cfg.ppo.micro_batch_size,
                                         self.arm.agg, cfg.ppo.loss_normalisation))
-                      for s in range(0, plan.n, cfg.ppo.mini_batch_size))
+                      for s in range(0, split.n, cfg.ppo.mini_batch_size))
         slots: dict[int, list[int]] = {}
         for p in range(len(pairs)):
             slots.setdefault(p % max(n_micro, 1), []).append(p)
@@ -313,7 +313,7 @@ class Trainer:
         result = UpdateResult()
         for order in b.orders:
             b.micro_index = 0  # pairs ride in micro-batch p mod M of every epoch
-            for start in range(0, b.plan.n, cfg.ppo.mini_batch_size):
+            for start in range(0, b.split.n, cfg.ppo.mini_batch_size):
                 metrics = self._mini_batch_update(step, b, order[start : start + cfg.ppo.mini_batch_size])
                 if metrics is not None:
                     result.updates += 1
@@ -327,9 +327,9 @@ class Trainer:
         update; its metrics (weighted means over the mini-batch), or None when the update was skipped."""
         self.optimizer.zero_grad(set_to_none=True)
         finite, metrics, present = True, {}, {}
-        parts = micro_batches(b.plan, rows, self.cfg.ppo.micro_batch_size, self.arm.agg, self.cfg.ppo.loss_normalisation)
+        parts = micro_batches(b.split, rows, self.cfg.ppo.micro_batch_size, self.arm.agg, self.cfg.ppo.loss_normalisation)
         for part, weight in parts:
-            mb = b.plan.local(part)
+            mb = b.split.local(part)
             # a rank with no rows of this micro-batch still forms its (empty) loss: every rank then reports the
             # same metric names to sync_update, whose all-reduce needs equal sizes
             total, part_metrics = self._micro_loss(b, mb, b.slots.get(b.micro_index, []))
@@ -369,7 +369,7 @@ class Trainer:
         if why is None:
             before = self._snapshot() if self.cfg.optim.guard_updates else None
             self.optimizer.step()
-            if before is not None and not distributed.all_true(self._healthy(b, b.plan.local(rows)[:1]), self.dist):
+            if before is not None and not distributed.all_true(self._healthy(b, b.split.local(rows)[:1]), self.dist):
                 self._restore(before)
                 why = "the update made the weights or the policy's log-probs non-finite; restored the weights of before it"
         if why is not None:
@@ -811,7 +811,7 @@ def output_dir_lock(out: Path):
         fh.close()
 
 
-def micro_batches(plan, rows: list[int], size: int, agg: str, normalisation: str) -> list[tuple[list[int], float]]:
+def micro_batches(split, rows: list[int], size: int, agg: str, normalisation: str) -> list[tuple[list[int], float]]:
     """The micro-batches of mini-batch `rows` (global row ids, in order) and this rank's weight for the loss
     it computes on each, aggregated (`agg`) over that micro-batch's rows.
 
@@ -824,8 +824,8 @@ def micro_batches(plan, rows: list[int], size: int, agg: str, normalisation: str
         raise ValueError(f"ppo.loss_normalisation={normalisation!r} is not one of micro_batch, mini_batch")
     parts = [rows[k : k + size] for k in range(0, len(rows), size)]
     if normalisation == "micro_batch":
-        return [(part, plan.share(part, agg) / len(parts)) for part in parts]
-    return [(part, plan.share(part, agg, within=rows)) for part in parts]
+        return [(part, split.share(part, agg) / len(parts)) for part in parts]
+    return [(part, split.share(part, agg, within=rows)) for part in parts]
 
 
 def _tracked(metrics: dict[str, float]) -> dict[str, float]:

@@ -14,6 +14,7 @@ up learning to read the prompt. The result is cached by a hash of everything tha
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import random
@@ -60,43 +61,57 @@ def warmstart_config(cfg: TrainConfig) -> TrainConfig:
     return cfg if env == cfg.env else replace(cfg, env=env)
 
 
-def expert_turns(cfg: TrainConfig, episodes: int, seed: int) -> list[dict[str, Any]]:
+def expert_turns(cfg: TrainConfig, episodes: int, seed: int, progress: str | None = None,
+                 console=None) -> list[dict[str, Any]]:
     """Expert turns with the views the rollout would build: [{view, action, skills, privileged}].
 
     With `warmstart.noise` > 0 some turns execute a random admissible action instead (DART); those
-    turns are not in the result, the expert's turns after them are.
+    turns are not in the result, the expert's turns after them are. progress: show the episodes under this
+    label (`sdar.progress`).
     """
     from sdar_envs import make_env
+
+    from sdar.progress import Progress
 
     cfg = warmstart_config(cfg)
     rng = random.Random(seed)
     env = make_env(cfg.env.family, **cfg.env.kwargs)
     pool = env.task_ids(cfg.env.train_split)
-    rc = cfg.rollout
     noise = cfg.warmstart.noise
     if cfg.warmstart.decision_repeats < 1:
         raise ValueError(f"warmstart.decision_repeats={cfg.warmstart.decision_repeats} must be >= 1 (1 = no repeats)")
     if not 0.0 <= noise < 1.0:
         raise ValueError(f"warmstart.noise={noise} must be in [0, 1): the probability of a random action per expert turn")
     out = []
-    for _ in range(episodes):
-        privileged = rng.random() < cfg.warmstart.privileged_fraction
-        first = env.reset(task_id=rng.choice(pool))
-        state = EpisodeState(first, cfg.env.family, rc.use_memory, env.task_text)
-        skills = env.privileged_skills()
-        for turn in range(rc.max_turns):
-            if state.done:
-                break
-            expert = getattr(env, "skilled_expert_action" if privileged else "uninformed_expert_action",
-                             env.expert_action)
-            action = expert()
-            view = state.view(turn, rc.max_turns)
-            if noise and view.admissible_actions and rng.random() < noise:
-                action = rng.choice(view.admissible_actions)  # a perturbation: executed, not imitated
-            else:
-                out.append({"view": view, "action": action, "skills": skills, "privileged": privileged})
-            state.advance(action, env.step(action))
+    shown = Progress(progress, episodes, "episodes", console=console) if progress else contextlib.nullcontext()
+    with shown:
+        for _ in range(episodes):
+            out.extend(_expert_episode(env, cfg, rng, pool, noise))
+            if progress:
+                shown.advance()
     env.close()
+    return out
+
+
+def _expert_episode(env, cfg: TrainConfig, rng: random.Random, pool: list[str], noise: float) -> list[dict[str, Any]]:
+    """One expert episode's imitated turns."""
+    rc, out = cfg.rollout, []
+    privileged = rng.random() < cfg.warmstart.privileged_fraction
+    first = env.reset(task_id=rng.choice(pool))
+    state = EpisodeState(first, cfg.env.family, rc.use_memory, env.task_text)
+    skills = env.privileged_skills()
+    for turn in range(rc.max_turns):
+        if state.done:
+            break
+        expert = getattr(env, "skilled_expert_action" if privileged else "uninformed_expert_action",
+                         env.expert_action)
+        action = expert()
+        view = state.view(turn, rc.max_turns)
+        if noise and view.admissible_actions and rng.random() < noise:
+            action = rng.choice(view.admissible_actions)  # a perturbation: executed, not imitated
+        else:
+            out.append({"view": view, "action": action, "skills": skills, "privileged": privileged})
+        state.advance(action, env.step(action))
     return out
 
 
@@ -147,7 +162,8 @@ def build_tiny_checkpoint(cfg: TrainConfig, out_dir: Path, console=None) -> dict
     ws = cfg.warmstart
     # the tokenizer needs plenty of text to learn merges (short prompts = cheap updates); the
     # SFT needs far fewer examples, so the two sample sizes are separate knobs
-    turns = expert_turns(cfg, max(ws.episodes, ws.tokenizer_episodes), seed=cfg.seed)
+    turns = expert_turns(cfg, max(ws.episodes, ws.tokenizer_episodes), seed=cfg.seed,
+                         progress="warm start: tokenizer's expert episodes", console=console)
     builder = PromptBuilder(cfg.env.family, history=cfg.rollout.history, show_admissible=cfg.rollout.show_admissible)
     corpus = []
     for t in turns:
@@ -155,7 +171,7 @@ def build_tiny_checkpoint(cfg: TrainConfig, out_dir: Path, console=None) -> dict
             msgs = builder.messages(t["view"], skills=skills)
             corpus.append("\n".join(m["content"] for m in msgs) + "\n" + format_action(cfg.env.family, t["action"]))
     tokenizer = train_tokenizer(corpus, vocab_size=ws.vocab_size, pretokenizer=ws.pretokenizer)
-    turns = expert_turns(cfg, ws.episodes, seed=cfg.seed + 1)
+    turns = expert_turns(cfg, ws.episodes, seed=cfg.seed + 1, progress="warm start: expert episodes", console=console)
     tiny = tiny_config(cfg)
     model = build_tiny_model(tokenizer, tiny)
     examples = sft_examples(cfg, tokenizer, builder, turns)
@@ -207,7 +223,7 @@ def sft(model, examples: list[tuple[list[int], list[int], list | None]], *, pad_
         batch_size: int, seed: int, console=None, prompt_lm: float = 0.0) -> dict[str, float]:
     """Negative log-likelihood of the response tokens (prompts are context); examples with
     allowed-token lists use the constrained distribution, as the policy does when it acts."""
-    from rich.progress import Progress
+    from sdar.progress import Progress
 
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     g = torch.Generator().manual_seed(seed)
@@ -215,8 +231,7 @@ def sft(model, examples: list[tuple[list[int], list[int], list | None]], *, pad_
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / 20) * max(0.05, 1 - i / max(steps, 1)))
     model.train()
     losses = []
-    with Progress(console=console, transient=True) as progress:
-        bar = progress.add_task("warm-start (SFT on expert turns)", total=steps)
+    with Progress("warm start: SFT", steps, "updates", console=console) as progress:
         lengths = [len(p) + len(r) for p, r, _ in examples]
         for _ in range(epochs):
             for batch in sft_batches(lengths, batch_size, g):
@@ -239,9 +254,7 @@ def sft(model, examples: list[tuple[list[int], list[int], list | None]], *, pad_
                 opt.step()
                 sched.step()
                 losses.append(loss.item())
-                progress.advance(bar)
-                if console is not None and not console.is_terminal and len(losses) % 25 == 0:
-                    console.print(f"warm-start update {len(losses)}/{steps}: loss {sum(losses[-25:]) / 25:.3f}")
+                progress.advance()
     model.eval()
     tail = losses[-20:] or [float("nan")]
     return {"sft_first_loss": losses[0] if losses else float("nan"), "sft_final_loss": sum(tail) / len(tail),
@@ -271,6 +284,10 @@ def tiny_checkpoint(cfg: TrainConfig, console=None) -> Path:
     backend = cfg.env.kwargs.get("backend", "sim") if cfg.env.family == "household" else "sim"
     target = tiny_checkpoint_path(cfg)
     cfg = warmstart_config(cfg)
+    if console is None and not (target / MARKER).is_file():  # a build takes minutes: it shows its progress
+        from rich.console import Console
+
+        console = Console(stderr=True)
     if backend != "sim" and console is not None:
         console.print(f"the tiny warm start imitates the household sim's experts; backend {backend!r} plays the episodes")
     if not (target / MARKER).is_file() and console is not None:

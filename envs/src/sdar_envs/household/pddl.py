@@ -431,6 +431,45 @@ def parse_goal(pddl_problem: str) -> GoalSpec:
     )
 
 
+class _Plan:
+    """A plan being written, and the facts as it changes them: where the agent is, what is open, where each
+    object is, what is held."""
+
+    def __init__(self, view: EngineFacts) -> None:
+        self.view = view
+        self.loc = view.agent_loc
+        self.opened = list(view.opened)
+        self.where = list(view.where)
+        self.held = view.held
+        self.steps: list[str] = []
+
+    def goto(self, r: int) -> None:
+        if self.loc != self.view.rloc[r]:
+            self.steps.append(f"go to {self.view.rname[r]}")
+            self.loc = self.view.rloc[r]
+
+    def reveal(self, r: int) -> None:
+        if self.view.openable[r] and not self.opened[r]:
+            self.steps.append(f"open {self.view.rname[r]}")
+            self.opened[r] = True
+
+    def cost(self, r: int) -> tuple[int, int]:
+        return (int(self.loc != self.view.rloc[r]) + int(self.view.openable[r] and not self.opened[r]), r)
+
+    def take(self, o: int) -> None:
+        r = self.where[o]
+        self.goto(r)
+        self.reveal(r)
+        self.steps.append(f"take {self.view.oname[o]} from {self.view.rname[r]}")
+        self.where[o], self.held = -1, o
+
+    def put(self, o: int, r: int) -> None:
+        self.goto(r)
+        self.reveal(r)
+        self.steps.append(f"move {self.view.oname[o]} to {self.view.rname[r]}")
+        self.where[o], self.held = r, None
+
+
 def domain_plan(view: EngineFacts, goal: GoalSpec) -> list[str] | None:
     """A gold path for the six ALFWorld task types, from the facts, in milliseconds.
 
@@ -440,69 +479,45 @@ def domain_plan(view: EngineFacts, goal: GoalSpec) -> list[str] | None:
     and fall back to fast-downward when a step is not admissible or the plan ends without a win.
     None when the recipe does not apply (e.g. nothing of the target type exists).
     """
-    loc = view.agent_loc
-    opened = list(view.opened)
-    where = list(view.where)
-    held = view.held
-    plan: list[str] = []
-
-    def goto(r: int) -> None:
-        nonlocal loc
-        if loc != view.rloc[r]:
-            plan.append(f"go to {view.rname[r]}")
-            loc = view.rloc[r]
-
-    def reveal(r: int) -> None:
-        if view.openable[r] and not opened[r]:
-            plan.append(f"open {view.rname[r]}")
-            opened[r] = True
-
-    def cost(r: int) -> tuple[int, int]:
-        return (int(loc != view.rloc[r]) + int(view.openable[r] and not opened[r]), r)
-
-    def take(o: int) -> None:
-        nonlocal held
-        r = where[o]
-        goto(r)
-        reveal(r)
-        plan.append(f"take {view.oname[o]} from {view.rname[r]}")
-        where[o], held = -1, o
-
-    def put(o: int, r: int) -> None:
-        nonlocal held
-        goto(r)
-        reveal(r)
-        plan.append(f"move {view.oname[o]} to {view.rname[r]}")
-        where[o], held = r, None
-
+    plan = _Plan(view)
     targets = [o for o, t in enumerate(view.opddl) if t == goal.object_type]
     if not targets:
         return None
-    if held is not None and held not in targets:
+    if plan.held is not None and plan.held not in targets:
         # put the wrong object down first, where it can go: here if possible, else the nearest
         ok = [
             r
             for r in range(len(view.rname))
-            if (view.rpddl[r], view.opddl[held]) in view.can_contain
+            if (view.rpddl[r], view.opddl[plan.held]) in view.can_contain
         ]
         if not ok:
             return None
-        put(held, min(ok, key=cost))
-
+        plan.put(plan.held, min(ok, key=plan.cost))
     if goal.toggle_type is not None:  # look_at_obj_in_light
-        lamps = [o for o, t in enumerate(view.opddl) if t == goal.toggle_type and where[o] >= 0]
-        if not lamps:
-            return None
-        if held is None:
-            free = [o for o in targets if where[o] >= 0]
-            if not free:
-                return None
-            take(min(free, key=lambda o: (cost(where[o]), o)))
-        lamp = min(lamps, key=lambda o: cost(where[o]))
-        goto(where[lamp])
-        plan.append(f"use {view.oname[lamp]}")
-        return plan
+        return _light_plan(plan, goal, targets)
+    return _placement_plan(plan, goal, targets)
 
+
+def _light_plan(plan: _Plan, goal: GoalSpec, targets: list[int]) -> list[str] | None:
+    """look_at_obj_in_light: hold a target, go to a lamp, use it."""
+    view, where = plan.view, plan.where
+    lamps = [o for o, t in enumerate(view.opddl) if t == goal.toggle_type and where[o] >= 0]
+    if not lamps:
+        return None
+    if plan.held is None:
+        free = [o for o in targets if where[o] >= 0]
+        if not free:
+            return None
+        plan.take(min(free, key=lambda o: (plan.cost(where[o]), o)))
+    lamp = min(lamps, key=lambda o: plan.cost(where[o]))
+    plan.goto(where[lamp])
+    plan.steps.append(f"use {view.oname[lamp]}")
+    return plan.steps
+
+
+def _placement_plan(plan: _Plan, goal: GoalSpec, targets: list[int]) -> list[str] | None:
+    """The placing task types: fetch each missing target, give it the goal's state, put it in the destination."""
+    view, where = plan.view, plan.where
     if goal.receptacle_type is None:
         return None
     dests = [r for r, t in enumerate(view.rpddl) if t == goal.receptacle_type]
@@ -515,24 +530,24 @@ def domain_plan(view: EngineFacts, goal: GoalSpec) -> list[str] | None:
     def done_in(r: int) -> int:
         return sum(1 for o in targets if where[o] == r and ready(o))
 
-    dest = min(dests, key=lambda r: (-done_in(r), cost(r)))
+    dest = min(dests, key=lambda r: (-done_in(r), plan.cost(r)))
     needed = goal.count - done_in(dest)
     for _ in range(needed):
-        if held is None:
+        if plan.held is None:
             # a target already at a destination still counts as a source when it lacks its state
             pool = [o for o in targets if where[o] >= 0 and not (where[o] == dest and ready(o))]
             if not pool:
                 return None
-            take(min(pool, key=lambda o: (cost(where[o]), o)))
-        o = held
+            plan.take(min(pool, key=lambda o: (plan.cost(where[o]), o)))
+        o = plan.held
         assert o is not None
         if not ready(o):
             app_type, verb = _APPLIANCE[goal.state]
             apps = [r for r, t in enumerate(view.rpddl) if t == app_type]
             if not apps:
                 return None
-            app = min(apps, key=cost)
-            goto(app)
-            plan.append(f"{verb} {view.oname[o]} with {view.rname[app]}")
-        put(o, dest)
-    return plan
+            app = min(apps, key=plan.cost)
+            plan.goto(app)
+            plan.steps.append(f"{verb} {view.oname[o]} with {view.rname[app]}")
+        plan.put(o, dest)
+    return plan.steps

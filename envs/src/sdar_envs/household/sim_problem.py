@@ -275,12 +275,33 @@ def _generate_once(
 ) -> SimProblem:
     room = rng.choice(TASK_ROOMS[task_type])
     spec = ROOMS[room]
+    is_light = task_type == "look_at_obj_in_light"
+    target, dest = _pick_target(task_type, spec, rng)
+    receptacles, type_count = _draw_receptacles(spec, target, dest, is_light, d, rng)
+    placed = _place_objects(task_type, room, spec, target, dest, receptacles, type_count, d, rng)
+    objects = _numbered(placed, rng)
+    templates = TASK_TEMPLATES[task_type]
+    template = rng.choice(templates) if d.task_text_variants else templates[0]
+    text = template.format(obj=target, recep=dest, toggle="desklamp")
+    goal = SimGoal(
+        task_type=task_type,
+        object_type=target,
+        receptacle_type=dest,
+        toggle_type="desklamp" if is_light else None,
+        state=TASK_STATE[task_type],
+        count=2 if task_type == "pick_two_obj_and_place" else 1,
+    )
+    return SimProblem(
+        task_id, task_type, room, seed, text, receptacles, objects, goal, max_steps=d.max_steps
+    )
+
+
+def _pick_target(task_type: str, spec, rng: random.Random) -> tuple[str, str | None]:
+    """The target type, and (for placement tasks) a destination type that holds it, plus a different
+    receptacle type it can start in (targets never start at the destination, as in ALFWorld)."""
     room_types = set(spec.always) | set(spec.fill)
     state = TASK_STATE[task_type]
     is_light = task_type == "look_at_obj_in_light"
-
-    # target type, and (for placement tasks) a destination type that holds it, plus a different
-    # receptacle type it can start in (targets never start at the destination, as in ALFWorld)
     options: list[tuple[str, str | None]] = []
     for otype in spec.objects:
         if (
@@ -298,10 +319,15 @@ def _generate_once(
                 continue
             if priors_for(otype, room_types - {dest}):
                 options.append((otype, dest))
-    target, dest = rng.choice(options)
+    return rng.choice(options)
 
-    # receptacles: the room's fixed set, the destination, a likely start for the target,
-    # and a lamp holder
+
+def _draw_receptacles(
+    spec, target: str, dest: str | None, is_light: bool, d: SimDifficulty, rng: random.Random
+) -> tuple[list[SimReceptacle], dict[str, int]]:
+    """The receptacles: the room's fixed set, the destination, a likely start for the target, a lamp
+    holder, then more of the room's types up to the drawn count; and how many there are of each type."""
+    room_types = set(spec.always) | set(spec.fill)
     required = list(spec.always)
     if dest is not None:
         required.append(dest)
@@ -326,7 +352,23 @@ def _generate_once(
             openable = rtype in OPENABLE
             opened = openable and rng.random() >= d.closed_fraction
             receptacles.append(SimReceptacle(f"{rtype} {k}", rtype, openable, opened))
-    type_count = {t: c for t, c in counts.items()}
+    return receptacles, dict(counts)
+
+
+def _place_objects(
+    task_type: str,
+    room: str,
+    spec,
+    target: str,
+    dest: str | None,
+    receptacles: list[SimReceptacle],
+    type_count: dict[str, int],
+    d: SimDifficulty,
+    rng: random.Random,
+) -> list[tuple[str, str]]:
+    """(object type, receptacle) of every object: the target's copies (never at the destination), the lamp,
+    the distractors."""
+    is_light = task_type == "look_at_obj_in_light"
 
     def place(otype: str, exclude: str | None = None) -> str:
         cands = [r for r in receptacles if otype in CAN_CONTAIN[r.rtype] and r.rtype != exclude]
@@ -340,7 +382,7 @@ def _generate_once(
             return rng.choices(cands, weights=weights, k=1)[0].name
         return rng.choice(cands).name
 
-    placed: list[tuple[str, str]] = []  # (otype, receptacle)
+    placed: list[tuple[str, str]] = []
     copies = rng.randint(*d.target_copies)
     if task_type == "pick_two_obj_and_place":
         copies = max(2, copies + 1)
@@ -358,8 +400,11 @@ def _generate_once(
     for _ in range(rng.randint(*d.num_distractors)):
         otype = rng.choice(pool)
         placed.append((otype, place(otype)))
+    return placed
 
-    # numbers per type in random order: ALFWorld's numbering says nothing about where things are
+
+def _numbered(placed: list[tuple[str, str]], rng: random.Random) -> list[SimObject]:
+    """The objects, numbered per type in random order: ALFWorld's numbering says nothing about where things are."""
     by_type: dict[str, list[int]] = {}
     for i, (otype, _) in enumerate(placed):
         by_type.setdefault(otype, []).append(i)
@@ -369,22 +414,7 @@ def _generate_once(
         rng.shuffle(nums)
         for i, num in zip(idxs, nums):
             names[i] = f"{otype} {num}"
-    objects = [SimObject(names[i], otype, rec) for i, (otype, rec) in enumerate(placed)]
-
-    templates = TASK_TEMPLATES[task_type]
-    template = rng.choice(templates) if d.task_text_variants else templates[0]
-    text = template.format(obj=target, recep=dest, toggle="desklamp")
-    goal = SimGoal(
-        task_type=task_type,
-        object_type=target,
-        receptacle_type=dest,
-        toggle_type="desklamp" if is_light else None,
-        state=state,
-        count=2 if task_type == "pick_two_obj_and_place" else 1,
-    )
-    return SimProblem(
-        task_id, task_type, room, seed, text, receptacles, objects, goal, max_steps=d.max_steps
-    )
+    return [SimObject(names[i], otype, rec) for i, (otype, rec) in enumerate(placed)]
 
 
 def generate_problem(

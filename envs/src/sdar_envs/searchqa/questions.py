@@ -110,6 +110,14 @@ class _Bank:
 
 def _single_hop(w: World, rng: random.Random) -> dict[str, list[Candidate]]:
     b = _Bank()
+    _place_facts(b, w, rng)
+    _people_facts(b, w, rng)
+    _thing_facts(b, w)
+    return b.by
+
+
+def _place_facts(b: _Bank, w: World, rng: random.Random) -> None:
+    """One-hop questions about countries and cities."""
     for k in w.countries.values():
         country, capital = _country(w, k.name), _city(w, k.capital)
         text = rng.choice(
@@ -146,6 +154,10 @@ def _single_hop(w: World, rng: random.Random) -> dict[str, list[Candidate]]:
             country,
             Hop(f"{c.name} city country", f"where is {c.name}", _city(w, c.name), country),
         )
+
+
+def _people_facts(b: _Bank, w: World, rng: random.Random) -> None:
+    """One-hop questions about people and the companies they founded."""
     for p in w.people.values():
         person, year, city = _person(w, p.name), (str(p.birth_year),), _city(w, p.birth_city)
         text = rng.choice((f"In which year was {p.name} born?", f"When was {p.name} born?"))
@@ -183,6 +195,10 @@ def _single_hop(w: World, rng: random.Random) -> dict[str, list[Candidate]]:
             hq,
             Hop(f"{co.name} headquarters", f"{co.name} headquartered in", company, hq),
         )
+
+
+def _thing_facts(b: _Bank, w: World) -> None:
+    """One-hop questions about works and rivers."""
     for wk in w.works.values():
         role, verb = _CREATOR_ROLE[wk.kind]
         creator, year = _person(w, wk.creator), (str(wk.year),)
@@ -205,14 +221,22 @@ def _single_hop(w: World, rng: random.Random) -> dict[str, list[Candidate]]:
             _sea(rv.sea),
             Hop(f"{rv.name} flows into sea", f"{rv.name} mouth", _river(rv.name), _sea(rv.sea)),
         )
-    return b.by
+
+
+def _born(w: World, p: str, value: tuple[str, ...], alt: str) -> Hop:
+    return Hop(f"{p} born", f"{p} {alt}", _person(w, p), value)
 
 
 def _two_hop(w: World, rng: random.Random) -> dict[str, list[Candidate]]:
     b = _Bank()
+    _creator_chains(b, w)
+    _people_chains(b, w)
+    _place_chains(b, w)
+    return b.by
 
-    def born(p: str, value: tuple[str, ...], alt: str) -> Hop:
-        return Hop(f"{p} born", f"{p} {alt}", _person(w, p), value)
+
+def _creator_chains(b: _Bank, w: World) -> None:
+    """Two-hop questions through a company's founder or a work's creator."""
 
     for co in w.companies.values():
         company, founder, k = (
@@ -225,7 +249,7 @@ def _two_hop(w: World, rng: random.Random) -> dict[str, list[Candidate]]:
             f"In which country was the founder of {co.name} born?",
             _country(w, k.name),
             Hop(f"{co.name} founded by", f"founder of {co.name}", company, founder),
-            born(co.founder, _country(w, k.name), "birthplace"),
+            _born(w, co.founder, _country(w, k.name), "birthplace"),
         )
     for wk in w.works.values():
         role, _ = _CREATOR_ROLE[wk.kind]
@@ -240,15 +264,20 @@ def _two_hop(w: World, rng: random.Random) -> dict[str, list[Candidate]]:
                 (wk.title,),
                 _person(w, p.name),
             ),
-            born(p.name, (str(p.birth_year),), "birth year"),
+            _born(w, p.name, (str(p.birth_year),), "birth year"),
         )
+
+
+def _people_chains(b: _Bank, w: World) -> None:
+    """Two-hop questions through a person's birthplace, company or university."""
+
     for p in w.people.values():
         k, person = w.birth_country(p.name), _person(w, p.name)
         b.add(
             "birthplace_capital",
             f"What is the capital of the country where {p.name} was born?",
             _city(w, k.capital),
-            born(p.name, _country(w, k.name), "birthplace"),
+            _born(w, p.name, _country(w, k.name), "birthplace"),
             Hop(
                 f"capital of {k.name}",
                 f"{k.name} capital city",
@@ -275,6 +304,11 @@ def _two_hop(w: World, rng: random.Random) -> dict[str, list[Candidate]]:
                 Hop(f"{p.name} studied at university", f"{p.name} graduated", person, (u.name,)),
                 Hop(f"{u.name}", f"{u.name} university city", (u.name,), _city(w, u.city)),
             )
+
+
+def _place_chains(b: _Bank, w: World) -> None:
+    """Two-hop questions through a city's country or a country's capital and head of state."""
+
     for c in w.cities.values():
         k = w.countries[c.country]
         b.add(
@@ -317,9 +351,8 @@ def _two_hop(w: World, rng: random.Random) -> dict[str, list[Candidate]]:
                     country,
                     _person(w, p.name),
                 ),
-                born(p.name, (str(p.birth_year),), "birth year"),
+                _born(w, p.name, (str(p.birth_year),), "birth year"),
             )
-    return b.by
 
 
 def _comparison(w: World, rng: random.Random, per_template: int) -> dict[str, list[Candidate]]:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from sdar.algos.arm_config import ARMS, OVERRIDABLE, ArmConfig, get_arm
-from sdar.replay.config import ReplayConfig
+from sdar.config.replay import ReplayConfig
 
 if TYPE_CHECKING:  # annotations only: loading a config never imports torch
     import torch
