@@ -37,6 +37,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
     print(f"# the loss's settings: arm {arm.name} with arm_overrides")
     for line in yaml.safe_dump(_plain(dataclasses.asdict(arm)), sort_keys=False, width=100).splitlines():
         print(f"#   {line}")
+    print(f"# as the loss applies them: token-level terms aggregated {arm.aggregation}, micro-batches normalised "
+          f"{arm.normalisation(cfg.ppo.loss_normalisation)} (loss_type {arm.loss_type})")
     return 0
 
 

@@ -120,8 +120,12 @@ def test_shares_weight_each_rank_by_its_part_of_the_loss_normaliser():
     assert r0.share(rows, "token-mean") == pytest.approx(5 / 8) and r1.share(rows, "token-mean") == pytest.approx(3 / 8)
     assert r0.share(rows, "seq-mean-token-mean") == pytest.approx(1 / 2)  # the empty row 4 does not count
     assert r0.share(rows, "token-sum") == r1.share(rows, "token-sum") == 1.0
-    # the shares make the ranks' token means add up to the mini-batch's token mean
-    values = torch.randn(5, 6)
+    # Dr. GRPO's sum / (B * budget) counts every row, the empty one too
+    assert r0.share(rows, "seq-mean-token-sum-norm") == pytest.approx(1 / 3)
+    assert r1.share(rows, "seq-mean-token-sum-norm") == pytest.approx(2 / 3)
+    # the shares make the ranks' token means add up to the mini-batch's token mean (seeded: an unseeded draw
+    # whose mean fell near 0 once failed the relative tolerance)
+    values = torch.randn(5, 6, generator=torch.Generator().manual_seed(0))
     mask = torch.zeros(5, 6)
     for i, t in enumerate(tokens):
         mask[i, :t] = 1
@@ -131,7 +135,15 @@ def test_shares_weight_each_rank_by_its_part_of_the_loss_normaliser():
 
     local = [token_mean([0]), token_mean([4, 3])]
     combined = r0.share(rows, "token-mean") * local[0] + r1.share(rows, "token-mean") * local[1]
-    assert combined == pytest.approx(token_mean(rows))
+    assert combined == pytest.approx(token_mean(rows), rel=1e-6, abs=1e-7)
+    from sdar.algos import aggregate
+
+    def sum_norm(idx):
+        return float(aggregate(values[idx], mask[idx], "seq-mean-token-sum-norm", budget=6))
+
+    combined = r0.share(rows, "seq-mean-token-sum-norm") * sum_norm([0]) + \
+        r1.share(rows, "seq-mean-token-sum-norm") * sum_norm([4, 3])
+    assert combined == pytest.approx(sum_norm(rows), rel=1e-6, abs=1e-7)
     alone = RowSplit(tokens, offset=0, count=5)
     assert alone.share(rows, "token-mean") == 1.0 and alone.local(rows) == rows
 

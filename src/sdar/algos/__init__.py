@@ -10,12 +10,13 @@ _EXPORTS = {
     "AGG_MODES": "_agg", "aggregate": "_agg",
     "grpo_advantages": "advantages",
     "ARMS": "arm_config", "ArmConfig": "arm_config", "arms_table": "arm_config", "get_arm": "arm_config",
-    "register_arm": "arm_config",
+    "register_arm": "arm_config", "LOSS_TYPES": "arm_config", "LossType": "arm_config",
+    "loss_types_table": "arm_config",
     "LossBatch": "arms", "compose_loss": "arms", "LOSS_TERMS": "arms", "LossTerm": "arms", "register_loss_term": "arms",
     "dpo_loss": "dpo",
     "generalized_jsd": "jsd",
     "entropy_from_logits": "kl", "entropy_per_token": "kl", "kl_k3": "kl", "kl_k3_per_token": "kl",
-    "policy_loss": "policy",
+    "log_importance_ratio": "policy", "policy_loss": "policy",
     "sdar_distill_loss": "sdar", "sdar_gate": "sdar",
 }
 __all__ = sorted(_EXPORTS)

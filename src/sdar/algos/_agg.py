@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "token-sum")
+from sdar.algos.arm_config import AGG_MODES  # noqa: F401 (re-exported; torch-free, for config checks)
 
 
 def upcast(x: torch.Tensor) -> torch.Tensor:
@@ -22,13 +22,17 @@ def as_mask(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return mask.to(device=like.device, dtype=upcast(like).dtype)
 
 
-def aggregate(values: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean") -> torch.Tensor:
+def aggregate(values: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean", budget: int | None = None
+              ) -> torch.Tensor:
     """Reduce per-token `values` [B, T] over `mask` [B, T] to a scalar (float32, or float64 for float64 input).
 
-    token-mean:           sum(v * m) / sum(m) over the whole batch (the paper's default)
-    seq-mean-token-mean:  mean over non-empty sequences of each sequence's token mean
-    seq-mean-token-sum:   mean over non-empty sequences of each sequence's token sum
-    token-sum:            sum(v * m)
+    token-mean:               sum(v * m) / sum(m) over the whole batch (the paper's default)
+    seq-mean-token-mean:      mean over non-empty sequences of each sequence's token mean
+    seq-mean-token-sum:       mean over non-empty sequences of each sequence's token sum
+    token-sum:                sum(v * m)
+    seq-mean-token-sum-norm:  sum(v * m) / (B * budget), B counting every row (Dr. GRPO, arXiv:2503.20783: a constant per-sequence
+                              budget, the maximum response length, so no sequence's length rescales its tokens;
+                              verl's mode of that name, TRL's dr_grpo); budget None = the padded width T
     """
     m = as_mask(mask, values)
     # where(), not a product: padding may hold inf/NaN, and 0 * inf would leak NaN
@@ -38,6 +42,10 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean")
         return v.sum() / m.sum().clamp(min=1.0)
     if agg == "token-sum":
         return v.sum()
+    if agg == "seq-mean-token-sum-norm":
+        if budget is not None and budget < 1:
+            raise ValueError(f"the seq-mean-token-sum-norm budget must be >= 1 token, got {budget}")
+        return v.sum() / float(max(v.shape[0], 1) * (budget or max(v.shape[-1], 1)))
     if agg in ("seq-mean-token-mean", "seq-mean-token-sum"):
         n_tok = m.sum(dim=-1)
         seq = v.sum(dim=-1)

@@ -6,6 +6,58 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field, fields
 
+# how per-token values become one scalar (sdar.algos.aggregate); the names are verl's loss_agg_mode
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "token-sum", "seq-mean-token-sum-norm")
+OBJECTIVES = ("clip", "cispo", "sapo")
+RATIO_LEVELS = ("token", "sequence")
+
+
+@dataclass(frozen=True)
+class LossType:
+    """A named policy-gradient loss (TRL's `loss_type`): the per-token objective, the aggregation of the arm's
+    token-level terms, and how a mini-batch's micro-batches are normalised (None: `ppo.loss_normalisation`).
+
+    objective: clip (PPO-clip, with the arm's asymmetric clip and dual-clip), cispo (the truncated, detached IS
+        weight times log pi), sapo (a soft sigmoid gate in place of the clip); formulas in `sdar.algos.policy`.
+    agg: None keeps the arm's own `agg` (loss_type ppo); otherwise it replaces it for every token-level term but
+        the entropy bonus, a token mean as in TRL (`ArmConfig.entropy_aggregation`).
+    normalisation: micro_batch = each micro-batch aggregated over its own rows, the mini-batch the mean of them
+        (TRL's per-step losses divided by gradient accumulation); mini_batch = one aggregation over all the
+        mini-batch's tokens on every rank (TRL's num_items_in_batch).
+    trl: what it matches in TRL (GRPOConfig) and verl; differs: where ours is not the same, or "".
+    """
+
+    name: str
+    objective: str
+    agg: str | None
+    normalisation: str | None
+    trl: str
+    differs: str = ""
+
+
+LOSS_TYPES: dict[str, LossType] = {t.name: t for t in (
+    LossType("ppo", "clip", None, None,
+             "verl policy_loss.loss_mode=vanilla with the arm's agg (the SDAR reference's actor loss)",
+             "dual-clip c=3 on A<0 (verl clip_ratio_c); the aggregation is the arm's agg"),
+    LossType("grpo", "clip", "seq-mean-token-mean", "micro_batch",
+             "TRL loss_type=grpo; verl loss_agg_mode=seq-mean-token-mean",
+             "the arm's dual-clip (c=3) stays on unless dual_clip: null; TRL has none (its delta caps the ratio "
+             "for every A)"),
+    LossType("bnpo", "clip", "token-mean", "micro_batch",
+             "TRL loss_type=bnpo (token mean over each micro-batch)", "dual-clip as for grpo"),
+    LossType("dr_grpo", "clip", "seq-mean-token-sum-norm", "micro_batch",
+             "TRL loss_type=dr_grpo (sum / (B * max_completion_length)); verl seq-mean-token-sum-norm",
+             "the constant is rollout.max_response_tokens; dual-clip as for grpo"),
+    LossType("dapo", "clip", "token-mean", "mini_batch",
+             "TRL loss_type=dapo (token sum over the tokens of the whole batch, every process); verl token-mean",
+             "DAPO's clip-higher is clip_high: 0.28, set it yourself as in TRL; dual-clip as for grpo"),
+    LossType("cispo", "cispo", "token-mean", "mini_batch",
+             "TRL loss_type=cispo; MiniMax-M1's CISPO",
+             "the weight is capped at 1 + clip_high (MiniMax's eps_high); TRL caps it at epsilon_high itself"),
+    LossType("sapo", "sapo", "seq-mean-token-mean", "micro_batch",
+             "TRL loss_type=sapo with sapo_temperature_pos/neg", ""),
+)}
+
 
 @dataclass(frozen=True)
 class ArmConfig:
@@ -35,8 +87,19 @@ class ArmConfig:
     dual_clip: float | None = field(default=3.0, metadata={
         "help": "Dual-clip c bounding the loss of negative advantages; null disables it."})
     agg: str = field(default="token-mean", metadata={
-        "help": "How per-token losses become one number: token-mean | seq-mean-token-mean | seq-mean-token-sum | "
-                "token-sum (sdar.algos.AGG_MODES)."})
+        "help": "How per-token losses become one number under loss_type ppo: " + " | ".join(AGG_MODES)
+                + " (the other loss types set their own)."})
+    loss_type: str = field(default="ppo", metadata={
+        "help": "The policy-gradient loss, TRL's menu: " + " | ".join(LOSS_TYPES) + ". ppo is the paper's "
+                "(PPO-clip, dual-clip, agg); the others set the objective and the aggregation of every token-level "
+                "term as TRL does (docs/algorithms.md, `sdar arms --loss-types`)."})
+    importance_sampling_level: str = field(default="token", metadata={
+        "help": "token: one importance ratio per token; sequence: GSPO's, exp(mean log-ratio over the response), "
+                "shared by its tokens (GSPO pairs it with loss_type grpo and clip ranges near 3e-4/4e-4)."})
+    sapo_temperature_pos: float = field(default=1.0, metadata={
+        "help": "SAPO's gate temperature for tokens with positive advantage (loss_type sapo; TRL's default)."})
+    sapo_temperature_neg: float = field(default=1.05, metadata={
+        "help": "SAPO's gate temperature for tokens with non-positive advantage (loss_type sapo; TRL's default)."})
     jsd_beta: float = field(default=0.5, metadata={
         "help": "Generalized-JSD interpolation of the hint channel: 0 = KL(teacher||student), 1 = KL(student||teacher)."})
     jsd_temperature: float = field(default=1.0, metadata={
@@ -47,6 +110,36 @@ class ArmConfig:
     extra_coefs: tuple[tuple[str, float], ...] = field(default=(), metadata={
         "help": "Weights of registered loss terms that have no field here, as (coef name, weight) pairs "
                 "(in a config: a mapping of name to weight)."})
+
+    def __post_init__(self) -> None:
+        choices = {"agg": (self.agg, AGG_MODES), "loss_type": (self.loss_type, tuple(LOSS_TYPES)),
+                   "importance_sampling_level": (self.importance_sampling_level, RATIO_LEVELS)}
+        for key, (value, valid) in choices.items():
+            if value not in valid:
+                raise ValueError(f"arm {self.name!r}: {key}={value!r} is not one of {', '.join(valid)}")
+        fixed = LOSS_TYPES[self.loss_type].agg
+        if fixed is not None and self.agg not in ("token-mean", fixed):
+            raise ValueError(f"arm {self.name!r}: loss_type {self.loss_type} aggregates as {fixed}, so agg={self.agg!r} "
+                             "would be ignored; drop agg, or use loss_type ppo to choose the aggregation yourself")
+        if min(self.sapo_temperature_pos, self.sapo_temperature_neg) <= 0:
+            raise ValueError(f"arm {self.name!r}: sapo temperatures must be > 0, got {self.sapo_temperature_pos}, "
+                             f"{self.sapo_temperature_neg}")
+
+    @property
+    def aggregation(self) -> str:
+        """How the arm's token-level terms are aggregated: its loss type's, or `agg` under loss_type ppo."""
+        return LOSS_TYPES[self.loss_type].agg or self.agg
+
+    @property
+    def entropy_aggregation(self) -> str:
+        """The entropy bonus's aggregation: `agg` under loss_type ppo (verl's, as the reference); under TRL's loss
+        types TRL's token mean, so that H does not depend on how the policy term is normalised."""
+        return self.agg if self.loss_type == "ppo" else "token-mean"
+
+    def normalisation(self, configured: str) -> str:
+        """How a mini-batch's micro-batches are normalised: the loss type's, or `configured`
+        (`ppo.loss_normalisation`) under loss types that leave it open (ppo)."""
+        return LOSS_TYPES[self.loss_type].normalisation or configured
 
     @property
     def needs_teacher(self) -> bool:
@@ -129,6 +222,13 @@ def get_arm(name: str, **overrides) -> ArmConfig:
 
 def arms_table() -> list[dict[str, object]]:
     """One row per registered arm with the settings that tell arms apart."""
-    cols = ("pg_coef", "kl_coef", "entropy_coef", "sdar_coef", "gate_beta", "skills_in_student_prompt",
+    cols = ("loss_type", "pg_coef", "kl_coef", "entropy_coef", "sdar_coef", "gate_beta", "skills_in_student_prompt",
             "hint_distill_coef", "replay_coef")
     return [{"arm": a.name, **{c: getattr(a, c) for c in cols}, "description": a.description} for a in ARMS.values()]
+
+
+def loss_types_table() -> list[dict[str, object]]:
+    """One row per loss type: its objective, aggregation, normalisation, what it matches and where it differs."""
+    return [{"loss_type": t.name, "objective": t.objective, "agg": t.agg or "the arm's agg",
+             "normalisation": t.normalisation or "ppo.loss_normalisation", "matches": t.trl, "differs": t.differs}
+            for t in LOSS_TYPES.values()]

@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from sdar.algos.arm_config import ARMS, ArmConfig, arms_table, get_arm, register_arm  # noqa: F401 (re-exported)
+from sdar.algos.arm_config import ARMS, LOSS_TYPES, ArmConfig, arms_table, get_arm, register_arm  # noqa: F401 (re-exported)
 from sdar.algos.dpo import dpo_loss
 from sdar.algos.jsd import generalized_jsd
 from sdar.algos.kl import entropy_per_token, kl_k3
@@ -34,6 +34,8 @@ class LossBatch:
         when given to any arm, the gate statistics are logged without entering the loss).
     logits: [B, T, V] current logits, for the entropy term; or pass `entropy` [B, T].
     hint_*: Composer channel 2 inputs; dpo_*: channel 3 inputs ([P] summed log-probs).
+    budget: the constant per-sequence token budget of the seq-mean-token-sum-norm aggregation (loss_type dr_grpo:
+        the rollout's max_response_tokens); None = each tensor's padded width.
     """
 
     logp: torch.Tensor
@@ -51,6 +53,7 @@ class LossBatch:
     dpo_rejected_logp: torch.Tensor | None = None
     dpo_ref_chosen_logp: torch.Tensor | None = None
     dpo_ref_rejected_logp: torch.Tensor | None = None
+    budget: int | None = None
     extras: dict = field(default_factory=dict)
 
 
@@ -111,25 +114,27 @@ def register_loss_term(term: LossTerm) -> LossTerm:
 
 def _pg(arm: ArmConfig, b: LossBatch):
     return policy_loss(b.logp, b.old_logp, b.advantages, b.mask, clip_low=arm.clip_low, clip_high=arm.clip_high,
-                       dual_clip=arm.dual_clip, agg=arm.agg)
+                       dual_clip=arm.dual_clip, agg=arm.aggregation, objective=LOSS_TYPES[arm.loss_type].objective,
+                       importance_sampling_level=arm.importance_sampling_level,
+                       sapo_temperatures=(arm.sapo_temperature_pos, arm.sapo_temperature_neg), budget=b.budget)
 
 
 def _kl(arm: ArmConfig, b: LossBatch):
-    return kl_k3(b.logp, b.ref_logp, b.mask, agg=arm.agg), {}
+    return kl_k3(b.logp, b.ref_logp, b.mask, agg=arm.aggregation, budget=b.budget), {}
 
 
 def _entropy(arm: ArmConfig, b: LossBatch):
     ent_tok = b.entropy if b.entropy is not None else entropy_per_token(b.logits)
-    return aggregate(ent_tok, b.mask, arm.agg), {}
+    return aggregate(ent_tok, b.mask, arm.entropy_aggregation, b.budget), {}
 
 
 def _sdar(arm: ArmConfig, b: LossBatch):
-    return sdar_distill_loss(b.logp, b.teacher_logp, b.mask, beta=arm.gate_beta, agg=arm.agg)
+    return sdar_distill_loss(b.logp, b.teacher_logp, b.mask, beta=arm.gate_beta, agg=arm.aggregation, budget=b.budget)
 
 
 def _hint(arm: ArmConfig, b: LossBatch):
     jsd = generalized_jsd(b.hint_student_logits, b.hint_teacher_logits, b.hint_mask, beta=arm.jsd_beta,
-                          temperature=arm.jsd_temperature, top_k=arm.jsd_top_k, agg=arm.agg)
+                          temperature=arm.jsd_temperature, top_k=arm.jsd_top_k, agg=arm.aggregation, budget=b.budget)
     return jsd, {}
 
 

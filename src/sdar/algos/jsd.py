@@ -27,6 +27,7 @@ def generalized_jsd(
     temperature: float = 1.0,
     top_k: int | None = None,
     agg: str = "token-mean",
+    budget: int | None = None,
 ) -> torch.Tensor:
     """Generalized JSD per token, aggregated over `mask`.
 
@@ -66,4 +67,4 @@ def generalized_jsd(
             torch.stack([t_log + math.log(beta), s_log + math.log(1.0 - beta)]), dim=0
         )
         per_token = beta * _kl(t_log, m_log) + (1.0 - beta) * _kl(s_log, m_log)
-    return aggregate(per_token, as_mask(mask, per_token), agg)
+    return aggregate(per_token, as_mask(mask, per_token), agg, budget)

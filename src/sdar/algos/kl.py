@@ -22,13 +22,13 @@ def kl_k3_per_token(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
 
 
 def kl_k3(
-    logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean"
+    logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean", budget: int | None = None
 ) -> torch.Tensor:
     """k3 ("low-variance") KL(pi_theta || pi_ref) estimate, aggregated over `mask`.
 
     logp, ref_logp, mask: [B, T]. ref_logp receives no gradient. Returns a scalar in the compute dtype.
     """
-    return aggregate(kl_k3_per_token(logp, ref_logp), as_mask(mask, logp), agg)
+    return aggregate(kl_k3_per_token(logp, ref_logp), as_mask(mask, logp), agg, budget)
 
 
 def entropy_per_token(logits: torch.Tensor) -> torch.Tensor:

@@ -23,6 +23,7 @@ def sdar_distill_loss(
     mask: torch.Tensor,
     beta: float = 5.0,
     agg: str = "token-mean",
+    budget: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Gated distillation loss toward the privileged teacher.
 
@@ -37,7 +38,7 @@ def sdar_distill_loss(
     m = as_mask(mask, logp)
     gate, gap = sdar_gate(logp, teacher_logp, beta)
     per_token = gate * (upcast(teacher_logp.detach()) - upcast(logp))
-    loss = aggregate(per_token, m, agg)
+    loss = aggregate(per_token, m, agg, budget)
     stats = {
         "gate_mean": masked_mean(gate, m),
         "gap_mean": masked_mean(gap, m),

@@ -92,6 +92,7 @@ NUMBER_BOUNDS: dict[str, Bound] = {
     "arm_overrides.clip_high": NON_NEGATIVE, "arm_overrides.dual_clip": Bound(1, True),
     "arm_overrides.jsd_beta": FRACTION, "arm_overrides.jsd_temperature": POSITIVE,
     "arm_overrides.jsd_top_k": AT_LEAST_1, "arm_overrides.dpo_beta": POSITIVE,
+    "arm_overrides.sapo_temperature_pos": POSITIVE, "arm_overrides.sapo_temperature_neg": POSITIVE,
 }  # fmt: skip
 
 
@@ -543,6 +544,10 @@ class TrainConfig:
                              "scores them at that temperature, so it must be > 0 (paper: 1.0); greedy decoding "
                              "is for evaluation (eval.temperature: 0)")
         check_numbers(self)
+        try:  # the arm's own checks (loss_type, importance_sampling_level, agg), after its numbers'
+            self.resolved_arm()
+        except ValueError as e:
+            raise ValueError(f"arm_overrides: {e}") from None
 
     def resolved_arm(self) -> ArmConfig:
         """The arm the loss uses: `arm` with `arm_overrides` applied."""

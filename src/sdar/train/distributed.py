@@ -145,7 +145,8 @@ class RowSplit:
 
         token-mean: my tokens / all tokens (token counts differ between ranks, so averaging the
         ranks' token means would weight a rank's tokens by how few it has); seq-mean-*: my non-empty
-        sequences / all of them; token-sum: 1 (sums add up as they are). Alone it is exactly 1.0.
+        sequences / all of them; seq-mean-token-sum-norm: my rows / all rows (its denominator counts every row);
+        token-sum: 1 (sums add up as they are). Alone it is exactly 1.0.
         within: the rows whose loss is being formed, when `rows` is only a part of them (a micro-batch
         of a mini-batch normalised as a whole): the denominator is then over `within`.
         """
@@ -157,6 +158,8 @@ class RowSplit:
             num, den = sum(self.tokens[i] for i in mine), sum(self.tokens[i] for i in every)
         elif agg in ("seq-mean-token-mean", "seq-mean-token-sum"):
             num, den = sum(self.tokens[i] > 0 for i in mine), sum(self.tokens[i] > 0 for i in every)
+        elif agg == "seq-mean-token-sum-norm":
+            num, den = len(mine), len(every)
         else:
             raise ValueError(f"unknown aggregation {agg!r}; no distributed weighting for it")
         return num / den if den else 0.0

@@ -300,7 +300,7 @@ class Trainer:
             return {}
         cfg = self.cfg
         n_micro = sum(len(micro_batches(split, first_order[s : s + cfg.ppo.mini_batch_size], cfg.ppo.micro_batch_size,
-                                        self.arm.agg, cfg.ppo.loss_normalisation))
+                                        self.arm.aggregation, self.arm.normalisation(cfg.ppo.loss_normalisation)))
                       for s in range(0, split.n, cfg.ppo.mini_batch_size))
         slots: dict[int, list[int]] = {}
         for p in range(len(pairs)):
@@ -327,7 +327,8 @@ class Trainer:
         update; its metrics (weighted means over the mini-batch), or None when the update was skipped."""
         self.optimizer.zero_grad(set_to_none=True)
         finite, metrics, present = True, {}, {}
-        parts = micro_batches(b.split, rows, self.cfg.ppo.micro_batch_size, self.arm.agg, self.cfg.ppo.loss_normalisation)
+        parts = micro_batches(b.split, rows, self.cfg.ppo.micro_batch_size, self.arm.aggregation,
+                              self.arm.normalisation(self.cfg.ppo.loss_normalisation))
         for part, weight in parts:
             mb = b.split.local(part)
             # a rank with no rows of this micro-batch still forms its (empty) loss: every rank then reports the
@@ -472,7 +473,7 @@ class Trainer:
             mask=cur.mask * b.free[idx, :T].to(cur.mask.device),
             ref_logp=None if b.ref is None else b.ref.logp[idx, :T],
             teacher_logp=None if b.teacher is None else b.teacher.logp[idx, :T],
-            entropy=cur.entropy,
+            entropy=cur.entropy, budget=self.cfg.rollout.max_response_tokens,
         )
         if self.arm.hint_distill_coef != 0.0:
             self._hint_inputs(batch, b, mb)
