@@ -61,4 +61,4 @@ push-images: images
 	$(DOCKER) push $(TRAINER_IMAGE)
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info envs/build envs/src/*.egg-info .pytest_cache
+	rm -rf $(VENV) build dist *.egg-info src/*.egg-info envs/build envs/src/*.egg-info .pytest_cache

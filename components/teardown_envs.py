@@ -1,6 +1,5 @@
-"""KFP component teardown_envs: the pipeline's exit handler. Stops the environment service of this
-pipeline run (local processes or the Deployment + Service) and ends the MLflow parent run with the
-pipeline's final state; it runs whether the body succeeded or failed."""
+"""KFP component teardown_envs: the pipeline's exit handler; stops this run's environment service and ends the
+MLflow parent run with the pipeline's final state (sdar.pipeline.services.teardown_env_service)."""
 
 from kfp import dsl
 
@@ -20,41 +19,14 @@ def teardown_envs(
     stop_timeout_s: float = 20.0,
     dry_run: bool = False,
 ) -> str:
-    """Find what launch_envs started for `job_id` and stop it; returns a one-line summary.
+    """Find what launch_envs started for `job_id` and stop it (local: the registered server pids, each checked
+    to still be an sdar env server; cluster: the Deployments and Services labelled with the job in
+    `namespace`), and end the MLflow parent run FINISHED if the pipeline succeeded, else FAILED; runs whether
+    the body succeeded or failed, and finding nothing is not an error. Returns a one-line summary.
+    Parameters: sdar.pipeline.services.teardown_env_service (dry_run: only report)."""
+    from sdar.pipeline.services import teardown_env_service
 
-    local: the pids in <output_root>/envs/<job_id>.json, each checked to still be an sdar env
-    server (a recycled pid is never signalled), SIGTERM then SIGKILL after stop_timeout_s.
-    cluster: every Deployment and Service labelled sdar.io/pipeline-job=<job_id> in `namespace`
-    (found by label, so a launch that died half-way is cleaned up too). dry_run: only report.
-    MLflow: the parent run tagged with this job id ends FINISHED if the pipeline succeeded, else FAILED.
-    Nothing found is not an error (launch_envs may have failed before starting anything).
-    """
-    state = (status.state or "").upper() if status is not None else "UNKNOWN"
-    print(f"pipeline job {job_id} ended {state or 'UNKNOWN'}"
-          + (f": {status.error_message}" if status is not None and status.error_message else ""))
-
-    if target == "local":
-        from sdar.env_service import local
-
-        done = local.stop(job_id, output_root, stop_timeout_s, dry_run)
-    elif target == "cluster":
-        from sdar.env_service import cluster
-        from sdar.env_service.manifests import JOB_LABEL, job_label
-
-        ns = cluster.namespace_of(namespace)
-        selector = f"{JOB_LABEL}={job_label(job_id)}"
-        if dry_run:
-            done = [f"would delete deployments and services with {selector} in {ns}"]
-        else:
-            done = cluster.delete_labelled(ns, selector) or [f"nothing labelled {selector} in {ns}"]
-    else:
-        raise ValueError(f"target must be 'local' or 'cluster', got {target!r}")
-
-    if tracking and not dry_run:
-        from sdar.tracking import close_pipeline_runs
-
-        done += close_pipeline_runs(experiment, job_id, state, tracking_uri=tracking_uri,
-                                    output_root=output_root)
-    summary = "; ".join(done)
-    print(summary)
-    return summary
+    state, error = (status.state or "", status.error_message) if status is not None else (None, None)
+    return teardown_env_service(job_id, state, error, target=target, output_root=output_root, namespace=namespace,
+                                experiment=experiment, tracking=tracking, tracking_uri=tracking_uri,
+                                stop_timeout_s=stop_timeout_s, dry_run=dry_run)

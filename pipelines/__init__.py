@@ -1,1 +1,2 @@
-"""Kubeflow Pipelines DAGs of sdar and their compile / submit / run-local helpers."""
+"""Kubeflow Pipelines DAGs of sdar, each registered as an entry point of group `sdar.pipelines` (pyproject.toml);
+compile / submit / run-local live in the library (sdar.pipeline.runner)."""

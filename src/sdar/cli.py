@@ -13,7 +13,7 @@ _COMMAND_MODULES = (
     "sdar_envs.cli",
     "sdar.train.cli",
     "sdar.replay.cli",
-    "sdar.pipeline_cli",
+    "sdar.pipeline.cli",
     "sdar.sizing.cli",
     "sdar.study.cli",
     "sdar.config_cli",

@@ -40,7 +40,7 @@ def run_arm(arm_name: str, cfg: ToyConfig) -> list[dict[str, float]]:
     skill[: cfg.misleading_positions] = (target[: cfg.misleading_positions] + 1) % cfg.vocab
     logits = torch.zeros(cfg.length, cfg.vocab, requires_grad=True)
     ref_logits = logits.detach().clone()
-    opt = torch.optim.Adam([logits], lr=cfg.optim.lr)
+    opt = torch.optim.Adam([logits], lr=cfg.lr)
     arm = get_arm(arm_name)
     history = []
     n = cfg.group_size * cfg.tasks_per_step
@@ -87,10 +87,10 @@ DEMO_SIZES = {
 def _cmd_demo(args: argparse.Namespace) -> int:
     if args.selfcheck:
         return _selfcheck(args)
-    from sdar.pipeline_cli import run_local
+    from sdar.pipeline.cli import run_comparison
 
     arms = args.arms.split(",")
-    res = run_local(arms=arms, quick=True) if args.mode == "quick" else run_local(arms=arms, **DEMO_SIZES)
+    res = run_comparison(arms=arms, quick=True) if args.mode == "quick" else run_comparison(arms=arms, **DEMO_SIZES)
     return 0 if res.get("status") == "SUCCEEDED" else 1
 
 

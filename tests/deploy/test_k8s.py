@@ -297,7 +297,7 @@ def test_everything_is_namespaced_except_the_namespace_and_storage_class(build, 
 
 
 def _selects_only_pipeline_pods(policy: dict) -> bool:
-    from pipelines.sdar_comparison import ClusterSettings
+    from sdar.pipeline.settings import ClusterSettings
 
     return policy["spec"]["podSelector"] == {"matchLabels": ClusterSettings().pod_labels}
 
@@ -559,7 +559,7 @@ def test_the_example_files_are_placeholders():
 
 @pytest.mark.parametrize("target", OVERLAYS)
 def test_the_secrets_the_pipeline_reads_exist_where_its_pods_run(build, target):
-    from pipelines.sdar_comparison import ClusterSettings
+    from sdar.pipeline.settings import ClusterSettings
 
     cs = ClusterSettings()
     objs = build(target)
@@ -663,7 +663,7 @@ def test_images_are_pinned_and_carry_the_overlays_registry(build, target):
 @pytest.fixture(scope="module")
 def pipeline_pod_labels(tmp_path_factory) -> dict[str, dict[str, str]]:
     """Pod labels of every step of the compiled cluster pipeline, by executor."""
-    from pipelines.sdar_comparison import compile_pipeline
+    from sdar.pipeline.runner import compile_pipeline
 
     path = compile_pipeline(tmp_path_factory.mktemp("ir") / "pipeline.yaml", "cluster")
     docs = list(yaml.safe_load_all(path.read_text()))
@@ -675,7 +675,7 @@ def pipeline_pod_labels(tmp_path_factory) -> dict[str, dict[str, str]]:
 
 
 def test_every_pipeline_pod_carries_the_cluster_settings_labels(pipeline_pod_labels):
-    from pipelines.sdar_comparison import ClusterSettings
+    from sdar.pipeline.settings import ClusterSettings
 
     want = ClusterSettings().pod_labels
     assert want == {"app.kubernetes.io/part-of": "sdar-pipeline"}  # what k8s/ and the chart admit
@@ -1173,7 +1173,7 @@ def test_the_schema_rejects_a_broken_config(cluster_config, eksctl_schema, break
 
 
 def test_gpu_node_group_matches_the_pipelines_selector_and_tolerations(cluster_config):
-    from pipelines.sdar_comparison import ClusterSettings
+    from sdar.pipeline.settings import ClusterSettings
 
     cs = ClusterSettings()
     groups = cluster_config["managedNodeGroups"]
@@ -1198,7 +1198,7 @@ def test_gpu_node_group_matches_the_pipelines_selector_and_tolerations(cluster_c
 
 
 def test_the_eks_overlay_lands_on_a_cpu_node_group(build, cluster_config):
-    from pipelines.sdar_comparison import ClusterSettings
+    from sdar.pipeline.settings import ClusterSettings
 
     objs = build("overlays/eks")
     selectors = {
@@ -1262,7 +1262,7 @@ def test_addons_enforce_network_policies_and_provide_gp3(build, cluster_config):
 
 # ---- the walkthrough agrees with the manifests --------------------------------------------------
 def test_the_walkthrough_names_real_paths_and_the_pipelines_secrets():
-    from pipelines.sdar_comparison import ClusterSettings
+    from sdar.pipeline.settings import ClusterSettings
 
     doc = (REPO / "docs" / "cluster.md").read_text()
     for path in set(re.findall(r"\b((?:k8s|charts|docs)/[\w./-]*\w)", doc)):

@@ -82,7 +82,7 @@ def test_cli_dryrun_renders_a_volcano_job_of_gpu_torchrun_workers():
 
 
 def test_the_job_rebuilds_the_launching_config_and_uses_the_pipelines_secrets():
-    from pipelines.sdar_comparison import ClusterSettings
+    from sdar.pipeline.settings import ClusterSettings
     from sdar.cli import build_parser
     from sdar.config import load_config
     from sdar.launch import dryrun, scheduler_cfg
@@ -311,7 +311,7 @@ def test_launch_training_waits_shows_the_failure_and_cancels_when_stopped(tmp_pa
 
 def test_the_jobs_pods_carry_the_pipelines_labels():
     # the workers play episodes and log to MLflow: k8s/ NetworkPolicies admit only pods with these labels
-    from pipelines.sdar_comparison import ClusterSettings
+    from sdar.pipeline.settings import ClusterSettings
     from sdar.config import load_config
     from sdar.launch import dryrun
 

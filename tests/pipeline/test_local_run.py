@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.sdar_comparison import RunSettings, run_local
+from sdar.pipeline.runner import run_local
+from sdar.pipeline.settings import RunSettings
 
 
 def _pid_alive(pid: int) -> bool:

@@ -8,7 +8,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from pipelines.sdar_comparison import ClusterSettings, build_pipeline, compile_pipeline, submit
+from pipelines.sdar_comparison import build_pipeline
+from sdar.pipeline.runner import compile_pipeline, submit
+from sdar.pipeline.settings import ClusterSettings
 
 
 def _compile(tmp_path, target: str, **kw) -> tuple[dict, dict]:
@@ -231,7 +233,7 @@ def test_the_secret_lists_match_what_the_components_read():
     import inspect
 
     import components
-    from pipelines.sdar_comparison import MLFLOW_STEPS, S3_STEPS
+    from sdar.pipeline.settings import MLFLOW_STEPS, S3_STEPS
 
     used = [comp.python_func.__name__ for comp in components.ALL]
     assert set(MLFLOW_STEPS) | set(S3_STEPS) <= set(used)

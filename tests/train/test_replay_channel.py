@@ -144,7 +144,7 @@ def test_the_api_key_never_reaches_logs_mlflow_or_the_compiled_pipeline(tiny_ckp
 
     from mlflow.tracking import MlflowClient
 
-    from pipelines.sdar_comparison import compile_pipeline
+    from sdar.pipeline.runner import compile_pipeline
     from sdar.replay import serve_local_pool
     from sdar.tracking import default_tracking_uri
 

@@ -1,43 +1,22 @@
-"""`sdar compile`, `sdar run --local` and `sdar submit`: the comparison pipeline (pipelines/ and
-components/ of the repository) compiled for a cluster, run here through the KFP local runner, or submitted.
+"""`sdar compile`, `sdar run --local` and `sdar submit`: the comparison pipeline compiled for a cluster, run
+here through the KFP local runner, or submitted (sdar.pipeline.runner does the work).
 
-`run_local(...)` is the importable entry point `sdar demo` calls.
+`run_comparison(...)` is the importable entry point `sdar demo` calls.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
+import functools
 import sys
-from pathlib import Path
 from typing import Any
 
 from sdar.config import SET_HELP, parse_set
 
-_PIPELINE_MODULE = "pipelines.sdar_comparison"
 
-
-def _pipeline_module():
-    """pipelines.sdar_comparison, with the repository root put on sys.path when needed (the `sdar`
-    console script does not run from the checkout's root)."""
-    try:
-        return importlib.import_module(_PIPELINE_MODULE)
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("pipelines", _PIPELINE_MODULE, "components"):
-            raise
-    root = Path(__file__).resolve().parents[2]  # src/sdar/pipeline_cli.py -> repository root
-    if not (root / "pipelines" / "sdar_comparison.py").is_file():
-        raise SystemExit(
-            "the pipeline sources (pipelines/, components/) are not importable and not found beside this sdar "
-            f"({root}); run sdar from a checkout of the repository (pip install -e .)"
-        )
-    sys.path.insert(0, str(root))
-    return importlib.import_module(_PIPELINE_MODULE)
-
-
-def run_local(arms: list[str] | None = None, seeds: list[int] | None = None, steps: int | None = None, *,
-              quick: bool = False, root: str = "runs/kfp-local", console=None, quiet: bool = False,
-              verbose: bool = False, parallelism: int | None = None, **settings: Any) -> dict[str, Any]:
+def run_comparison(arms: list[str] | None = None, seeds: list[int] | None = None, steps: int | None = None, *,
+                   quick: bool = False, root: str = "runs/kfp-local", console=None, quiet: bool = False,
+                   verbose: bool = False, parallelism: int | None = None, **settings: Any) -> dict[str, Any]:
     """Run the comparison pipeline locally (KFP local runner) and print the table, the plot path and
     how to open `mlflow ui`. quick: the smoke-test sizes (a few minutes on 2 cores).
     The console shows a line per pipeline task, each task's log goes to <root>/logs/<stamp>/<task>.log
@@ -45,10 +24,12 @@ def run_local(arms: list[str] | None = None, seeds: list[int] | None = None, ste
 
     parallelism: arms trained at once (default 2, the local runner's cap; 1 = one at a time).
     settings: any `RunSettings` field (group_size, tasks_per_step, eval_tasks, episodes_per_task,
-    greedy, family, model, config_path, overrides, experiment). Returns run_local's result dict
-    (table, plot, report_dir, parent_run_id, child_runs, tracking_uri, seconds, status, summaries).
+    greedy, family, model, config_path, overrides, experiment). Returns sdar.pipeline.runner.run_local's
+    result dict (table, plot, report_dir, parent_run_id, child_runs, tracking_uri, seconds, status, summaries).
     """
-    mod = _pipeline_module()
+    from sdar.pipeline.runner import run_local
+    from sdar.pipeline.settings import RunSettings
+
     changes = {k: v for k, v in settings.items() if v is not None}
     if arms is not None:
         changes["arms"] = list(arms)
@@ -56,9 +37,24 @@ def run_local(arms: list[str] | None = None, seeds: list[int] | None = None, ste
         changes["seeds"] = list(seeds)
     if steps is not None:
         changes["steps"] = steps
-    s = mod.RunSettings.quick(**changes) if quick else mod.RunSettings(**changes)
-    return mod.run_local(s, quick=quick, root=root, console=console, quiet=quiet, verbose=verbose,
-                         parallelism=parallelism)
+    s = RunSettings.quick(**changes) if quick else RunSettings(**changes)
+    return run_local(s, quick=quick, root=root, console=console, quiet=quiet, verbose=verbose,
+                     parallelism=parallelism)
+
+
+def _needs_the_dag(command):
+    """`command` reaches the DAG through its entry point: a missing one is a one-line error, not a traceback."""
+
+    @functools.wraps(command)
+    def run(args: argparse.Namespace) -> int:
+        from sdar.pipeline.runner import PipelineNotFound
+
+        try:
+            return command(args)
+        except PipelineNotFound as exc:
+            raise SystemExit(f"sdar {args.command}: {exc}") from None
+
+    return run
 
 
 def _csv(text: str, cast=str) -> list:
@@ -71,24 +67,28 @@ def _csv(text: str, cast=str) -> list:
         raise argparse.ArgumentTypeError(f"expected comma-separated {cast.__name__}s, got {text!r}") from None
 
 
+@_needs_the_dag
 def _cmd_compile(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    mod = _pipeline_module()
+    from sdar.pipeline.runner import compile_pipeline
+    from sdar.pipeline.settings import ClusterSettings
+
     if args.gpus is not None and args.gpus < 0:
         raise SystemExit(f"--gpus must be >= 0 (0 = no GPU request, node selector or toleration), got {args.gpus}")
     changes = {k: v for k, v in (("gpus", args.gpus), ("env_image", args.env_image),
                                  ("env_namespace", args.env_namespace), ("train_cpu", args.train_cpu),
                                  ("train_memory", args.train_memory)) if v is not None}
-    cluster = replace(mod.ClusterSettings(), **changes)
-    path = mod.compile_pipeline(args.out, target=args.target, image=args.image, cluster=cluster,
-                                replay_rounds=args.replay_rounds)
+    cluster = replace(ClusterSettings(), **changes)
+    path = compile_pipeline(args.out, target=args.target, image=args.image, cluster=cluster,
+                            replay_rounds=args.replay_rounds)
     where = f", {cluster.gpus} GPU(s) per training pod" if args.target == "cluster" else ""
     print(f"wrote {path} (target {args.target}{where}); run it with: kfp run create -e EXPERIMENT -f {path}  "
           f"(or sdar submit --host URL --experiment EXPERIMENT --yaml {path})")
     return 0
 
 
+@_needs_the_dag
 def _cmd_run(args: argparse.Namespace) -> int:
     if not args.local:
         raise SystemExit("sdar run runs the pipeline on this machine and needs --local; "
@@ -104,24 +104,27 @@ def _cmd_run(args: argparse.Namespace) -> int:
     overrides = dict(args.set or [])
     if overrides:
         if args.quick:
-            mod = _pipeline_module()
-            overrides = {**mod.RunSettings.quick().overrides, **overrides}
+            from sdar.pipeline.settings import RunSettings
+
+            overrides = {**RunSettings.quick().overrides, **overrides}
         settings["overrides"] = overrides
-    result = run_local(args.arms, args.seeds, args.steps, quick=args.quick, root=args.root, quiet=args.quiet,
-                       verbose=args.verbose, parallelism=args.parallel, **settings)
+    result = run_comparison(args.arms, args.seeds, args.steps, quick=args.quick, root=args.root, quiet=args.quiet,
+                            verbose=args.verbose, parallelism=args.parallel, **settings)
     return 0 if result["status"] == "SUCCEEDED" else 1
 
 
+@_needs_the_dag
 def _cmd_submit(args: argparse.Namespace) -> int:
-    mod = _pipeline_module()
+    from sdar.pipeline.runner import submit
+
     arguments = dict(args.arg or [])
     if isinstance(arguments.get("overrides"), dict):  # the pipeline takes them as JSON text
         import json
 
         arguments["overrides"] = json.dumps(arguments["overrides"])
     try:
-        run_id = mod.submit(args.host, args.experiment, yaml_path=args.yaml, arguments=arguments,
-                            run_name=args.run_name, namespace=args.namespace)
+        run_id = submit(args.host, args.experiment, yaml_path=args.yaml, arguments=arguments,
+                        run_name=args.run_name, namespace=args.namespace)
     except ConnectionError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

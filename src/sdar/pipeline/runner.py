@@ -1,0 +1,261 @@
+"""Compile, submit or run here a pipeline of sdar: `compile_pipeline` (KFP IR YAML for a cluster or the
+local runner), `submit` (a run on Kubeflow Pipelines, as `kfp run create`) and `run_local` (the KFP local
+runner on this machine, with a task table on the console and an MLflow parent run), behind `sdar compile`,
+`sdar submit`, `sdar run --local` and `sdar demo`.
+
+The DAGs are not part of the library: each is a builder registered as an entry point of group
+`sdar.pipelines` (pyproject.toml: `sdar-comparison = "pipelines.sdar_comparison:build_pipeline"`), which
+`load_pipeline` finds through importlib.metadata; the library never imports pipelines/ by name nor
+edits sys.path. An entry point is there once the sdar distribution is installed (`pip install -e ./envs -e .`,
+as the Makefile does).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sdar.pipeline.settings import LOCAL_PARALLELISM, PIPELINE_NAME, ClusterSettings, RunSettings
+
+ENTRY_POINT_GROUP = "sdar.pipelines"
+# a checkout's root (src/sdar/pipeline/runner.py -> the repository): where run_local also looks for a
+# relative config path (configs/household-tiny.yaml) when the working directory has none
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+class PipelineNotFound(LookupError):
+    """No pipeline of that name is registered, or its package is not installed; the message says what to do."""
+
+
+def pipelines() -> dict[str, Any]:
+    """The registered pipelines: {name: entry point} of group sdar.pipelines."""
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def load_pipeline(name: str = PIPELINE_NAME) -> Callable[..., Any]:
+    """The builder of pipeline `name` (for sdar-comparison: pipelines.sdar_comparison.build_pipeline), loaded
+    through its entry point. PipelineNotFound, naming what to do, when it is not registered or not installed."""
+    found = pipelines()
+    if name not in found:
+        raise PipelineNotFound(
+            f"no pipeline {name!r} among the entry points of group {ENTRY_POINT_GROUP!r} (registered: "
+            f"{', '.join(sorted(found)) or 'none'}); install sdar from a checkout of the repository "
+            "(pip install -e ./envs -e .), which also installs its components/ and pipelines/ packages")
+    try:
+        return found[name].load()
+    except ModuleNotFoundError as exc:  # an install of sdar without the checkout's components/ or pipelines/
+        if (exc.name or "").split(".")[0] not in ("pipelines", "components"):
+            raise
+        raise PipelineNotFound(f"pipeline {name!r} ({found[name].value}) needs the package {exc.name!r}, which this "
+                          "install of sdar lacks; install sdar from a checkout (pip install -e ./envs -e .)") from exc
+
+
+def build_pipeline(target: str = "local", image: str | None = None, cluster: ClusterSettings | None = None,
+                   parallelism: int = 0, replay_rounds: int = 1, name: str = PIPELINE_NAME):
+    """The KFP pipeline function of pipeline `name` for `target` (its builder's arguments: for
+    sdar-comparison see pipelines.sdar_comparison.build_pipeline)."""
+    return load_pipeline(name)(target, image, cluster, parallelism=parallelism, replay_rounds=replay_rounds)
+
+
+def compile_pipeline(out: str | os.PathLike = "pipeline.yaml", target: str = "cluster", image: str | None = None,
+                     cluster: ClusterSettings | None = None, replay_rounds: int = 1, name: str = PIPELINE_NAME) -> Path:
+    """Write the pipeline's IR YAML (what `kfp run create -f` and the Kubeflow UI take)."""
+    from kfp import compiler
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    compiler.Compiler().compile(build_pipeline(target, image, cluster, replay_rounds=replay_rounds, name=name),
+                                package_path=str(out))
+    return out
+
+
+def submit(host: str, experiment: str, yaml_path: str | os.PathLike | None = None,
+           arguments: dict[str, Any] | None = None, run_name: str | None = None, namespace: str | None = None,
+           timeout_s: float = 10.0) -> str:
+    """Create a run of the compiled pipeline on Kubeflow Pipelines at `host` (as `kfp run create
+    -e EXPERIMENT -f pipeline.yaml` does); compiles for the cluster first when no YAML is given.
+    Returns the run id. Raises ConnectionError with what to do when the host does not answer."""
+    import tempfile
+    import urllib.error
+    import urllib.request
+
+    base = host.rstrip("/")
+    if "://" not in base:
+        raise ValueError(f"--host needs a URL with a scheme, e.g. http://127.0.0.1:8080, got {host!r}")
+    try:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(f"{base}/apis/v2beta1/healthz", timeout=timeout_s) as resp:
+            resp.read()
+    except urllib.error.HTTPError as exc:
+        if exc.code in (401, 403):
+            pass  # an authenticating proxy answered: the host is there, kfp.Client handles auth
+        else:
+            raise ConnectionError(f"Kubeflow Pipelines at {base} answered HTTP {exc.code} on /apis/v2beta1/healthz; "
+                                  "check that --host is the KFP API (or UI) address") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise ConnectionError(
+            f"cannot reach Kubeflow Pipelines at {base} ({getattr(exc, 'reason', exc)}); start a port-forward "
+            "(kubectl -n kubeflow port-forward svc/ml-pipeline-ui 8080:80) and pass --host http://127.0.0.1:8080, "
+            "or run it here with `sdar run --local`"
+        ) from None
+    import kfp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(yaml_path) if yaml_path else compile_pipeline(Path(tmp) / "pipeline.yaml", "cluster")
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} not found; write it with `sdar compile --out {path}`")
+        client = kfp.Client(host=base, namespace=namespace)
+        run = client.create_run_from_pipeline_package(str(path), arguments=arguments or {}, run_name=run_name,
+                                                      experiment_name=experiment, namespace=namespace)
+    return run.run_id
+
+
+def run_local(settings: RunSettings | None = None, *, quick: bool = False, root: str | os.PathLike = "runs/kfp-local",
+              tracking_uri: str | None = None, console=None, quiet: bool = False, verbose: bool = False,
+              parallelism: int | None = None) -> dict[str, Any]:
+    """Run the comparison pipeline on this machine through the KFP local runner (SubprocessRunner,
+    no venv: the components run with this Python, so nothing is installed).
+
+    settings: sizes and arms (default: `RunSettings.quick()` when quick, else the config's sizes).
+    root: pipeline_root of the runner; run outputs, the MLflow store (mlflow.db, unless
+    tracking_uri or MLFLOW_TRACKING_URI names another) and reports/<stamp>/ go under it.
+    The console shows one line per pipeline task (a live table on a terminal: name, state, seconds, and
+    the step and success of training tasks); the whole runner log goes to <root>/logs/<stamp>/pipeline.log
+    and each task's to <root>/logs/<stamp>/<task>.log, and a failed task's log is printed with its path.
+    quiet: no live table, a line per task start and end only (what a log file or CI wants).
+    verbose: stream the runner's and components' full logs to the terminal instead.
+    parallelism: arms trained at once (default LOCAL_PARALLELISM = 2, the runner's cap; 1 = one at a time).
+    Returns {table, plot, report_dir, parent_run_id, child_runs, tracking_uri, seconds, status, summaries}.
+    """
+    from kfp import local
+    from rich.console import Console
+
+    from sdar.tracking import Tracker, resolve_tracking_uri
+
+    console = console or Console()
+    s = settings or (RunSettings.quick() if quick else RunSettings())
+    root = Path(root).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    cfg_path = config_file(s.config_path)
+    uri = resolve_tracking_uri(tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{root / 'mlflow.db'}")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    report_dir, log_dir = root / "reports" / stamp, root / "logs" / stamp
+    args = {**s.arguments(), "config_path": str(cfg_path), "tracking_uri": uri, "output_root": str(root / "outputs"),
+            "report_dir": str(report_dir)}
+    parent = Tracker(s.experiment, run_name=f"comparison-{stamp}", tracking_uri=uri,
+                     tags={"sdar.kind": "pipeline", "sdar.runner": "kfp-local", "sdar.quick": str(quick)}).start()
+    parent.log_params({k: (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in args.items()})
+    args["parent_run_id"] = parent.run_id
+
+    console.print(f"[bold]sdar comparison[/bold] via the KFP local runner: arms {', '.join(s.arms)}, seeds "
+                  f"{s.seeds}, steps {s.steps or 'config'}; outputs under {root}")
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), raise_on_error=True)
+    pipeline = build_pipeline("local", parallelism=LOCAL_PARALLELISM if parallelism is None else parallelism,
+                              replay_rounds=s.replay_rounds)
+    t0 = time.perf_counter()
+    error, view = _run_logged(pipeline, args, log_dir, console, quiet=quiet, verbose=verbose)
+    seconds = time.perf_counter() - t0
+    result = _local_result(s.experiment, parent.run_id, uri, error, seconds, view, log_dir, report_dir)
+    # the exit handler ended the parent run; make sure it is not left RUNNING if the runner itself failed
+    from mlflow.tracking import MlflowClient
+
+    from sdar.eval.compare import log_to_run
+
+    log_to_run(parent.run_id, {"pipeline/seconds": seconds}, tracking_uri=uri)
+    if MlflowClient(tracking_uri=uri).get_run(parent.run_id).info.status == "RUNNING":
+        parent.end("FAILED" if error else "FINISHED")
+    _print_summary(console, result, uri)
+    return result
+
+
+def config_file(config_path: str | os.PathLike) -> Path:
+    """`config_path` as a file: absolute, else relative to the working directory, else to the checkout's root
+    (REPO_ROOT). FileNotFoundError when neither holds it."""
+    path = Path(config_path)
+    if not path.is_absolute():
+        path = path if path.exists() else REPO_ROOT / path
+    if not path.is_file():
+        raise FileNotFoundError(f"config {config_path} not found (looked in . and {REPO_ROOT}); pass --config PATH")
+    return path
+
+
+def _run_logged(pipeline, args: dict[str, Any], log_dir: Path, console, *, quiet: bool, verbose: bool):
+    """Run `pipeline(**args)` with one line per task on the console and each task's log in `log_dir` (verbose:
+    the full logs on the terminal instead). Returns (the error of a failed task or None, the TaskLog or None)."""
+    import contextlib
+
+    from sdar.runlog import TaskLog
+
+    error: str | None = None
+    with warnings.catch_warnings(), contextlib.ExitStack() as stack:
+        # the runner warns that our image name has no "python" in it: the components run in this Python
+        warnings.filterwarnings("ignore", message=".*non-Python base image.*", category=RuntimeWarning)
+        view = None
+        if not verbose:  # one line per task on the console; each task's full log in its own file
+            view = stack.enter_context(TaskLog(log_dir, console, live=False if quiet else None))
+            console.print(f"task logs: {log_dir}/", soft_wrap=True)
+            # the runner logs to sys.stdout (its handler is made per run), so this takes it all
+            stack.enter_context(contextlib.redirect_stdout(view))
+        try:
+            pipeline(**args)
+        except RuntimeError as exc:  # a failed task; teardown already ran (exit handler)
+            error = str(exc)
+    if view is not None and error:
+        view.report_failures()
+    return error, view
+
+
+def _local_result(experiment: str, parent_run_id: str, uri: str, error: str | None, seconds: float, view,
+                  log_dir: Path, report_dir: Path) -> dict[str, Any]:
+    """run_local's result: the status, the logs, the MLflow runs and, when compare ran, the comparison."""
+    from sdar.tracking import find_runs
+
+    children = list(find_runs(experiment, f"tags.`mlflow.parentRunId` = '{parent_run_id}'", tracking_uri=uri))
+    result: dict[str, Any] = {"status": "FAILED" if error else "SUCCEEDED", "error": error, "seconds": seconds,
+                              "log": None if view is None else str(log_dir / "pipeline.log"),
+                              "task_logs": {} if view is None else {k: str(t.log_path) for k, t in view.tasks.items()},
+                              "parent_run_id": parent_run_id, "tracking_uri": uri, "experiment": experiment,
+                              "child_runs": {r.run_name: r.run_id for r in children}, "report_dir": str(report_dir),
+                              "table": None, "plot": None, "summaries": []}
+    if (report_dir / "comparison.md").is_file():
+        result["table"] = (report_dir / "comparison.md").read_text()
+        result["plot"] = str(report_dir / "comparison.png")
+        result["summaries"] = json.loads((report_dir / "comparison.json").read_text())["arms"]
+    return result
+
+
+def _print_summary(console, result: dict[str, Any], uri: str) -> None:
+    """The headline numbers as a narrow table (the markdown file also has every task type)."""
+    from rich.table import Table
+
+    if result["summaries"]:
+        base = json.loads((Path(result["report_dir"]) / "comparison.json").read_text()).get("baseline") or {}
+        table = Table(title="held-out success, same tasks for every arm (gap, gate: last training step)")
+        for col in ("arm", "success [95% CI]", "vs warm start", "gap", "gate"):
+            table.add_column(col, justify="left" if col == "arm" else "right", no_wrap=True)
+        if base:
+            table.add_row("warm start", f"{base['success']:.3f} [{base['ci95'][0]:.2f}, {base['ci95'][1]:.2f}]",
+                          "-", "-", "-")
+        for a in result["summaries"]:
+            delta = f"{a['success'] - base['success']:+.3f}" if base else "-"
+            seeds = f" ({len(a['seeds'])} seeds)" if len(a["seeds"]) > 1 else ""
+            table.add_row(a["arm"] + seeds, f"{a['success']:.3f} [{a['ci95'][0]:.2f}, {a['ci95'][1]:.2f}]", delta,
+                          f"{a['gap_last']:+.3f}", f"{a['gate_last']:.3f}")
+        console.print(table)
+        console.print(f"table (with every task type): {Path(result['report_dir']) / 'comparison.md'}")
+        console.print(f"plot: {result['plot']}")
+    if result["error"]:
+        console.print(f"[red]pipeline failed[/red] after {result['seconds']:.0f} s: {result['error']}")
+    else:
+        console.print(f"[green]pipeline finished[/green] in {result['seconds']:.0f} s")
+    console.print(f"MLflow: parent run {result['parent_run_id']} with {len(result['child_runs'])} arm run(s) in "
+                  f"experiment {result['experiment']!r}; to see them side by side run")
+    console.print(f"  mlflow ui --backend-store-uri {uri}", soft_wrap=True)
+    console.print("and open http://127.0.0.1:5000 (select the arm runs, then Compare)")
