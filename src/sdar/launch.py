@@ -11,7 +11,9 @@ this machine with the `local_cwd` scheduler.
 the working directory)
 
 and `launch_training(cfg, ...)` is what the `gated_train` pipeline step calls when the config's
-`launch` section asks for more than one GPU (or `launcher: torchx`). Credentials never travel as
+`launch` section says `launcher: torchx`, or asks for more than one GPU with `scheduler: local_cwd` (on
+Kubernetes more than one GPU makes a Kubeflow Trainer TrainJob by default: sdar.launch_trainjob, which
+shares this module's command, security context and result collection). Credentials never travel as
 parameters: the pods read them from the Kubernetes Secrets named in `secrets` (envFrom). The pods
 run under the restricted Pod Security profile (non-root uid 10001, no privilege escalation, no
 capabilities, RuntimeDefault seccomp, read-only root filesystem with emptyDirs for what they write).
@@ -248,14 +250,41 @@ def scheduler_cfg(cfg) -> dict[str, Any]:
     launch = cfg.launch
     if launch.scheduler != "kubernetes":
         return {"log_dir": str(cfg.resolved_output_dir() / "torchx-logs")}
-    namespace = launch.namespace
-    if not namespace:  # inside a pod: its own namespace
-        ns_file = Path(SA_NAMESPACE_FILE)
-        namespace = ns_file.read_text().strip() if ns_file.is_file() else "default"
-    out: dict[str, Any] = {"queue": launch.queue, "namespace": namespace}
+    out: dict[str, Any] = {"queue": launch.queue, "namespace": job_namespace(launch)}
     if launch.service_account:
         out["service_account"] = launch.service_account
     return out
+
+
+def job_namespace(launch) -> str:
+    """Where a job goes: launch.namespace, else the launching pod's own (its service account's), else default."""
+    if launch.namespace:
+        return launch.namespace
+    ns_file = Path(SA_NAMESPACE_FILE)
+    return ns_file.read_text().strip() if ns_file.is_file() else "default"
+
+
+def require_s3(cfg) -> None:
+    """A Kubernetes job's pods share no disk with the launching one: they hand the result back through S3."""
+    if not str(cfg.checkpoint.uri or "").startswith("s3://"):
+        raise ValueError("a Kubernetes training job hands its result back through the checkpoint store: set "
+                         "checkpoint.uri to an s3:// URI (the pipeline's checkpoint_root)")
+
+
+def collect_result(cfg, **extra: Any) -> dict[str, Any]:
+    """The summary rank 0 published to the checkpoint store (`sdar train --publish`), with the final policy
+    downloaded into <output_dir>/final of this machine; `extra` is added to it (the job's handle)."""
+    from sdar.storage import open_store
+
+    store = open_store(cfg.resolved_checkpoint_uri())
+    out = cfg.resolved_output_dir()
+    final = out / "final"
+    if final.exists():  # local_cwd: rank 0 wrote it here already; the store's copy is the same
+        shutil.rmtree(final)
+    store.get_dir(f"{RESULT_PREFIX}/final", final)
+    summary = store.read_json(f"{RESULT_PREFIX}/summary.json")
+    summary.update({"final_dir": str(final), "output_dir": str(out), **extra})
+    return summary
 
 
 def dryrun(cfg, config_path: str, overrides: dict[str, Any], validate_spec: bool = True):
@@ -281,11 +310,8 @@ def launch_training(cfg, config_path: str, overrides: dict[str, Any], wait_inter
     from torchx.runner import get_runner
     from torchx.specs import AppState
 
-    from sdar.storage import open_store
-
-    if cfg.launch.scheduler == "kubernetes" and not str(cfg.checkpoint.uri or "").startswith("s3://"):
-        raise ValueError("a Kubernetes training job hands its result back through the checkpoint store: set "
-                         "checkpoint.uri to an s3:// URI (the pipeline's checkpoint_root)")
+    if cfg.launch.scheduler == "kubernetes":
+        require_s3(cfg)
     app = app_for_config(cfg, config_path, overrides)
     opts = scheduler_cfg(cfg)
     with get_runner() as runner:
@@ -304,15 +330,7 @@ def launch_training(cfg, config_path: str, overrides: dict[str, Any], wait_inter
     if status is None or status.state != AppState.SUCCEEDED:
         where = f"the logs under {opts['log_dir']}" if "log_dir" in opts else f"`torchx log {handle}`"
         raise RuntimeError(f"TorchX job {handle} did not succeed ({status.state if status else 'gone'}); see {where}")
-    store = open_store(cfg.resolved_checkpoint_uri())
-    out = cfg.resolved_output_dir()
-    final = out / "final"
-    if final.exists():  # local_cwd: rank 0 wrote it here already; the store's copy is the same
-        shutil.rmtree(final)
-    store.get_dir(f"{RESULT_PREFIX}/final", final)
-    summary = store.read_json(f"{RESULT_PREFIX}/summary.json")
-    summary.update({"final_dir": str(final), "output_dir": str(out), "app_handle": handle})
-    return summary
+    return collect_result(cfg, app_handle=handle)
 
 
 @contextlib.contextmanager

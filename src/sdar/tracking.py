@@ -566,14 +566,61 @@ def close_crashed_runs(experiment: str, tags: Mapping[str, str], *, tracking_uri
 PIPELINE_JOB_TAG = "sdar.pipeline_job_id"
 
 
+KFP_MLFLOW_ENV = "SDAR_KFP_MLFLOW"  # auto (default) | on | off: attach to the run KFP's MLflow integration opened
+OWNER_TAG = "sdar.parent_owner"  # "kfp" on a pipeline parent run that KFP opened and closes itself
+
+
+@dataclass(frozen=True)
+class KfpMlflowRun:
+    """The MLflow runs KFP's MLflow integration (KFP 2.16+, KEP-12862) opened for this task: `task_run_id` (the
+    task's nested run, MLFLOW_RUN_ID), its parent `root_run_id` (the pipeline run's), their experiment."""
+
+    task_run_id: str
+    root_run_id: str
+    experiment: str
+    tracking_uri: str
+
+
+def kfp_mlflow_run(mode: str | None = None) -> KfpMlflowRun | None:
+    """The pipeline run's MLflow run that KFP opened, when its MLflow integration is on for this run: KFP then sets
+    MLFLOW_TRACKING_URI and MLFLOW_RUN_ID (the task's nested run, whose parent is the pipeline's run) on every task.
+    mode (default $SDAR_KFP_MLFLOW, else auto): auto = use it when those are set; off = never (sdar opens its own
+    parent run); on = require it (an error names what is missing)."""
+    mode = (mode or os.environ.get(KFP_MLFLOW_ENV) or "auto").strip().lower()
+    if mode not in ("auto", "on", "off"):
+        raise ValueError(f"{KFP_MLFLOW_ENV}={mode!r}: choose auto, on or off")
+    task, uri = os.environ.get("MLFLOW_RUN_ID", ""), os.environ.get("MLFLOW_TRACKING_URI", "")
+    if mode == "off" or (mode == "auto" and not (task and uri)):
+        return None
+    if not (task and uri):
+        raise RuntimeError(f"{KFP_MLFLOW_ENV}=on, but MLFLOW_RUN_ID and MLFLOW_TRACKING_URI are not both set on this "
+                           "task: is KFP's MLflow integration enabled for the namespace (plugins.mlflow in the API "
+                           "server config or the kfp-launcher ConfigMap)?")
+    client = _client(uri)
+    run = client.get_run(task)
+    root = run.data.tags.get(PARENT_TAG) or task  # a task run always has KFP's pipeline run as parent
+    return KfpMlflowRun(task, root, client.get_experiment(run.info.experiment_id).name, uri)
+
+
 def open_pipeline_run(experiment: str, job_id: str, family: str, *, tracking_uri: str = "",
                       output_root: str = "", parent_run_id: str = "", run_name: str = "",
                       params: Mapping[str, Any] | None = None) -> tuple[str, str]:
-    """The pipeline's MLflow parent run, tagged with its job id: `parent_run_id` resumed, or a new run
-    named `run_name` (default comparison-<job id>) with `params`. Left RUNNING on purpose:
-    close_pipeline_runs ends it with the pipeline's final state. Returns (run id, tracking URI)."""
+    """The pipeline's MLflow parent run, tagged with its job id: `parent_run_id` resumed, KFP's own pipeline run
+    when its MLflow integration opened one (`kfp_mlflow_run`: then no second parent run is made, and KFP closes
+    it), or a new run named `run_name` (default comparison-<job id>) with `params`. Left RUNNING on purpose:
+    close_pipeline_runs ends it with the pipeline's final state. Returns (run id, tracking URI); the run's
+    experiment is `pipeline_run_experiment(run id, uri)` (KFP's may differ from `experiment`)."""
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(output_root)
     tags = {PIPELINE_JOB_TAG: job_id, "sdar.kind": "pipeline", "family": family}
+    kfp = None if parent_run_id else kfp_mlflow_run()
+    if kfp is not None:
+        client = _client(resolve_tracking_uri(kfp.tracking_uri))
+        for k, v in {**tags, OWNER_TAG: "kfp"}.items():
+            client.set_tag(kfp.root_run_id, k, v)
+        for k, v in dict(params or {}).items():
+            with contextlib.suppress(Exception):  # KFP may have logged a parameter of that name already
+                client.log_param(kfp.root_run_id, f"sdar.{k}", str(v)[:6000])
+        return kfp.root_run_id, kfp.tracking_uri
     if parent_run_id:
         tracker = Tracker(experiment, resume_run_id=parent_run_id, tracking_uri=uri, tags=tags).start()
     else:
@@ -590,18 +637,28 @@ def close_pipeline_runs(experiment: str, job_id: str, state: str, *, tracking_ur
     uri = resolve_tracking_uri(tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
                                or default_tracking_uri(output_root))
     client = _client(uri)
-    exp = client.get_experiment_by_name(experiment)
-    runs = [] if exp is None else client.search_runs(
-        [exp.experiment_id], f"tags.`{PIPELINE_JOB_TAG}` = '{job_id}'")
+    kfp = kfp_mlflow_run()  # KFP's pipeline run, tagged by launch_envs, lives in KFP's experiment
+    names = {experiment} | ({kfp.experiment} if kfp is not None else set())
+    ids = [e.experiment_id for e in map(client.get_experiment_by_name, sorted(names)) if e is not None]
+    runs = client.search_runs(ids, f"tags.`{PIPELINE_JOB_TAG}` = '{job_id}'") if ids else []
     final = "FINISHED" if state == "SUCCEEDED" else "FAILED"
     done = []
     for run in runs:
         if run.data.tags.get(PARENT_TAG):
             continue  # arm runs end themselves
         client.set_tag(run.info.run_id, "sdar.pipeline_state", state or "UNKNOWN")
+        if run.data.tags.get(OWNER_TAG) == "kfp":  # KFP's own pipeline run: KFP ends it when the run ends
+            done.append(f"MLflow pipeline run {run.info.run_id} (KFP's) tagged {state or 'UNKNOWN'}")
+            continue
         client.set_terminated(run.info.run_id, status=final)
         done.append(f"MLflow parent run {run.info.run_id} {final}")
     return done
+
+
+def pipeline_run_experiment(run_id: str, tracking_uri: str) -> str:
+    """The experiment name of run `run_id` (the arm runs go where their parent is)."""
+    client = _client(resolve_tracking_uri(tracking_uri))
+    return client.get_experiment(client.get_run(run_id).info.experiment_id).name
 
 @dataclass
 class RunRecord:

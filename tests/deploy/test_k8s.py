@@ -40,6 +40,7 @@ ECR_HOST = re.compile(r"(?P<account>[0-9]{12})\.dkr\.ecr\.(?P<region>[a-z0-9-]+)
 WORKLOADS = ("Deployment", "StatefulSet", "Job", "DaemonSet")
 ENV_ROLE = "sdar-env-manager"  # launch_envs / teardown_envs, in SERVICES_NS
 TORCHX_ROLE = "sdar-torchx-launcher"  # gated_train launching TorchX jobs, in PIPELINE_NS
+TRAINJOB_ROLE = "sdar-trainjob-launcher"  # gated_train launching Kubeflow Trainer TrainJobs, in PIPELINE_NS
 CREDENTIAL_KEY = re.compile(r"PASSWORD|SECRET|ACCESS_KEY|TOKEN", re.IGNORECASE)
 
 
@@ -290,7 +291,8 @@ def test_everything_is_namespaced_except_the_namespace_and_storage_class(build, 
             assert (
                 ns == SERVICES_NS
                 or obj["kind"] == "Secret"
-                or (obj["kind"] in ("Role", "RoleBinding") and obj["metadata"]["name"] == TORCHX_ROLE)
+                or (obj["kind"] in ("Role", "RoleBinding")
+                    and obj["metadata"]["name"] in (TORCHX_ROLE, TRAINJOB_ROLE))
                 or (obj["kind"] == "NetworkPolicy" and _selects_only_pipeline_pods(obj))
             ), (obj["kind"], obj["metadata"]["name"])
     assert objs.names("Namespace") == {SERVICES_NS}
@@ -431,7 +433,7 @@ def test_rbac_grants_exactly_what_the_env_components_call_in_one_namespace(
 
     objs = build(target)
     assert not objs.kind("ClusterRole", "ClusterRoleBinding")
-    assert objs.names("Role") == objs.names("RoleBinding") == {ENV_ROLE, TORCHX_ROLE}
+    assert objs.names("Role") == objs.names("RoleBinding") == {ENV_ROLE, TORCHX_ROLE, TRAINJOB_ROLE}
     _check_role(objs, ENV_ROLE, SERVICES_NS, needed)
 
 
@@ -480,9 +482,39 @@ def test_rbac_grants_exactly_what_the_torchx_launcher_calls_where_its_jobs_go(
     _check_role(build(target), TORCHX_ROLE, PIPELINE_NS, needed)
 
 
+@pytest.fixture(scope="module")
+def trainjob_launcher_runs(tmp_path_factory):
+    """launch_trainjob (what gated_train calls for a multi-GPU config on Kubernetes) from a pipeline pod,
+    against a fake API server that records every request: a TrainJob that completes, one that fails
+    (its log tail is read), a step stopped or interrupted while waiting (it deletes the job), and an
+    earlier attempt's TrainJob in the way (deleted, then created anew)."""
+    from tests.deploy.test_trainjob import launch_on_a_fake_trainer
+
+    return launch_on_a_fake_trainer(tmp_path_factory.mktemp("trainjob"), namespace=PIPELINE_NS)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_rbac_grants_exactly_what_the_trainjob_launcher_calls_where_its_jobs_go(
+    build, target, trainjob_launcher_runs
+):
+    calls = [c for run in trainjob_launcher_runs.values() for c in run["calls"]]
+    needed = {(g, res, verb) for g, res, verb, _ in calls}
+    # the calls launch_trainjob makes today: a new one must be granted on purpose
+    assert needed == {
+        ("trainer.kubeflow.org", "trainjobs", "create"),
+        ("trainer.kubeflow.org", "trainjobs", "get"),  # before each watch; an earlier attempt's job going
+        ("trainer.kubeflow.org", "trainjobs", "watch"),
+        ("trainer.kubeflow.org", "trainjobs", "delete"),  # done, failed, stopped; an earlier attempt's
+        ("", "pods", "list"),  # node 0's pod of a failed job
+        ("", "pods/log", "get"),  # its log tail
+    }
+    assert {ns for *_, ns in calls} == {PIPELINE_NS}
+    _check_role(build(target), TRAINJOB_ROLE, PIPELINE_NS, needed)
+
+
 def test_the_roles_do_not_let_the_pipeline_read_secrets_or_exec(build):
     objs = build("overlays/eks")
-    for name, namespace in ((ENV_ROLE, SERVICES_NS), (TORCHX_ROLE, PIPELINE_NS)):
+    for name, namespace in ((ENV_ROLE, SERVICES_NS), (TORCHX_ROLE, PIPELINE_NS), (TRAINJOB_ROLE, PIPELINE_NS)):
         granted = _granted(objs.get("Role", name, namespace)["rules"])
         for forbidden in [
             ("", "secrets", "get"),
@@ -493,6 +525,11 @@ def test_the_roles_do_not_let_the_pipeline_read_secrets_or_exec(build):
             ("apps", "deployments", "patch"),
             ("batch.volcano.sh", "jobs", "delete"),
             ("batch.volcano.sh", "jobs", "list"),
+            ("trainer.kubeflow.org", "trainjobs", "list"),
+            ("trainer.kubeflow.org", "trainjobs", "update"),
+            ("trainer.kubeflow.org", "trainjobs", "patch"),
+            ("trainer.kubeflow.org", "trainingruntimes", "create"),
+            ("", "pods", "delete"),
         ]:
             assert forbidden not in granted, (name, forbidden)
 
@@ -766,6 +803,24 @@ def test_network_policies_admit_the_torchx_workers_like_the_pipeline(
 
 
 @pytest.mark.parametrize("target", OVERLAYS)
+def test_network_policies_admit_the_trainjob_workers_like_the_pipeline(build, target, env_component_calls):
+    # a TrainJob's workers (the pods Kubeflow Trainer makes in the launching pod's namespace), labelled by
+    # its runtime patch: the services admit them like the pipeline's pods (their egress, DNS and the rest:
+    # test_egress_allows_each_pod_exactly_what_it_calls)
+    objs = build(target)
+    policies = objs.kind("NetworkPolicy")
+    sdar_pods = {o["metadata"]["name"]: Pod.of(SERVICES_NS, t) for o, t in pod_templates(objs)}
+    env = _launched_env_pod(env_component_calls)
+    for worker in _trainjob_worker_pods():
+        assert connects(policies, worker, env, "http")
+        assert connects(policies, worker, sdar_pods["sdar-mlflow"], "http")
+        if "sdar-minio" in sdar_pods:
+            assert connects(policies, worker, sdar_pods["sdar-minio"], "api")
+        assert not admits(policies, sdar_pods["sdar-postgres"], worker, "postgres")
+        assert not connects(policies, worker, sdar_pods["sdar-postgres"], "postgres")
+
+
+@pytest.mark.parametrize("target", OVERLAYS)
 def test_network_policies_admit_the_pipeline_to_env_pods_of_the_chart(
     build, render, target, pipeline_pod_labels
 ):
@@ -911,6 +966,26 @@ def test_the_egress_evaluator_itself():
     assert not sends([policy], web, "1.2.3.4", "sql")
 
 
+def _trainjob_worker_pods() -> list[Pod]:
+    """The pods of the TrainJob gated_train would create in KFP's namespace (2 nodes), as Kubeflow Trainer
+    makes them from the torch-distributed runtime: the runtime patch's labels (the Trainer adds the unnamed
+    container port 29400, torchrun's rendezvous, to the `node` container)."""
+    from sdar.config import load_config
+    from sdar.launch_trainjob import trainjob_for_config
+
+    overrides = {"launch.nodes": 2, "launch.gpus_per_node": 4, "checkpoint.uri": "s3://b/x"}
+    config = str(REPO / "configs" / "household-tiny.yaml")
+    job = trainjob_for_config(load_config(config, overrides), config, overrides, PIPELINE_NS)
+    (rjob,) = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    labels = {"jobset.sigs.k8s.io/jobset-name": job["metadata"]["name"],
+              "jobset.sigs.k8s.io/replicatedjob-name": rjob["name"],
+              **rjob["template"]["spec"]["template"]["metadata"]["labels"]}
+    out = [Pod(PIPELINE_NS, tuple(sorted({**labels, "batch.kubernetes.io/job-completion-index": str(i)}.items())))
+           for i in range(job["spec"]["trainer"]["numNodes"])]
+    assert len(out) == 2
+    return out
+
+
 def _torchx_worker_pods() -> list[Pod]:
     """The pods of the TorchX job gated_train would launch from KFP's namespace (2 nodes)."""
     from sdar.config import load_config
@@ -971,6 +1046,7 @@ def test_egress_allows_each_pod_exactly_what_it_calls(
     env = _launched_env_pod(env_component_calls)
     pipeline = [Pod(PIPELINE_NS, tuple(sorted(la.items()))) for la in pipeline_pod_labels.values()]
     workers = _torchx_worker_pods()
+    trainjob_workers = _trainjob_worker_pods()
 
     # env servers, Postgres and MinIO call nobody: DNS only
     for quiet in [env, postgres] + ([minio] if local else []):
@@ -978,6 +1054,7 @@ def test_egress_allows_each_pod_exactly_what_it_calls(
         assert not sends(policies, quiet, mlflow, "http"), quiet
         assert not sends(policies, quiet, KFP_API, "grpc"), quiet
         assert not sends(policies, quiet, workers[0], "c10d"), quiet
+        assert not sends(policies, quiet, trainjob_workers[0], 29400), quiet
         assert sends(policies, quiet, KUBE_DNS, 53, "UDP"), quiet
     # MLflow: its Postgres, and the artifact store: S3 over HTTPS (IRSA) on EKS, MinIO locally
     assert connects(policies, mlflow, postgres, "postgres")
@@ -992,8 +1069,8 @@ def test_egress_allows_each_pod_exactly_what_it_calls(
         assert not sends(policies, bucket, mlflow, "http")
     else:
         assert sends(policies, mlflow, S3_ADDRESS, 443)
-    # the pipeline's pods and the TorchX workers: env servers, MLflow, KFP, HTTPS out; not Postgres
-    for src in pipeline + workers:
+    # the pipeline's pods and the TorchX and TrainJob workers: env servers, MLflow, KFP, HTTPS out; not Postgres
+    for src in pipeline + workers + trainjob_workers:
         assert connects(policies, src, env, "http"), src
         assert not sends(policies, src, env, 9999), src
         assert connects(policies, src, mlflow, "http"), src
@@ -1012,6 +1089,10 @@ def test_egress_allows_each_pod_exactly_what_it_calls(
     for a in workers:
         for b in workers:
             assert sends(policies, a, b, "c10d") and sends(policies, a, b, 41234)
+    # a TrainJob's: node 0's torchrun rendezvous on 29400 (the Trainer's PET_MASTER_PORT), the collectives
+    for a in trainjob_workers:
+        for b in trainjob_workers:
+            assert connects(policies, a, b, 29400) and connects(policies, a, b, 41234)
 
 
 @pytest.mark.parametrize("target", OVERLAYS)
@@ -1265,7 +1346,8 @@ def test_the_walkthrough_names_real_paths_and_the_pipelines_secrets():
     from sdar.pipeline.settings import ClusterSettings
 
     doc = (REPO / "docs" / "cluster.md").read_text()
-    for path in set(re.findall(r"\b((?:k8s|charts|docs)/[\w./-]*\w)", doc)):
+    # (a path of this repository, not the end of a URL such as oci://ghcr.io/kubeflow/charts/kubeflow-trainer)
+    for path in set(re.findall(r"(?<![\w./-])((?:k8s|charts|docs)/[\w./-]*\w)", doc)):
         assert (REPO / path).exists(), path
     for target in OVERLAYS:
         assert f"kubectl apply -k k8s/{target}" in doc
@@ -1293,6 +1375,11 @@ def test_the_walkthrough_names_real_paths_and_the_pipelines_secrets():
         "make push-images REGISTRY=",
         "sdar compile --target cluster",
         "--gpus 0",  # the launcher pod of a TorchX job, and kind/minikube
+        "helm install kubeflow-trainer oci://ghcr.io/kubeflow/charts/kubeflow-trainer",
+        "--set runtimes.torchDistributed.enabled=true",  # the runtime launch.runtime names
+        "kubectl get clustertrainingruntime torch-distributed",
+        "kubectl auth can-i create trainjobs.trainer.kubeflow.org -n kubeflow",
+        "--set launch.launcher=trainjob",
         "helm install volcano",
         "kubectl get crd jobs.batch.volcano.sh",
         "kubectl auth can-i create jobs.batch.volcano.sh -n kubeflow",

@@ -91,7 +91,7 @@ def test_the_job_rebuilds_the_launching_config_and_uses_the_pipelines_secrets():
     overrides = {"arm": "grpo_opsd", "seed": 3, "steps": 40, "rollout.max_turns": 8, "env.url": "http://envs:8000",
                  "model.tiny_overrides": {"hidden_size": 64}, "checkpoint.uri": "s3://bucket/run/grpo_opsd-seed3",
                  "launch.nodes": 2, "launch.gpus_per_node": 8, "launch.namespace": "rl", "launch.queue": "gpu",
-                 "launch.image": "reg.example/sdar-trainer:9"}
+                 "launch.image": "reg.example/sdar-trainer:9", "launch.launcher": "torchx"}
     cfg = load_config(CONFIG, overrides)
     assert cfg.launch.wants_torchx()
     job = dryrun(cfg, CONFIG, overrides, validate_spec=False).request.resource
@@ -119,10 +119,14 @@ def test_when_training_leaves_this_process():
 
     assert not LaunchConfig().wants_torchx()  # the default: in-process, as before
     assert not LaunchConfig(gpus_per_node=1).wants_torchx()
-    assert LaunchConfig(gpus_per_node=2).wants_torchx() and LaunchConfig(nodes=2, gpus_per_node=1).wants_torchx()
+    # more than one GPU: on Kubernetes a TrainJob (tests/deploy/test_trainjob.py) unless TorchX is named;
+    # on this machine (local_cwd) a TorchX job
+    assert not LaunchConfig(gpus_per_node=2).wants_torchx() and LaunchConfig(gpus_per_node=2).wants_trainjob()
+    assert LaunchConfig(nodes=2, gpus_per_node=1, launcher="torchx").wants_torchx()
+    assert LaunchConfig(gpus_per_node=2, scheduler="local_cwd").wants_torchx()
     assert LaunchConfig(launcher="torchx").wants_torchx()
     assert not LaunchConfig(launcher="inprocess", nodes=2, gpus_per_node=8).wants_torchx()
-    with pytest.raises(ValueError, match="unknown launcher 'torch'; choose one of auto, inprocess, torchx"):
+    with pytest.raises(ValueError, match="unknown launcher 'torch'; choose one of auto, inprocess, trainjob, torchx"):
         LaunchConfig(launcher="torch").wants_torchx()
 
 

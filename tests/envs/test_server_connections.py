@@ -152,8 +152,9 @@ def test_websockets_count_against_the_connection_limits():
         for i, ws in enumerate(conns):
             ws.send(json.dumps({"type": "reset", "data": {"task_id": f"test-{i}"}}))
             assert json.loads(ws.recv(timeout=10))["type"] == "observation"
-        with pytest.raises(Exception, match="429"):
-            connect(ws_url, open_timeout=10)
+        for _ in range(20):  # the refusal waits for the handshake: answered at connect, the client often found
+            with pytest.raises(Exception, match="429"):  # the socket closed before it could send, no status
+                connect(ws_url, open_timeout=10)
         assert _http("GET", f"{url}/health", source="127.0.0.2") == (200, {"status": "healthy"})
         status, counts = _http("GET", f"{url}/sessions", source="127.0.0.2")
         assert counts["connections"]["open"] >= 5 and counts["connections"]["yours"] == 1

@@ -152,3 +152,50 @@ def test_teacher_replay_names_a_missing_pool_file(tmp_path):
                                    overrides="{}", scores=Dataset(uri=str(tmp_path / "s.json")),
                                    pairs=Dataset(uri=str(tmp_path / "p.jsonl")), metrics=Metrics(uri=str(tmp_path / "m")),
                                    teacher_pool=str(tmp_path / "nope.yaml"))
+
+def test_kfp_mlflow_integration_owns_the_pipeline_run(tmp_path, mlflow_uri, monkeypatch):
+    """With KFP's MLflow integration on (KFP 2.16+ sets MLFLOW_RUN_ID, the task's nested run under the pipeline run,
+    and MLFLOW_TRACKING_URI on each task), launch_envs opens no second parent run: the arm runs nest under KFP's
+    pipeline run in KFP's experiment, and teardown tags that run but leaves ending it to KFP. SDAR_KFP_MLFLOW=off
+    brings back sdar's own parent run."""
+    from mlflow.tracking import MlflowClient
+
+    from sdar.tracking import OWNER_TAG, PARENT_TAG, Tracker, close_pipeline_runs
+
+    client = MlflowClient(tracking_uri=mlflow_uri)
+    kfp_exp = client.create_experiment("kfp-pipeline-runs")
+    root = client.create_run(kfp_exp, run_name="comparison-run").info.run_id  # what KFP's integration opens
+    task = client.create_run(kfp_exp, run_name="launch-envs", tags={PARENT_TAG: root}).info.run_id
+    monkeypatch.setenv("MLFLOW_RUN_ID", task)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
+
+    def launch(job: str):
+        endpoints = Artifact(name="endpoints", uri=str(tmp_path / f"{job}.json"))
+        out = launch_envs.python_func(config_path=CONFIG, overrides="{}", job_id=job, endpoints=endpoints, target="cluster",
+                                      namespace="team-a", experiment="envs-test", tracking_uri=mlflow_uri, dry_run=True)
+        return out, json.loads(Path(endpoints.path).read_text())
+
+    out, info = launch("job-kfp")
+    assert out.parent_run_id == info["parent_run_id"] == root
+    assert info["experiment"] == "kfp-pipeline-runs"
+    assert client.get_experiment_by_name("envs-test") is None  # no parent run of our own
+    tags = client.get_run(root).data.tags
+    assert tags["sdar.pipeline_job_id"] == "job-kfp" and tags[OWNER_TAG] == "kfp"
+    assert client.get_run(root).data.params["sdar.config_path"] == CONFIG
+    # an arm run, as train_arm opens it (the parent's experiment, nested under it)
+    with Tracker(info["experiment"], run_name="sdar-seed0", parent_run_id=info["parent_run_id"], tracking_uri=mlflow_uri) as arm:
+        arm.log_metrics({"reward": 1.0}, step=0)
+    assert client.get_run(arm.run_id).data.tags[PARENT_TAG] == root
+    summary = close_pipeline_runs("envs-test", "job-kfp", "FAILED", tracking_uri=mlflow_uri)  # teardown_envs' call
+    assert summary == [f"MLflow pipeline run {root} (KFP's) tagged FAILED"]
+    run = client.get_run(root)
+    assert run.info.status == "RUNNING" and run.data.tags["sdar.pipeline_state"] == "FAILED"  # KFP ends it
+
+    monkeypatch.setenv("SDAR_KFP_MLFLOW", "off")
+    out, info = launch("job-own")
+    assert out.parent_run_id != root and info["experiment"] == "envs-test"
+    assert client.get_run(out.parent_run_id).data.tags["sdar.pipeline_job_id"] == "job-own"
+    monkeypatch.setenv("SDAR_KFP_MLFLOW", "on")
+    monkeypatch.delenv("MLFLOW_RUN_ID")
+    with pytest.raises(RuntimeError, match="SDAR_KFP_MLFLOW=on, but MLFLOW_RUN_ID"):
+        launch("job-missing")

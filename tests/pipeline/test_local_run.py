@@ -10,6 +10,7 @@ import pytest
 
 from sdar.pipeline.runner import run_local
 from sdar.pipeline.settings import RunSettings
+from tests.train.conftest import SMALL
 
 
 def _pid_alive(pid: int) -> bool:
@@ -53,8 +54,10 @@ def test_quick_pipeline_produces_the_comparison_and_mlflow_runs(tmp_path, monkey
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     root = tmp_path / "kfp"
     arms = ["grpo", "grpo_opsd", "sdar"]
-    # the quick settings, cut further (1 step, 2 rollouts per task, 6 held-out tasks) to keep CI short
-    s = RunSettings.quick(arms=arms, steps=1, group_size=2, eval_tasks=6, experiment="e2e")
+    # the quick settings, cut further (1 step, 2 rollouts per task, 6 held-out tasks, the training tests' smaller
+    # model and warm start, tests/train/conftest.py's SMALL) to keep CI short
+    small = {k: SMALL[k] for k in ("model.tiny_overrides", "warmstart.tokenizer_episodes", "rollout.max_response_tokens")}
+    s = RunSettings.quick(arms=arms, steps=1, group_size=2, eval_tasks=6, experiment="e2e", overrides=small)
     res = run_local(s, quick=True, root=root, quiet=True)
     assert res["status"] == "SUCCEEDED", res["error"]
 

@@ -80,8 +80,10 @@ def test_reclaim_section_prints_zeros(tmp_path):
 
 @pytest.mark.slow
 def test_damage_section_prints_zeros(tmp_path):
-    report = bench(tmp_path, "--only", "damage", "--damages", "state scrambled,marker garbage", timeout_s=600)
+    # one kind through `sdar train` (each resume is a process: ~20 s); every kind resumes in process in
+    # tests/train/test_guards.py::test_resume_falls_back_from_a_damaged_newest_checkpoint
+    report = bench(tmp_path, "--only", "damage", "--damages", "state scrambled", timeout_s=600)
     damage = report["sections"]["damage"]
-    assert damage["resumed"] == {"state scrambled": 1, "marker garbage": 2}
+    assert damage["resumed"] == {"state scrambled": 1}
     assert all(damage["finished"].values()) and damage["failed_resumes"] == damage["damaged_deleted"] == 0
-    assert damage["told"] == 2
+    assert damage["told"] == 1

@@ -143,7 +143,10 @@ def test_fields_added_later_keep_the_keys_of_what_was_built_before(monkeypatch):
 
     cfg = load_config(CONFIG)
     key = _cache_key(cfg, tiny_config(cfg))
-    assert config_mod.ADDED_DEFAULTS == {"warmstart.pretokenizer": "qwen2"}
+    assert config_mod.ADDED_DEFAULTS["warmstart.pretokenizer"] == "qwen2"
+    for dotted, default in config_mod.ADDED_DEFAULTS.items():  # each entry is its field's neutral default
+        head, _, name = dotted.rpartition(".")
+        assert getattr(getattr(config_mod.TrainConfig(), head), name) == default, dotted
     real_asdict = dataclasses.asdict
 
     def older_asdict(obj, *a, **kw):  # the config as code before the field saw it

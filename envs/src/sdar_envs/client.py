@@ -31,6 +31,7 @@ from sdar_envs.openenv_models import step_from_payload
 # isort: split
 from openenv.core.client_types import StepResult
 from openenv.core.env_client import EnvClient
+from websockets.protocol import State as WSState
 
 from sdar_envs.base import EnvStep
 
@@ -101,7 +102,10 @@ def fetch_observation(base_url: str, session_id: str, t: int, timeout_s: float =
 
 # ---- OpenEnv client subclass ----------------------------------------------------------------------
 class SdarEnvClient(EnvClient[Any, dict, dict]):
-    """OpenEnv's async WebSocket client for sdar servers; actions are strings (or {"message": str})."""
+    """OpenEnv's async WebSocket client for sdar servers; actions are strings (or {"message": str}).
+
+    One connection is one server session for its whole life: where openenv 0.10's client reconnects a
+    socket the server has closed (a new, empty session), this one reports why the server closed it."""
 
     def _step_payload(self, action: Any) -> dict[str, Any]:
         if isinstance(action, str):
@@ -117,6 +121,22 @@ class SdarEnvClient(EnvClient[Any, dict, dict]):
 
     def _parse_state(self, payload: dict[str, Any]) -> dict:
         return payload
+
+    async def _ensure_connected(self) -> None:
+        # openenv/core/env_client.py (0.10), EnvClient._connect_async: a socket the server closed is dropped and a
+        # new one opened, i.e. a new server session, so the next step would land on an env with no episode. The
+        # server closes a session's socket only to end it (reclaimed when idle, capacity): say so, every time.
+        ws = self._ws
+        if ws is not None and ws.state in (WSState.CLOSING, WSState.CLOSED):
+            response = await self._pending_message()  # the server's last word (e.g. why it reclaimed the session)
+            if response is not None and response.get("type") == "error":
+                self._raise_error(response)
+            raise EnvServerError(
+                "the server closed this session's WebSocket; open a new client (a new session) and reset",
+                code="CLOSED",
+                url=self._ws_url or "",
+            )
+        await super()._ensure_connected()
 
     async def _send_and_receive(self, message: dict[str, Any]) -> dict[str, Any]:
         # OpenEnv raises a bare RuntimeError; ours keeps the server's code and message apart

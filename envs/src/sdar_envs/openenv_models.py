@@ -1,7 +1,10 @@
 """The wire models of sdar's environment servers: OpenEnv Action/Observation/State subclasses.
 
-Step metadata travels as real observation fields because OpenEnv's serializer drops
-`Observation.metadata`; the conversions to and from `EnvStep` live here, shared by server and client.
+Built on `openenv` 0.10 (openenv/core/env_server/types.py), the successor of `openenv-core`; what we rely on
+of it is pinned by tests/envs/test_openenv_contract.py. Step metadata travels as typed observation fields
+(published in /schema, so a schema-checking client such as OpenEnv's runtime validator checks them), not in
+the untyped `Observation.metadata`, which stays empty; the conversions to and from `EnvStep` live here,
+shared by server and client.
 """
 
 from __future__ import annotations

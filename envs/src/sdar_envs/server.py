@@ -2,17 +2,17 @@
 
 Any OpenEnv client (ours in `sdar_envs.client`, TRL's, `GenericEnvClient`) drives it over `/ws`.
 
-How sessions work in openenv-core 0.3.0 and what this module adds
--------------------------------------------------------------------
+How sessions work in OpenEnv (`openenv` 0.10, the successor of `openenv-core`) and what this module adds
+------------------------------------------------------------------------------------------------------
 OpenEnv's `HTTPEnvServer` gives every WebSocket connection to `/ws` its own environment instance
 (made by a factory) and its own one-thread executor; messages are {"type": "reset"|"step"|"state"|
 "close", "data": {...}} and replies {"type": "observation"|"state"|"error", "data": {...}}. The
 session id stays inside the server, the idle reaper checks only every max(TTL/4, 5 s), the "state"
 message takes no argument, the HTTP `/reset` and `/step` routes build a fresh environment per
-request (no multi-turn episode over plain HTTP), and the serializer drops `Observation.metadata`.
-So `SdarEnvServer` subclasses `HTTPEnvServer` (its session table, capacity check, executors and
+request (no multi-turn episode over plain HTTP). So `SdarEnvServer` subclasses `HTTPEnvServer` (its session table, capacity check, executors and
 reaper are reused, not copied) and adds:
-  * every observation carries the step metadata as fields, plus `step` and `session_id`;
+  * every observation carries the step metadata as typed fields (published in /schema), plus `step` and
+    `session_id`, and /schema publishes `SdarState` as the state model;
   * a reaper with a configurable interval that remembers reclaimed sessions (410 to their owner, not
     404); a reclaimed WebSocket is told why (an error message) and closed (code 1001, the reason);
   * stateful HTTP sessions over the same session table (routes below), so curl, probes and
@@ -51,7 +51,9 @@ OpenEnv's routes are registered in its "production" mode (no stateless `/reset` 
 fail on multi-turn environments); `/health` and `/schema` are OpenEnv's own, while `/ws`, `/mcp` and
 `/metadata` are replaced: OpenEnv's `/ws` ends a session on a binary frame and lets its "mcp"
 messages close any session, its `/mcp` reads any body and closes any session by id, and its
-`/metadata` builds a whole environment per request. Our routes: POST /sessions, GET /sessions,
+`/metadata` builds a whole environment per request. OpenEnv 0.10's task API (`/list_environments`,
+`/{env_name}/splits|tasks|num_tasks|task|task_range`) is not served: each of its requests builds a whole
+environment, and ours have no task provider (GET /tasks?split= lists task ids instead). Our routes: POST /sessions, GET /sessions,
 POST /sessions/{id}/reset {"task_id", "seed"}, POST /sessions/{id}/step {"action": {"message"}},
 GET /sessions/{id}/state [?t=], DELETE /sessions/{id}, GET /info, GET /tasks?split=, POST /mcp
 (openenv/session/create and openenv/session/close only: these environments have no MCP tools).
@@ -397,6 +399,8 @@ class SdarEnvServer(HTTPEnvServer):
         factory = functools.partial(
             SdarEnvironment, family=options.family, env_kwargs=dict(options.env_kwargs), max_action_chars=options.max_action_chars
         )
+        # openenv/core/env_server/http_server.py (0.10), HTTPEnvServer.__init__: state_cls is what /schema
+        # publishes as the state model; env_name names the environment in OpenEnv's listings
         super().__init__(
             factory,
             SdarAction,
@@ -404,6 +408,8 @@ class SdarEnvServer(HTTPEnvServer):
             concurrency_config=ConcurrencyConfig(
                 max_concurrent_envs=options.max_sessions, session_timeout=options.session_ttl_s
             ),
+            env_name=f"sdar-{options.family}",
+            state_cls=SdarState,
         )
         # reclaimed session ids, remembered so that their owner learns 410 "reclaimed" instead of 404:
         # sid -> (why, SHA-256 of the session's token)
@@ -417,6 +423,12 @@ class SdarEnvServer(HTTPEnvServer):
         self.sessions_created = 0
 
     # -- OpenEnv hooks ---------------------------------------------------------------------------
+    def _factory_produces_harness_env(self) -> bool:
+        # openenv 0.10 asks this in production mode (a yes adds its /harness route): its answer imports the harness
+        # stack (openai, fastmcp: ~2 s of start-up) and, for a factory that is not a class, builds (and closes) a
+        # whole environment to find out; a SdarEnvironment is never a HarnessEnvironment
+        return False
+
     async def _create_session(self) -> tuple[str, Environment]:
         session_id, env = await super()._create_session()
         env.session_id = session_id  # type: ignore[attr-defined]
@@ -907,8 +919,11 @@ def operator_token_from_env() -> str | None:
     return token
 
 
-# OpenEnv routes this module serves itself (see the module docstring)
+# OpenEnv routes this module serves itself, and OpenEnv 0.10's task API, which it does not serve (see the module
+# docstring); paths as openenv/core/env_server/http_server.py (0.10) registers them
 _REPLACED_ROUTES = frozenset({"/ws", "/mcp", "/metadata"})
+_UNSERVED_ROUTES = frozenset({"/list_environments", "/{env_name}/splits", "/{env_name}/tasks", "/{env_name}/num_tasks",
+                              "/{env_name}/task", "/{env_name}/task_range"})
 
 
 def create_env_app(options: ServerOptions, operator_token: str | None = None) -> FastAPI:
@@ -927,7 +942,8 @@ def create_env_app(options: ServerOptions, operator_token: str | None = None) ->
         description=__doc__,
     )
     server.register_routes(app, mode=ServerMode.PRODUCTION)
-    app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) not in _REPLACED_ROUTES]
+    dropped = _REPLACED_ROUTES | _UNSERVED_ROUTES
+    app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) not in dropped]
     server.add_session_routes(app)
     publish_request_bodies(app, {("/sessions/{sid}/reset", "post"): (SdarResetRequest, False),
                                  ("/sessions/{sid}/step", "post"): (SdarStepRequest, True),

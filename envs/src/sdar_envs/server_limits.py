@@ -263,12 +263,13 @@ def _peer(transport: Any) -> str:
     return str(peer[0]) if isinstance(peer, (tuple, list)) and peer else "unknown"
 
 
+REFUSED_ANSWER_WAIT_S = 0.25  # a refused connection is answered on its first bytes, a silent one after this long
 REFUSED_LINGER_S = 2.0  # a refused connection gets its answer, then this long to read it before it is closed
 
 
 class _GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with a deadline on each request head, and every connection admitted by the
-    server's `ConnectionLimits` (a refused one gets a 429 or 503 at once and is closed).
+    server's `ConnectionLimits` (a refused one gets a 429 or 503 on its first bytes, or within REFUSED_ANSWER_WAIT_S, and is closed).
 
     uvicorn arms its keep-alive timer only after a response and cancels it on any byte, so a
     connection that never finishes its request line and headers is otherwise held forever.
@@ -281,6 +282,7 @@ class _GuardedH11Protocol(H11Protocol):
         super().__init__(*args, **kwargs)
         self._head_timer: asyncio.TimerHandle | None = None
         self._refused = False
+        self._refusal: tuple[int, str] | None = None
 
     def _arm_head_timer(self) -> None:
         self._cancel_head_timer()
@@ -308,19 +310,29 @@ class _GuardedH11Protocol(H11Protocol):
         if refusal is None:
             self._arm_head_timer()
             return
-        # answered before its request is read: the answer, then end of stream; what the client sends
-        # meanwhile is read and dropped (closing with unread data would reset the connection and could
-        # discard the answer on the client's side), and the connection is closed soon either way
+        # refused before its request is parsed: the answer goes out when the request's first bytes arrive (a
+        # client that writes its request after connecting, as a WebSocket client's handshake does, would
+        # otherwise find the connection closed before it could send, and never read the status) or after
+        # REFUSED_ANSWER_WAIT_S for a silent one; then end of stream, and what the client sends meanwhile is
+        # read and dropped (closing with unread data would reset the connection and could discard the answer
+        # on the client's side); the connection is closed REFUSED_LINGER_S later either way
         self._refused = True
-        status, why = refusal
+        self._refusal = refusal
+        self.loop.call_later(REFUSED_ANSWER_WAIT_S, self._answer_refusal)
+
+    def _answer_refusal(self) -> None:
+        if self._refusal is None or self.transport.is_closing():
+            return
+        (status, why), self._refusal = self._refusal, None
         reason = "Too Many Requests" if status == 429 else "Service Unavailable"
-        transport.write(_raw_error(status, reason, "too_many_connections" if status == 429 else "server_full", why))
-        if transport.can_write_eof():
-            transport.write_eof()
-        self.loop.call_later(REFUSED_LINGER_S, transport.close)
+        self.transport.write(_raw_error(status, reason, "too_many_connections" if status == 429 else "server_full", why))
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(REFUSED_LINGER_S, self.transport.close)
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
+            self._answer_refusal()
             return
         try:
             super().data_received(data)
@@ -335,6 +347,7 @@ class _GuardedH11Protocol(H11Protocol):
 
     def eof_received(self) -> bool | None:
         if self._refused:
+            self._answer_refusal()  # the client has sent all it will: the answer is flushed, then the close
             self.transport.close()
             return None
         return super().eof_received()

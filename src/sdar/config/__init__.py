@@ -35,7 +35,7 @@ PRETOKENIZERS = ("qwen2", "punct_space")  # warmstart.pretokenizer (sdar.models.
 # Fields added after checkpoints and results were made with the behaviour of their default: at that default
 # they are left out of every identity (the warm-start cache key, a study run's fingerprint), so what was built
 # and recorded before they existed keeps its identity. "section.field" -> the default that changes nothing.
-ADDED_DEFAULTS: dict[str, Any] = {"warmstart.pretokenizer": "qwen2"}
+ADDED_DEFAULTS: dict[str, Any] = {"warmstart.pretokenizer": "qwen2", "distributed.strategy": "ddp"}
 
 
 class ConfigError(ValueError):
@@ -155,6 +155,8 @@ def drop_added_defaults(d: dict[str, Any], section: str = "") -> dict[str, Any]:
             sub = d.get(head) if head else d
         if isinstance(sub, dict) and name in sub and sub[name] == default:
             del sub[name]
+            if not section and head and not sub:  # a section added whole (distributed), at its defaults
+                del d[head]
     return d
 
 
@@ -307,15 +309,18 @@ class WarmStartConfig:
 
 @dataclass
 class LaunchConfig:
-    """Where `gated_train` runs the training: in its own process (the default), or as a TorchX job
-    of `nodes` x `gpus_per_node` torchrun workers (data-parallel LoRA, see sdar.train.distributed).
-    Secrets (MLflow, S3) reach the job's pods from Kubernetes Secrets, never from this config."""
+    """Where `gated_train` runs the training: in its own process (the default), or as a job of `nodes` x
+    `gpus_per_node` torchrun workers (see sdar.train.distributed): a Kubeflow Trainer TrainJob
+    (sdar.launch_trainjob) or a TorchX job (sdar.launch). Secrets (MLflow, S3) reach the job's pods from
+    Kubernetes Secrets, never from this config."""
 
     launcher: str = field(default="auto", metadata={
-        "help": "auto | inprocess | torchx; auto = torchx when nodes * gpus_per_node > 1."})
+        "help": "auto | inprocess | trainjob | torchx; auto = a job when nodes * gpus_per_node > 1 (trainjob with "
+                "scheduler kubernetes, torchx with local_cwd), else inprocess."})
     scheduler: str = field(default="kubernetes", metadata={
-        "help": "kubernetes (a Volcano Job, gang-scheduled) | local_cwd (this machine)."})
-    nodes: int = field(default=1, metadata={"help": "Nodes of the TorchX job."})
+        "help": "kubernetes | local_cwd (TorchX on this machine); a TrainJob always runs on Kubernetes, a TorchX "
+                "job there is a Volcano Job, gang-scheduled."})
+    nodes: int = field(default=1, metadata={"help": "Nodes of the job."})
     gpus_per_node: int = field(default=0, metadata={
         "help": "GPUs of each node, one torchrun worker per GPU; 0 = CPU workers."})
     procs_per_node: int = field(default=0, metadata={
@@ -324,7 +329,11 @@ class LaunchConfig:
     memory_mb: int = field(default=32768, metadata={"help": "Memory per node, MB."})
     image: str = field(default="", metadata={
         "help": "The workers' image; \"\" = $SDAR_IMAGE or the trainer image the pipeline uses."})
-    queue: str = field(default="default", metadata={"help": "Volcano queue."})
+    queue: str = field(default="default", metadata={"help": "Volcano queue (TorchX)."})
+    runtime: str = field(default="torch-distributed", metadata={
+        "help": "The ClusterTrainingRuntime a TrainJob references (Kubeflow Trainer's torch-distributed)."})
+    kueue_queue: str = field(default="", metadata={
+        "help": "Kueue LocalQueue of a TrainJob (its kueue.x-k8s.io/queue-name label); \"\" = no label, no Kueue."})
     namespace: str = field(default="", metadata={
         "help": "\"\" = the namespace of the pod that launches (its service account's), else default."})
     service_account: str = field(default="pipeline-runner", metadata={
@@ -342,13 +351,47 @@ class LaunchConfig:
         "help": "Labels of the job's pods: ClusterSettings.pod_labels, which k8s/ NetworkPolicies admit to the env "
                 "services, MLflow and MinIO (the workers play episodes and log like the pipeline's pods)."})
 
+    def resolved_launcher(self) -> str:
+        """inprocess, trainjob (sdar.launch_trainjob) or torchx (sdar.launch): what `launcher` means here."""
+        if self.launcher not in self.LAUNCHERS:
+            raise ValueError(f"unknown launcher {self.launcher!r}; choose one of {', '.join(self.LAUNCHERS)}")
+        if self.launcher == "trainjob" and self.scheduler != "kubernetes":
+            raise ValueError(f"a TrainJob runs on Kubernetes; scheduler {self.scheduler!r} is TorchX's: "
+                             "set launch.launcher=torchx or launch.scheduler=kubernetes")
+        if self.launcher != "auto":
+            return self.launcher
+        if self.nodes * self.gpus_per_node <= 1:
+            return "inprocess"
+        return "trainjob" if self.scheduler == "kubernetes" else "torchx"
+
     def wants_torchx(self) -> bool:
-        """Whether training runs as a TorchX job (sdar.launch) rather than in this process."""
-        if self.launcher not in ("auto", "inprocess", "torchx"):
-            raise ValueError(f"unknown launcher {self.launcher!r}; choose one of auto, inprocess, torchx")
-        if self.launcher == "auto":
-            return self.nodes * self.gpus_per_node > 1
-        return self.launcher == "torchx"
+        """Whether training runs as a TorchX job (sdar.launch)."""
+        return self.resolved_launcher() == "torchx"
+
+    def wants_trainjob(self) -> bool:
+        """Whether training runs as a Kubeflow Trainer TrainJob (sdar.launch_trainjob)."""
+        return self.resolved_launcher() == "trainjob"
+
+    LAUNCHERS = ("auto", "inprocess", "trainjob", "torchx")  # not a field: no annotation
+    # the fields newer than the results recorded before them, at the default that changes nothing: left out
+    # of every identity (ADDED_DEFAULTS)
+    ADDED_DEFAULTS.update({"launch.runtime": "torch-distributed", "launch.kueue_queue": ""})
+
+
+STRATEGIES = ("ddp", "fsdp")
+
+
+@dataclass
+class DistributedConfig:
+    """How torchrun's ranks share the model (one process alone: `ddp` is the plain single-process path)."""
+
+    strategy: str = field(default="ddp", metadata={
+        "help": "ddp: every rank holds the whole model and the ranks' gradients are summed in one all-reduce per "
+                "update (sdar.train.distributed); fsdp: FSDP2 (torch.distributed.fsdp.fully_shard) shards the "
+                "weights, gradients and optimizer state over the ranks, each decoder layer a unit, for LoRA and full "
+                "fine-tuning alike; checkpoints are sharded (torch.distributed.checkpoint). Under fsdp every rank "
+                "gathers the full weights for its rollouts and scoring passes (as verl's hybrid engine does) and "
+                "only the update's state stays sharded (sdar.train.fsdp)."})
 
 
 @dataclass
@@ -516,6 +559,8 @@ class TrainConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig, metadata={"help": "How episodes are played."})
     warmstart: WarmStartConfig = field(default_factory=WarmStartConfig, metadata={
         "help": "Supervised warm start of the tiny model."})
+    distributed: DistributedConfig = field(default_factory=DistributedConfig, metadata={
+        "help": "How torchrun's ranks share the model: ddp (replicas) or fsdp (sharded)."})
     launch: LaunchConfig = field(default_factory=LaunchConfig, metadata={
         "help": "In this process, or as a TorchX job of torchrun workers."})
     vllm: VLLMConfig = field(default_factory=VLLMConfig, metadata={
@@ -531,6 +576,7 @@ class TrainConfig:
             raise ValueError(f"unknown arm {self.arm!r}; choose one of {', '.join(ARMS)}")
         self.arm_overrides = check_arm_overrides(self.arm_overrides)
         choices = {"ppo.loss_normalisation": (self.ppo.loss_normalisation, ("micro_batch", "mini_batch")),
+                   "distributed.strategy": (self.distributed.strategy, STRATEGIES),
                    "reward": (self.reward, REWARDS), "rollout.penalize": (self.rollout.penalize, PENALIZE),
                    "rollout.privileged_placement": (self.rollout.privileged_placement, PLACEMENTS),
                    "warmstart.pretokenizer": (self.warmstart.pretokenizer, PRETOKENIZERS)}

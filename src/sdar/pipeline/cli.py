@@ -67,6 +67,43 @@ def _csv(text: str, cast=str) -> list:
         raise argparse.ArgumentTypeError(f"expected comma-separated {cast.__name__}s, got {text!r}") from None
 
 
+def _checked_overrides(sets: list[tuple[str, Any]] | None, base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`base` updated with the --set pairs, checked against the default config (the keys exist, the values
+    fit, the launcher is known) so a typo fails here rather than in the run's first step."""
+    from sdar.config import load_config
+    from sdar.pipeline.settings import DEFAULT_CONFIG
+
+    overrides = {**(base or {}), **dict(sets or [])}
+    try:
+        load_config(DEFAULT_CONFIG, overrides).launch.resolved_launcher()
+    except ValueError as exc:
+        raise SystemExit(f"--set: {exc}") from None
+    return overrides
+
+
+def _compiled_overrides(path) -> dict[str, Any]:
+    """The default of the `overrides` parameter in the pipeline IR at `path`."""
+    import json
+    from pathlib import Path
+
+    import yaml
+
+    spec = next(yaml.safe_load_all(Path(path).read_text()))
+    return json.loads(spec["root"]["inputDefinitions"]["parameters"]["overrides"].get("defaultValue") or "{}")
+
+
+def _bake_overrides(path, overrides: dict[str, Any]) -> None:
+    """Make `overrides` (JSON) the default of the pipeline's `overrides` parameter in the IR at `path`."""
+    import json
+    from pathlib import Path
+
+    import yaml
+
+    docs = list(yaml.safe_load_all(Path(path).read_text()))
+    docs[0]["root"]["inputDefinitions"]["parameters"]["overrides"]["defaultValue"] = json.dumps(overrides)
+    Path(path).write_text(yaml.safe_dump_all(docs, sort_keys=False))
+
+
 @_needs_the_dag
 def _cmd_compile(args: argparse.Namespace) -> int:
     from dataclasses import replace
@@ -80,9 +117,15 @@ def _cmd_compile(args: argparse.Namespace) -> int:
                                  ("env_namespace", args.env_namespace), ("train_cpu", args.train_cpu),
                                  ("train_memory", args.train_memory)) if v is not None}
     cluster = replace(ClusterSettings(), **changes)
+    overrides = _checked_overrides(args.set) if args.set else {}
     path = compile_pipeline(args.out, target=args.target, image=args.image, cluster=cluster,
                             replay_rounds=args.replay_rounds)
+    if overrides:  # the default of the run's `overrides`; a run's own (--arg overrides=...) replaces it
+        _bake_overrides(path, overrides)
     where = f", {cluster.gpus} GPU(s) per training pod" if args.target == "cluster" else ""
+    if args.target == "cluster" and cluster.gpus and overrides.get("launch.launcher") in ("trainjob", "torchx"):
+        print(f"note: with launch.launcher={overrides['launch.launcher']} the training step only launches the job and "
+              "waits; compile with --gpus 0 so that its pod holds no GPU")
     print(f"wrote {path} (target {args.target}{where}); run it with: kfp run create -e EXPERIMENT -f {path}  "
           f"(or sdar submit --host URL --experiment EXPERIMENT --yaml {path})")
     return 0
@@ -117,10 +160,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_submit(args: argparse.Namespace) -> int:
     from sdar.pipeline.runner import submit
 
-    arguments = dict(args.arg or [])
-    if isinstance(arguments.get("overrides"), dict):  # the pipeline takes them as JSON text
-        import json
+    import json
 
+    arguments = dict(args.arg or [])
+    if args.set:  # on top of the run's --arg overrides, else of the compiled pipeline's default
+        base = arguments.get("overrides")
+        if isinstance(base, str):
+            base = json.loads(base or "{}")
+        if base is None and args.yaml:
+            base = _compiled_overrides(args.yaml)
+        arguments["overrides"] = _checked_overrides(args.set, base)
+    if isinstance(arguments.get("overrides"), dict):  # the pipeline takes them as JSON text
         arguments["overrides"] = json.dumps(arguments["overrides"])
     try:
         run_id = submit(args.host, args.experiment, yaml_path=args.yaml, arguments=arguments,
@@ -151,6 +201,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--env-namespace", default=None,
                    help="default namespace of the env services (default sdar, where k8s/ grants access; "
                         "'' = the pipeline pods' own)")
+    c.add_argument("--set", action="append", type=parse_set, metavar="KEY=VALUE",
+                   help="a config override every step gets (the default of the pipeline's `overrides`), e.g. "
+                        "--set launch.launcher=trainjob; " + SET_HELP)
     c.set_defaults(func=_cmd_compile)
 
     r = sub.add_parser("run", help="run the comparison pipeline here through the KFP local runner (--local)")
@@ -189,4 +242,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--namespace", default=None, help="Kubeflow profile namespace (multi-user installs)")
     s.add_argument("--arg", action="append", type=parse_set, metavar="KEY=VALUE",
                    help="pipeline argument, YAML value (e.g. --arg arms=[grpo,sdar] --arg steps=150)")
+    s.add_argument("--set", action="append", type=parse_set, metavar="KEY=VALUE",
+                   help="a config override of this run, added to --arg overrides (else to the compiled "
+                        "default), e.g. --set launch.nodes=2; " + SET_HELP)
     s.set_defaults(func=_cmd_submit)

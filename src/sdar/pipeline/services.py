@@ -44,13 +44,15 @@ def launch_env_service(config_path: str, overrides: str, job_id: str, endpoints_
     info = {"family": fam, "target": target, "job_id": job_id, "experiment": experiment, "tracking": tracking,
             "parent_run_id": "", "tracking_uri": ""}
     if tracking:
-        from sdar.tracking import open_pipeline_run
+        from sdar.tracking import open_pipeline_run, pipeline_run_experiment
 
+        # KFP's own pipeline run when its MLflow integration is on (sdar.tracking.kfp_mlflow_run), else sdar's
         run_id, uri = open_pipeline_run(
             experiment, job_id, fam, tracking_uri=tracking_uri, output_root=output_root,
             parent_run_id=parent_run_id, run_name=run_name,
             params={"config_path": config_path, "overrides": json.dumps(ov, sort_keys=True)})
-        info.update(parent_run_id=run_id, tracking_uri=uri)
+        # the arm runs go into the parent's experiment, which KFP's integration chooses when it opened the parent
+        info.update(parent_run_id=run_id, tracking_uri=uri, experiment=pipeline_run_experiment(run_id, uri))
     if target == "local":
         from sdar.env_service import local
 

@@ -337,7 +337,8 @@ def train_arm(arm: str, seed: int, config_path: str, overrides: str, job_id: str
     """Train `arm` with `seed` on the config plus `overrides`, a JSON object of dotted config keys
     (e.g. '{"rollout.max_turns": 8}'), with `sdar.train.train` (rollout -> teacher scoring -> update inside
     one process, no reloads), or, when the config's `launch` section asks for more than one GPU (or
-    `launcher: torchx`), as a TorchX job of torchrun workers that this call submits and waits for.
+    `launcher: trainjob` / `torchx`), as a job of torchrun workers that this call submits and waits for: a
+    Kubeflow Trainer TrainJob (the default on Kubernetes) or a TorchX job.
 
     steps / group_size / tasks_per_step / eval_tasks: 0 keeps the config's value.
     family / model: "" keeps the config's env.family / model.name_or_path.
@@ -352,7 +353,7 @@ def train_arm(arm: str, seed: int, config_path: str, overrides: str, job_id: str
     MLflow run as dag_replay/* (log_pair_accounting).
     replay_round / replay_rounds: round r of R trains up to step ceil(steps * (r + 1) / R) (round_steps),
     resuming the previous round's run (same output directory, optimizer state, reference and MLflow run).
-    A TorchX job (launch.* in the config or overrides, e.g. '{"launch.nodes": 2, "launch.gpus_per_node": 4}')
+    A job (launch.* in the config or overrides, e.g. '{"launch.nodes": 2, "launch.gpus_per_node": 4}')
     gets the same config and overrides, and runs launch.image, else SDAR_IMAGE (the cluster pipeline
     sets it to its own image); on Kubernetes it needs checkpoint_root (s3://), through which its
     rank 0 hands the result back. This pod then only waits: compile with `sdar compile --gpus 0`.
@@ -364,7 +365,8 @@ def train_arm(arm: str, seed: int, config_path: str, overrides: str, job_id: str
     from sdar.config import load_config
 
     info, name = read_json(endpoints), f"{arm}-seed{int(seed)}"
-    extra: dict[str, Any] = {"experiment": experiment}
+    # the parent run's experiment: KFP's, when its MLflow integration opened the parent (sdar.tracking.kfp_mlflow_run)
+    extra: dict[str, Any] = {"experiment": info.get("experiment") or experiment}
     if info.get("parent_run_id"):
         extra["parent_run_id"] = info["parent_run_id"]
     if pairs:
@@ -401,11 +403,17 @@ def train_arm(arm: str, seed: int, config_path: str, overrides: str, job_id: str
 
 
 def _train(config_path: str, ov: dict[str, Any]) -> dict[str, Any]:
-    """Train with the config and overrides here, or as the TorchX job the config's launch section asks for."""
+    """Train with the config and overrides here, or as the job the config's launch section asks for: a
+    Kubeflow Trainer TrainJob (sdar.launch_trainjob) or a TorchX job (sdar.launch)."""
     from sdar.config import load_config
 
     cfg = load_config(config_path, ov)
-    if cfg.launch.wants_torchx():
+    launcher = cfg.launch.resolved_launcher()
+    if launcher == "trainjob":
+        from sdar.launch_trainjob import launch_trainjob
+
+        return launch_trainjob(cfg, config_path, ov)
+    if launcher == "torchx":
         from sdar.launch import launch_training
 
         return launch_training(cfg, config_path, ov)

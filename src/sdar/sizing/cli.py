@@ -155,8 +155,9 @@ def _add_gpu_arguments(p: argparse.ArgumentParser, d: SizingSettings) -> None:
     p.add_argument(
         "--shard",
         action=argparse.BooleanOptionalAction,
-        default=d.shard,
-        help="FSDP/ZeRO-3 sharding of weights, grads and Adam over the training GPUs (default on)",
+        default=None,
+        help="FSDP sharding of weights, grads and Adam over the training GPUs as sdar.train.fsdp does it (default: "
+             "a config's distributed.strategy, else on)",
     )
     p.add_argument(
         "--checkpointing",

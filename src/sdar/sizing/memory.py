@@ -188,17 +188,15 @@ def _actor_items(a: Arch, s: SizingSettings) -> list[Item]:
             Item("actor", "master weights fp32", f"4 B x {_n(P)}{per}", 4 * P / S, resident),
             Item("actor", "Adam m, v fp32", f"8 B x {_n(P)}{per}", 8 * P / S, resident),
         ]
-    # FSDP/ZeRO-3 gathers one unit at a time plus a prefetched one; the root unit (embeddings,
-    # lm_head, final norm) stays gathered through forward and backward. A full fine-tune also
-    # holds the unsharded gradients of those units until their reduce-scatter.
-    unit = a.root_params() + 2 * a.layer_params()
+    # sdar's FSDP (sdar.train.fsdp.gathered) gathers every unit at the start of a phase and keeps the weights whole
+    # through it, as verl's hybrid engine does for generation: the phases' forwards are rank-local (a rank's rows,
+    # lengths and prefixes are its own), so the per-unit all-gathers of ZeRO-3 would need lock-step forwards. The
+    # update accumulates the gradients whole and reduce-scatters them once per mini-batch.
     if S > 1:
-        unit_txt = f"({_n(a.root_params())} root + 2 x {_n(a.layer_params())} layer)"
-        items.append(Item("actor", "FSDP gathered weights", f"2 B x {unit_txt}", 2 * unit,
-                          ("teacher", "update")))
-        if not s.lora:
-            items.append(Item("actor", "FSDP unsharded grads", f"2 B x {unit_txt}", 2 * unit,
-                              ("update",)))
+        items.append(Item("actor", "FSDP whole weights (gathered per phase)", f"2 B x {_n(P)}", 2 * P, resident))
+        grads = (4 * a.lora_params(s.lora_r), f"4 B x {_n(a.lora_params(s.lora_r))} adapter") if s.lora \
+            else (2 * P, f"2 B x {_n(P)}")
+        items.append(Item("actor", "FSDP whole grads until the reduce-scatter", grads[1], grads[0], ("update",)))
     tok = s.micro_batch * s.seq_len
     per_layer = activation_bytes_per_layer(a, tok)
     head = tok * 2 * 2 * a.hidden  # final-norm input and lm_head input
@@ -226,8 +224,10 @@ def _reference_items(a: Arch, s: SizingSettings) -> list[Item]:
         return [Item("reference", "base with the adapter disabled", "no extra copy", 0,
                      _resident(s))]
     P, (S, per) = a.params(), _shards(s)
-    return [Item("reference", "frozen weights bf16", f"2 B x {_n(P)}{per}", 2 * P / S,
-                 _resident(s))]
+    items = [Item("reference", "frozen weights bf16", f"2 B x {_n(P)}{per}", 2 * P / S, _resident(s))]
+    if S > 1:  # gathered whole for the scoring phase, with the actor
+        items.append(Item("reference", "FSDP whole weights (scoring phase)", f"2 B x {_n(P)}", 2 * P, ("teacher",)))
+    return items
 
 
 def _rollout_items(a: Arch, s: SizingSettings, r: dict[str, Any]) -> list[Item]:

@@ -21,7 +21,7 @@ class SizingSettings:
     gpu_mem: float = 80.0  # GiB per GPU (nominal card size)
     lora: bool = False  # LoRA adapter (base frozen) instead of a full fine-tune
     lora_r: int = 16  # LoRA rank on q, k, v, o, gate, up, down
-    shard: bool = True  # FSDP / ZeRO-3: weights, grads and Adam sharded over the training GPUs
+    shard: bool = True  # FSDP (distributed.strategy fsdp): weights, grads and Adam sharded over the training GPUs
     checkpointing: bool = True  # gradient checkpointing: keep only each layer's input
     seq_len: int = 2560  # tokens of one turn-sample: prompt 2048 + response 512
     teacher_extra_tokens: int = 1024  # privileged skills prepended to the teacher's prompt
@@ -117,6 +117,7 @@ class SizingSettings:
 CONFIG_KEYS: dict[str, str] = {
     "gpus": "launch.nodes * launch.gpus_per_node",
     "lora": "model.lora",
+    "shard": "distributed.strategy == fsdp",
     "lora_r": "model.lora_r",
     "checkpointing": "model.gradient_checkpointing",
     "seq_len": "rollout.max_prompt_tokens + rollout.max_response_tokens",
@@ -154,6 +155,7 @@ def settings_from_config(path: str | Path) -> ConfigSettings:
     r, m = cfg.rollout, cfg.model
     out: dict[str, Any] = {
         "lora": m.lora,
+        "shard": cfg.distributed.strategy == "fsdp",
         "checkpointing": m.gradient_checkpointing,
         "seq_len": r.max_prompt_tokens + r.max_response_tokens,
         "teacher_extra_tokens": max(0, cfg.teacher.max_prompt_tokens - r.max_prompt_tokens),

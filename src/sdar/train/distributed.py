@@ -53,16 +53,35 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"{name}={value!r} is not an integer; torchrun sets it, do not set it by hand") from None
 
 
-def init_from_env() -> DistContext:
+def _group_of_one(device: torch.device | None) -> DistContext:
+    """A process group of this process alone (FSDP needs one to shard over, even at one rank): on a free loopback
+    port, gloo on the CPU, nccl on CUDA."""
+    import socket
+
+    import torch.distributed as dist
+
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    backend = os.environ.get("SDAR_DIST_BACKEND") or ("nccl" if dev.type == "cuda" else "gloo")
+    if not dist.is_initialized():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+                                timeout=timedelta(seconds=_env_int("SDAR_DIST_TIMEOUT_S", DEFAULT_TIMEOUT_S)))
+    return DistContext(backend=backend, device=dev)
+
+
+def init_from_env(group_alone: bool = False, device: torch.device | None = None) -> DistContext:
     """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT).
 
     Backend: SDAR_DIST_BACKEND if set, else nccl when CUDA is available (each rank on
     cuda:LOCAL_RANK), else gloo (CPU). SDAR_DIST_TIMEOUT_S bounds how long a collective waits.
-    Idempotent: a second call returns the same context.
+    Idempotent: a second call returns the same context. group_alone: a single process (no torchrun) still
+    gets a process group of one, on `device` (FSDP shards over it); its context stays rank 0 of 1.
     """
     world = _env_int("WORLD_SIZE", 1)
     if world <= 1:
-        return DistContext()
+        return _group_of_one(device) if group_alone else DistContext()
     import torch.distributed as dist
 
     rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
@@ -180,14 +199,15 @@ def sync_update(params: list[torch.nn.Parameter], metrics: dict[str, torch.Tenso
     the mini-batch's metrics as one process would have computed them).
 
     A rank without rows, or whose loss was not finite, contributes zeros; when any rank's loss was
-    not finite, every rank skips the update, so the replicas never diverge.
+    not finite, every rank skips the update, so the replicas never diverge. params=[]: the gradients are
+    summed already (FSDP's reduce-scatter, sdar.train.fsdp); only the metrics and the flags are.
     """
     if not ctx.enabled:
         return finite, {k: float(v) for k, v in metrics.items()}
     import torch.distributed as dist
 
     keys = sorted(metrics)
-    device = params[0].device
+    device = params[0].device if params else ctx.device
     grads = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in params]
     extra = [share * float(metrics[k]) if finite else 0.0 for k in keys] + [0.0 if finite else 1.0]
     flat = torch.cat(grads + [torch.tensor(extra, dtype=torch.float32, device=device)])
@@ -199,6 +219,25 @@ def sync_update(params: list[torch.nn.Parameter], metrics: dict[str, torch.Tenso
         at += n
     tail = flat[at:].tolist()
     return tail[-1] == 0.0, dict(zip(keys, tail[:-1]))
+
+
+def broadcast_object(obj, ctx: DistContext):
+    """Rank 0's `obj` on every rank (alone: `obj`)."""
+    if not ctx.enabled:
+        return obj
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier(ctx: DistContext) -> None:
+    """Wait for every rank (alone: return)."""
+    if ctx.enabled:
+        import torch.distributed as dist
+
+        dist.barrier()
 
 
 def all_true(flag: bool, ctx: DistContext) -> bool:

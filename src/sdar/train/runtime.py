@@ -137,6 +137,14 @@ class Runtime:
                 fetch_checkpoint(store, rel, tmp)
             except DamagedCheckpointError as exc:
                 raise unloadable(exc.detail) from exc
+            from sdar.train.fsdp import SHARDS_DIR, load_sharded
+
+            if (Path(tmp) / SHARDS_DIR).is_dir():  # written by an fsdp run: its shards, read whole here
+                try:
+                    load_sharded(self.model, None, Path(tmp) / SHARDS_DIR)
+                except Exception as exc:  # noqa: BLE001 - torch.distributed.checkpoint raises several kinds
+                    raise unloadable(f"its shards do not load: {type(exc).__name__}: {str(exc)[:200]}") from exc
+                return step
             try:
                 weights = torch.load(Path(tmp) / WEIGHTS_FILE, weights_only=True)
             except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError, EOFError, UnpicklingError, ...

@@ -131,7 +131,9 @@ class Trainer:
 
         self.cfg = cfg
         self.console = console or Console(stderr=True)
-        self.dist = distributed.init_from_env()  # rank 0 of 1 unless started by torchrun
+        self.fsdp = cfg.distributed.strategy == "fsdp"
+        # rank 0 of 1 unless started by torchrun (fsdp: with a process group of one, to shard over)
+        self.dist = distributed.init_from_env(group_alone=self.fsdp, device=cfg.resolved_device())
         self.out = cfg.resolved_output_dir()
         self.out.mkdir(parents=True, exist_ok=True)
         self.runtime = runtime or build_runtime(cfg, policy=policy, env_factory=env_factory, train=train,
@@ -140,6 +142,11 @@ class Trainer:
         if not self.params:
             raise ValueError("the policy has no trainable parameters; enable LoRA or full fine-tuning")
         distributed.broadcast_params(self.params, self.dist)
+        if self.fsdp:  # each rank keeps 1/N of every weight from here on (sdar.train.fsdp)
+            from sdar.train import fsdp
+
+            fsdp.shard_policy(self.policy)
+            self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
         from sdar.storage import ArtifactStore
 
@@ -182,6 +189,15 @@ class Trainer:
                 self.console.print(f"replay: {len(self._given_pairs)} DPO pairs from {cfg.replay.pairs_path} join "
                                    "the first step's loss")
 
+    def _gathered(self, reference: bool = False):
+        """fsdp: the policy's weights whole on every rank for the block (`sdar.train.fsdp.gathered`, a collective:
+        every rank enters), and the full fine-tune's reference copy too when `reference`; otherwise nothing."""
+        if not self.fsdp:
+            return contextlib.nullcontext()
+        from sdar.train.fsdp import gathered
+
+        return gathered(self.model, self.policy._reference if reference else None)
+
     def __getattr__(self, name: str) -> Any:
         if name in _RUNTIME_PARTS and "runtime" in self.__dict__:
             return getattr(self.__dict__["runtime"], name)
@@ -222,8 +238,10 @@ class Trainer:
         the update phase (the arm's composed loss, mini-batch by mini-batch); every forward in the Scorer's scope."""
         with self.scorer.scope():
             t0 = time.perf_counter()
-            rollouts = self.rollout_phase(step)
-            batch = self.score_phase(step, rollouts)
+            with self._gathered():
+                rollouts = self.rollout_phase(step)
+            with self._gathered(reference=True):
+                batch = self.score_phase(step, rollouts)
             update = self.update_phase(step, batch)
             return StepResult(step, self.step_metrics(batch, update, time.perf_counter() - t0))
 
@@ -326,6 +344,17 @@ class Trainer:
         """One optimizer step on mini-batch `rows` (global ids): its micro-batches' losses and gradients, then the
         update; its metrics (weighted means over the mini-batch), or None when the update was skipped."""
         self.optimizer.zero_grad(set_to_none=True)
+        with self._gathered():  # fsdp: the gradients accumulate whole, then one reduce-scatter shards them
+            metrics, finite = self._accumulate(b, rows)
+            if self.fsdp:
+                from sdar.train.fsdp import sync_gradients
+
+                sync_gradients(self.model, self.pad_id, self.policy.device)
+        return self._apply_update(step, b, rows, metrics, finite)
+
+    def _accumulate(self, b: StepBatch, rows: list[int]) -> tuple[dict[str, float], bool]:
+        """The gradients of mini-batch `rows`, micro-batch by micro-batch (this rank's share of each), and its
+        weighted metrics; False when a micro-batch's loss was not finite (the update is then skipped)."""
         finite, metrics, present = True, {}, {}
         parts = micro_batches(b.split, rows, self.cfg.ppo.micro_batch_size, self.arm.aggregation,
                               self.arm.normalisation(self.cfg.ppo.loss_normalisation))
@@ -352,7 +381,7 @@ class Trainer:
             got = self.scorer.score(self.model, _pick(b.prompts, rest), _pick(b.responses, rest), _pick(b.allowed, rest))
             b.old.logp[torch.tensor(rest), : got.logp.shape[1]] = got.logp
             b.reuse = set()
-        return self._apply_update(step, b, rows, metrics, finite)
+        return metrics, finite
 
     def _apply_update(self, step: int, b: StepBatch, rows: list[int], metrics: dict[str, float], finite: bool
                       ) -> dict[str, float] | None:
@@ -362,15 +391,19 @@ class Trainer:
         if not finite:
             self.optimizer.zero_grad(set_to_none=True)
         # metrics are already weighted: summed over ranks they are the mini-batch's
-        finite, metrics = distributed.sync_update(self.params, metrics, 1.0, finite, self.dist)
+        finite, metrics = distributed.sync_update([] if self.fsdp else self.params, metrics, 1.0, finite, self.dist)
         why = None if finite else "non-finite loss, update skipped"
         gn = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.grad_clip) if finite else None
+        if gn is not None and self.fsdp:
+            from sdar.train.fsdp import full
+
+            gn = full(gn)  # the norm over every rank's shards
         if gn is not None and not torch.isfinite(gn):
             why = "non-finite gradient, update skipped"
         if why is None:
             before = self._snapshot() if self.cfg.optim.guard_updates else None
             self.optimizer.step()
-            if before is not None and not distributed.all_true(self._healthy(b, b.split.local(rows)[:1]), self.dist):
+            if before is not None and not distributed.all_true(self._healthy_now(b, b.split.local(rows)[:1]), self.dist):
                 self._restore(before)
                 why = "the update made the weights or the policy's log-probs non-finite; restored the weights of before it"
         if why is not None:
@@ -443,6 +476,10 @@ class Trainer:
         self.optimizer.load_state_dict(opt_state)
         self.optimizer.zero_grad(set_to_none=True)
 
+    def _healthy_now(self, b: StepBatch, rows: list[int]) -> bool:
+        with self._gathered():
+            return self._healthy(b, rows)
+
     def _healthy(self, b: StepBatch, rows: list[int]) -> bool:
         """The trainable weights are finite and the policy scores `rows` (local) to finite log-probs: weights
         that are finite but huge (lr far too high) overflow in the forward, and would fail the next rollout."""
@@ -454,7 +491,10 @@ class Trainer:
         return bool(torch.isfinite(scored.logp).all())
 
     def _finite_weights(self) -> bool:
-        return all(bool(torch.isfinite(p).all()) for p in self.params)
+        """This rank's trainable weights (its shards under fsdp) are finite."""
+        from sdar.train.fsdp import local
+
+        return all(bool(torch.isfinite(local(p.detach())).all()) for p in self.params)
 
     def _micro_loss(self, b: StepBatch, mb: list[int], pair_idx=()):
         """The arm's composed loss on local rows `mb` (one forward with grad), over their free tokens, plus
@@ -541,19 +581,32 @@ class Trainer:
 
     # ---- checkpoints --------------------------------------------------------------------
     def save_checkpoint(self, step: int) -> None:
+        """Rank 0 writes the trainable weights (ddp: whole; fsdp: every rank's shards, `sdar.train.fsdp`), the
+        optimizer and the trainer's state to the spool or the store."""
         from sdar.storage import write_checkpoint
 
-        if not self.dist.is_main:  # the replicas hold the same weights; one writer
+        # unreachable with optim.guard_updates; a bad checkpoint would poison resume
+        finite = distributed.all_true(self._finite_weights(), self.dist) if self.fsdp else self._finite_weights()
+        if not self.dist.is_main and not self.fsdp:  # the replicas hold the same weights; one writer
             return
-        if not self._finite_weights():  # unreachable with optim.guard_updates; a bad checkpoint would poison resume
-            self.console.print(f"[red]step {step}: the weights are not finite; checkpoint not written (the last "
-                               "good one stays the one to resume from)[/red]")
+        if not finite:
+            if self.dist.is_main:
+                self.console.print(f"[red]step {step}: the weights are not finite; checkpoint not written (the last "
+                                   "good one stays the one to resume from)[/red]")
             return
-        with tempfile.TemporaryDirectory() as tmp:
-            trainable = {n: p.detach().cpu().clone() for n, p in self.model.named_parameters() if p.requires_grad}
-            torch.save(trainable, Path(tmp) / WEIGHTS_FILE)
+        with self._checkpoint_dir(step) as tmp:
+            if self.fsdp:
+                from sdar.train.fsdp import SHARDS_DIR, save_sharded
+
+                save_sharded(self.model, self.optimizer, Path(tmp) / SHARDS_DIR)
+                if not self.dist.is_main:
+                    return
+            else:
+                trainable = {n: p.detach().cpu().clone() for n, p in self.model.named_parameters() if p.requires_grad}
+                torch.save(trainable, Path(tmp) / WEIGHTS_FILE)
             torch.save({
-                "step": step, "optimizer": self.optimizer.state_dict(), "run_id": self.run_id,
+                "step": step, "optimizer": None if self.fsdp else self.optimizer.state_dict(), "run_id": self.run_id,
+                "sharded": self.fsdp,
                 "skipped_updates": self.skipped_updates, "attempted_updates": self.attempted_updates,
                 "history": self.history,
                 "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
@@ -563,6 +616,40 @@ class Trainer:
         if self.spool is not None:
             self._pending = step  # an older pending step is superseded: resume wants the newest
             self.flush_checkpoints(wait=False)
+
+    @contextlib.contextmanager
+    def _checkpoint_dir(self, step: int):
+        """Where a checkpoint is assembled before rank 0 uploads it: a temporary directory; under fsdp one that
+        every rank writes its shard into, <output_dir>/checkpoint-staging/step-N, which must be shared by the ranks
+        (one node: any local path; several: a volume they all mount)."""
+        if not self.fsdp or not self.dist.enabled:
+            with tempfile.TemporaryDirectory() as tmp:
+                yield tmp
+            return
+        import shutil
+        import uuid
+
+        staging = self.out / "checkpoint-staging" / f"step-{step}"
+        token = uuid.uuid4().hex if self.dist.is_main else None
+        if self.dist.is_main:
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
+            (staging / ".ranks-share-this").write_text(token)
+        token = distributed.broadcast_object(token, self.dist)
+        mark = staging / ".ranks-share-this"
+        shared = distributed.all_true(mark.is_file() and mark.read_text() == token, self.dist)
+        if self.dist.is_main:
+            mark.unlink(missing_ok=True)  # every rank has looked (the all-reduce above): not part of the checkpoint
+        if not shared:
+            raise RuntimeError(f"distributed.strategy fsdp writes every rank's shard of a checkpoint into {staging}, "
+                               "which not every rank sees: put output_dir on a volume all nodes mount")
+        try:
+            # torch.distributed.checkpoint.save returns on rank 0 after every rank's files are written
+            yield str(staging)
+        finally:
+            distributed.barrier(self.dist)  # rank 0 has uploaded (or failed) before the directory goes
+            if self.dist.is_main:
+                shutil.rmtree(staging, ignore_errors=True)
 
     def flush_checkpoints(self, wait: bool = True) -> bool:
         """Upload the newest spooled checkpoint to the store; True when nothing is pending any more.
@@ -650,7 +737,9 @@ class Trainer:
                         where = f"; moved to {store.uri_for(quarantine_checkpoint(store, rel, str(exc)))} (kept, not deleted)"
                 warn(f"checkpoint {store.uri_for(rel)} cannot be loaded ({exc}){where}; trying an older one")
                 continue
-            if all(bool(torch.isfinite(v).all()) for v in weights.values()):
+            finite = self._finite_weights() if weights is None else all(bool(torch.isfinite(v).all())
+                                                                          for v in weights.values())
+            if distributed.all_true(finite, self.dist) if self.fsdp else finite:
                 break
             passed_over.append(f"{store.uri_for(rel)}: non-finite weights")
             warn(f"checkpoint {store.uri_for(rel)} holds non-finite weights; looking for an older one")
@@ -660,8 +749,8 @@ class Trainer:
         if state.get("arm") != self.arm.name:
             raise ValueError(f"checkpoint at {store.uri_for(rel)} is of arm {state.get('arm')!r}, not "
                              f"{self.arm.name!r}; use another output_dir/checkpoint.uri")
-        load_trainable(self.model, weights, store.uri_for(rel))
-        self.optimizer.load_state_dict(state["optimizer"])
+        if weights is not None:  # a whole-tensor checkpoint (a sharded one is in the model and optimizer already)
+            self._load_whole(weights, state["optimizer"], store.uri_for(rel))
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])
         np.random.set_state(state["rng"]["numpy"])
@@ -674,11 +763,21 @@ class Trainer:
         self.console.print(f"resumed from {store.uri_for(rel)} at step {self.step}")
         return True
 
-    @staticmethod
-    def _load_checkpoint(store, rel: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    def _load_whole(self, weights: dict[str, torch.Tensor], optim_state: dict, where: str) -> None:
+        if not self.fsdp:
+            load_trainable(self.model, weights, where)
+            self.optimizer.load_state_dict(optim_state)
+            return
+        from sdar.train.fsdp import load_full
+
+        names = [n for n, p in self.model.named_parameters() if p.requires_grad]
+        load_full(self.model, self.optimizer, weights, optim_state, names)
+
+    def _load_checkpoint(self, store, rel: str) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any]]:
         """(trainable weights, trainer state) of checkpoint `rel`; `CheckpointUnreadable` naming what is wrong
         when a file is missing, not its recorded size, or does not load. An unreachable store still raises
-        its own StorageError (an outage is not damage)."""
+        its own StorageError (an outage is not damage). A sharded checkpoint (fsdp) is read straight into the
+        model and the optimizer, each rank its shards, and its weights come back as None."""
         from sdar.storage import DamagedCheckpointError, fetch_checkpoint
 
         with tempfile.TemporaryDirectory() as tmp:
@@ -688,16 +787,30 @@ class Trainer:
                 raise CheckpointUnreadable(exc.detail) from exc
             except FileNotFoundError as exc:  # moved aside meanwhile (by another replica), or never whole
                 raise CheckpointUnreadable(f"its files are gone ({exc})") from exc
+            from sdar.train.fsdp import SHARDS_DIR
+
+            sharded = (Path(tmp) / SHARDS_DIR).is_dir()
             loaded = []
-            for name, weights_only in ((WEIGHTS_FILE, True), (STATE_FILE, False)):
+            for name, weights_only in ((STATE_FILE, False),) if sharded else ((WEIGHTS_FILE, True), (STATE_FILE, False)):
                 try:
                     loaded.append(torch.load(Path(tmp) / name, weights_only=weights_only))
                 except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError, EOFError, UnpicklingError, ...
                     raise CheckpointUnreadable(f"{name} does not load: {type(exc).__name__}: {str(exc)[:200]}") from exc
+            if sharded:
+                self._load_shards(Path(tmp) / SHARDS_DIR)
+                loaded.insert(0, None)
         weights, state = loaded
-        if not isinstance(weights, dict) or not isinstance(state, dict) or "step" not in state:
+        if not (weights is None or isinstance(weights, dict)) or not isinstance(state, dict) or "step" not in state:
             raise CheckpointUnreadable(f"{WEIGHTS_FILE} or {STATE_FILE} does not hold what a checkpoint holds")
         return weights, state
+
+    def _load_shards(self, directory: Path) -> None:
+        from sdar.train.fsdp import load_sharded
+
+        try:
+            load_sharded(self.model, self.optimizer, directory)
+        except Exception as exc:  # noqa: BLE001 - torch.distributed.checkpoint raises CheckpointException and others
+            raise CheckpointUnreadable(f"its shards do not load: {type(exc).__name__}: {str(exc)[:200]}") from exc
 
     # ---- the run --------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -746,9 +859,10 @@ class Trainer:
                     step = self.step
                     result = self.train_step(step)
                     m = result.metrics
-                    if main and cfg.eval.every and (step + 1) % cfg.eval.every == 0:
-                        ev = self.evaluate()
-                        m.update(ev.metrics())
+                    if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and (main or self.fsdp):
+                        with self._gathered():  # fsdp: every rank gathers, rank 0 evaluates
+                            if main:
+                                m.update(self.evaluate().metrics())
                     self.history.append({"step": step, **m})
                     tracker.log_metrics(_tracked(m), step=step)
                     self.step = step + 1
@@ -766,8 +880,8 @@ class Trainer:
                                            highlight=False)
             self.flush_checkpoints(wait=True)  # the run ends with its last checkpoint in the store
             final = self.out / "final"
+            self._save_final(final)
             if main:
-                self.policy.save(final)
                 tracker.log_artifacts(str(final), "final_adapter")
                 (self.out / "history.json").write_text(json.dumps(self.history, indent=1))
                 tracker.log_artifact(str(self.out / "history.json"))
@@ -775,6 +889,24 @@ class Trainer:
                        "final_dir": str(final), "history": self.history}
             self._check_skipped()  # inside the tracker: a failing run is marked FAILED in MLflow
         return summary
+
+    def _save_final(self, final: Path) -> None:
+        """Rank 0 writes the final policy (`Policy.save`). fsdp: the trainable weights gathered whole on rank 0 (a
+        collective) into a plain copy of the starting policy, the frozen weights being the start's own."""
+        if not self.fsdp:
+            if self.dist.is_main:
+                self.policy.save(final)
+            return
+        from sdar.train.fsdp import whole_trainable
+        from sdar.train.warmstart import load_warm_policy
+
+        weights = whole_trainable(self.model)
+        if self.dist.is_main:
+            plain = load_warm_policy(self.cfg)
+            named = dict(plain.model.named_parameters())  # a tied weight (lm_head = embeddings) comes under both names
+            load_trainable(plain.model, {k: v for k, v in weights.items() if k in named}, "the gathered fsdp weights")
+            plain.save(final)
+        distributed.barrier(self.dist)
 
     def _check_skipped(self) -> None:
         frac = self.skipped_updates / self.attempted_updates if self.attempted_updates else 0.0

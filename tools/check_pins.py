@@ -1,0 +1,119 @@
+"""Are the version ranges in pyproject.toml current? For each package the ecosystem moves fastest on (the
+training stack, the pipeline stack, tracking, OpenEnv), print its range, the newest release on the package
+index pip uses, the newest release the range allows, and what is installed.
+
+    python tools/check_pins.py            # a table; exit 1 when an installed version is below the newest allowed
+    python tools/check_pins.py --json     # the same rows as JSON
+
+`make test` on a fresh clone installs the newest allowed versions, so CI runs against them by construction;
+what this adds is the view past the ranges: a release newer than a range's upper bound shows as `newer
+outside` and is the cue to widen the range (and run the tests). Releases known not to install from this index
+are listed in HELD with the reason. Needs pip and the index; nothing is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tomllib
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.version import InvalidVersion, Version
+
+ROOT = Path(__file__).resolve().parents[1]
+# torch is not watched: its build (CPU or CUDA) and version come from the Makefile's TORCH_SPEC, not the range
+WATCHED = ("transformers", "peft", "trl", "mlflow", "kfp", "kfp-kubernetes", "openenv", "kubeflow-trainer-api")
+# release -> why the range stops below it (checked on 2026-11-27)
+HELD = {
+    ("mlflow", "3.18.0"): "its mlflow-skinny 3.18.0 is not on this machine's index, so 3.18.0 does not install here",
+}
+
+
+@dataclass
+class Row:
+    package: str
+    range: str
+    newest: str
+    newest_allowed: str
+    installed: str
+    status: str  # current | behind | newer outside | held | not installed
+
+
+def ranges(pyproject: Path = ROOT / "pyproject.toml") -> dict[str, str]:
+    """The tightest range each watched package gets anywhere in pyproject.toml (dependencies and extras)."""
+    project = tomllib.loads(pyproject.read_text())["project"]
+    reqs = list(project["dependencies"]) + [r for extra in project["optional-dependencies"].values() for r in extra]
+    out: dict[str, str] = {}
+    for text in reqs:
+        req = Requirement(text)
+        name = req.name.lower()
+        if name in WATCHED and str(req.specifier):
+            out[name] = ",".join(sorted({*filter(None, out.get(name, "").split(",")), *str(req.specifier).split(",")}))
+    return out
+
+
+def index_versions(package: str) -> list[Version]:
+    """The releases pip's index offers (`pip index versions`), newest first; no pre-releases."""
+    done = subprocess.run([sys.executable, "-m", "pip", "index", "versions", package, "--disable-pip-version-check"],
+                          capture_output=True, text=True, timeout=120)
+    found = re.search(r"Available versions: (.*)", done.stdout)
+    if done.returncode != 0 or found is None:
+        raise RuntimeError(f"pip index versions {package} failed: {done.stderr.strip()[-300:]}")
+    out = []
+    for v in found.group(1).split(","):
+        try:
+            version = Version(v.strip())
+        except InvalidVersion:
+            continue
+        if not version.is_prerelease:
+            out.append(version)
+    return sorted(out, reverse=True)
+
+
+def check(package: str, spec: str) -> Row:
+    from packaging.specifiers import SpecifierSet
+
+    versions = index_versions(package)
+    allowed = [v for v in versions if v in SpecifierSet(spec)]
+    try:
+        installed = metadata.version(package)
+    except metadata.PackageNotFoundError:
+        installed = ""
+    newest, best = versions[0], (allowed[0] if allowed else None)
+    local = Version(installed).release if installed else None  # 2.13.0+cpu counts as 2.13.0
+    if not installed:
+        status = "not installed"
+    elif best is not None and local is not None and Version(".".join(map(str, local))) < best:
+        status = "behind"
+    elif best is not None and newest > best:
+        status = "held" if (package, str(newest)) in HELD else "newer outside"
+    else:
+        status = "current"
+    return Row(package, spec, str(newest), str(best or "-"), installed, status)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    ap.add_argument("packages", nargs="*", help=f"a subset of {', '.join(WATCHED)}")
+    args = ap.parse_args(argv)
+    wanted = ranges()
+    rows = [check(p, wanted[p]) for p in (args.packages or WATCHED) if p in wanted]
+    if args.json:
+        print(json.dumps([asdict(r) for r in rows], indent=1))
+    else:
+        print(f"{'package':22} {'range':14} {'newest':10} {'allowed':10} {'installed':14} status")
+        for r in rows:
+            why = f"  ({HELD[(r.package, r.newest)]})" if r.status == "held" else ""
+            print(f"{r.package:22} {r.range:14} {r.newest:10} {r.newest_allowed:10} {r.installed:14} {r.status}{why}")
+    return 1 if any(r.status == "behind" for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
