@@ -24,8 +24,38 @@ TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 DOCKER ?= docker
 TRAINER_IMAGE := $(REGISTRY)/sdar-trainer:$(TAG)
 ENV_SERVER_IMAGE := $(REGISTRY)/sdar-env-server:$(TAG)
+# Where the images' bases come from. upstream: the Dockerfiles' pinned python:3.11 slim and nvidia/cuda images,
+# pulled from their registries. local (the default with DOCKER=podman; no registry needed): `make base-image`
+# makes BASE_IMAGE, Debian bookworm with its python 3.11 from debootstrap (tools/base_image.sh, root), both
+# Dockerfiles build FROM it and the trainer is its CPU variant (TORCH_SPEC's CPU wheel, no vLLM, the cluster
+# extra), tagged $(TRAINER_IMAGE)-cpu so that push-images never pushes it as the GPU image.
+IMAGE_BASE ?= $(if $(filter podman,$(notdir $(DOCKER))),local,upstream)
+BASE_IMAGE ?= localhost/sdar-base:bookworm
+TRAINER_CPU_IMAGE := $(TRAINER_IMAGE)-cpu
+# pip inside the builds uses the index this machine's pip uses: its URL (PIP_INDEX_URL or pip's global.index-url;
+# none: pip's default) as the build argument INDEX_URL, and its CA bundle as the build secret `ca`, mounted for
+# the pip steps only and never stored in a layer. IMAGE_WHEELS, a directory of wheels (pip's find-links, where
+# this machine keeps the CPU torch wheel), is mounted at /wheels in the trainer's RUN steps (podman build --volume;
+# never in a layer), where pip takes its wheels before the index.
+pip_config = $(shell $(firstword $(wildcard $(PY)) $(PYTHON)) -m pip config get $(1) 2>/dev/null)
+IMAGE_INDEX_URL ?= $(or $(PIP_INDEX_URL),$(call pip_config,global.index-url))
+IMAGE_CA_BUNDLE ?= $(firstword $(wildcard $(PIP_CERT) $(REQUESTS_CA_BUNDLE) $(SSL_CERT_FILE) /etc/ssl/certs/ca-certificates.crt))
+IMAGE_WHEELS ?= $(firstword $(wildcard $(or $(PIP_FIND_LINKS),$(call pip_config,global.find-links))))
+comma := ,
+IMAGE_FLAGS = --build-arg VERSION=$(TAG) $(if $(IMAGE_INDEX_URL),--build-arg INDEX_URL=$(IMAGE_INDEX_URL)) \
+  $(if $(IMAGE_CA_BUNDLE),--secret id=ca$(comma)src=$(IMAGE_CA_BUNDLE))
+# podman: each Dockerfile's own context filter (BuildKit reads <Dockerfile>.dockerignore by itself), and for the
+# RUN steps the open-files limit this machine allows where its hard limit is below 1048576 (podman's default
+# for containers, which runc cannot set without CAP_SYS_RESOURCE: "error setting rlimit type 7"; the RUN
+# steps would otherwise get 1024)
+PODMAN_ULIMIT = $(shell h=$$(ulimit -Hn); [ "$$h" != unlimited ] && [ "$$h" -lt 1048576 ] && echo --ulimit nofile=$$h:$$h)
+image_flags = $(IMAGE_FLAGS) $(if $(filter podman,$(notdir $(DOCKER))),--ignorefile $(1).dockerignore $(PODMAN_ULIMIT))
+ENV_SERVER_LOCAL_FLAGS = --build-arg PYTHON_IMAGE=$(BASE_IMAGE)
+TRAINER_LOCAL_FLAGS = --build-arg CUDA_IMAGE=$(BASE_IMAGE) --build-arg TORCH_SPEC=$(TORCH_SPEC) --build-arg VLLM_SPEC= \
+  --build-arg EXTRAS=cluster $(if $(and $(IMAGE_WHEELS),$(filter podman,$(notdir $(DOCKER)))),--volume $(IMAGE_WHEELS):/wheels:ro)
+LOCAL_IMAGES := $(filter local,$(IMAGE_BASE))
 
-.PHONY: install test demo bench clean images push-images
+.PHONY: install test demo bench check-pins clean images push-images
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -51,10 +81,26 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/bench_loss.py
 
-# BuildKit, so each image's Dockerfile.dockerignore applies
-images:
-	DOCKER_BUILDKIT=1 $(DOCKER) build -f images/env-server/Dockerfile --build-arg VERSION=$(TAG) -t $(ENV_SERVER_IMAGE) .
-	DOCKER_BUILDKIT=1 $(DOCKER) build -f images/trainer/Dockerfile --build-arg VERSION=$(TAG) -t $(TRAINER_IMAGE) .
+# the fast-moving dependencies' ranges against the newest releases on the index (tools/check_pins.py)
+check-pins: $(STAMP)
+	$(PY) tools/check_pins.py
+
+# BuildKit, so each image's Dockerfile.dockerignore applies (podman: --ignorefile) and the secret mounts work
+images: $(if $(LOCAL_IMAGES),base-image)
+	DOCKER_BUILDKIT=1 $(DOCKER) build -f images/env-server/Dockerfile $(call image_flags,images/env-server/Dockerfile) \
+	  $(if $(LOCAL_IMAGES),$(ENV_SERVER_LOCAL_FLAGS)) -t $(ENV_SERVER_IMAGE) .
+	DOCKER_BUILDKIT=1 $(DOCKER) build -f images/trainer/Dockerfile $(call image_flags,images/trainer/Dockerfile) \
+	  $(if $(LOCAL_IMAGES),$(TRAINER_LOCAL_FLAGS) -t $(TRAINER_CPU_IMAGE),-t $(TRAINER_IMAGE)) .
+
+.PHONY: base-image images-test
+# the local base image (IMAGE_BASE=local); nothing to do when it exists
+base-image:
+	DOCKER=$(DOCKER) tools/base_image.sh $(BASE_IMAGE)
+
+# builds both images with podman (make images DOCKER=podman) and runs them as the chart and the pipeline run
+# them: tests/deploy/test_images_build.py (root, podman, runc, debootstrap; timings in the README)
+images-test: $(STAMP)
+	SDAR_IMAGES_TEST=1 $(PY) -m pytest tests/deploy/test_images_build.py $(PYTEST_ARGS)
 
 push-images: images
 	$(DOCKER) push $(ENV_SERVER_IMAGE)
