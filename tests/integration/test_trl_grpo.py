@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("trl")
 
 from sdar_envs.client import http_json, serve_in_background  # noqa: E402
+from tests.integration.trl_tiny import scripted_bias, tiny_policy  # noqa: E402
 
 OPERATOR = "operator-token-for-trl-tests-0123456789"
 MAX_TURNS = 2  # the episode ends after two actions; a third call of `act` must not step the env
@@ -23,25 +24,15 @@ def household_server():
     handle.stop()
 
 
-def _scripted_bias(tokenizer, reply: str) -> list:
-    """`sequence_bias` entries that make any model write `reply` then <|im_end|>: each token is boosted
-    after the reply's own prefix, more the longer the prefix, so the longest matching prefix wins."""
-    ids = tokenizer(reply, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    return [[ids[: k + 1], 50.0 * (k + 1)] for k in range(len(ids))]
-
 
 def test_one_grpo_step_plays_the_server(household_server, tmp_path, monkeypatch):
     from trl import GRPOConfig, GRPOTrainer
 
     from sdar.config import RolloutConfig
-    from sdar.integrations.trl import EPISODE_OVER, SdarEnv, SdarEnvFactory, prepare_tokenizer
-    from sdar.models import TinyModelConfig, build_tiny_model, load_qwen_tokenizer
+    from sdar.integrations.trl import EPISODE_OVER, SdarEnv, SdarEnvFactory
 
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # environment_factory is experimental in TRL 1.16
-    tokenizer = prepare_tokenizer(load_qwen_tokenizer(), "household")
-    cfg = TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                          num_key_value_heads=1, max_position_embeddings=2048)
-    model = build_tiny_model(tokenizer, cfg)
+    tokenizer, model = tiny_policy()
     seen = []
 
     def spy(prompts, completions, **kwargs):  # records what TRL scored; 0, 1, ...: a group with a spread to learn from
@@ -52,7 +43,7 @@ def test_one_grpo_step_plays_the_server(household_server, tmp_path, monkeypatch)
         output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=2, num_generations=2,
         max_completion_length=1536, max_tool_calling_iterations=MAX_TURNS + 1, learning_rate=1e-3,
         use_cpu=True, bf16=False, report_to="none", logging_steps=1, save_strategy="no", seed=0,
-        generation_kwargs={"sequence_bias": _scripted_bias(tokenizer, "<action>look</action>")},
+        generation_kwargs={"sequence_bias": scripted_bias(tokenizer, "<action>look</action>")},
     )
     with SdarEnvFactory(household_server, RolloutConfig(family="household", max_turns=MAX_TURNS)) as factory:
         dataset = factory.task_dataset("train", n=1, seed=3)

@@ -19,6 +19,7 @@ import pytest
 pytest.importorskip("trl")
 
 from sdar_envs.client import http_json, serve_in_background  # noqa: E402
+from tests.integration.trl_tiny import scripted_bias, tiny_policy  # noqa: E402 - sdar's tokenizer, not its adapter
 
 OPERATOR = "operator-token-for-trl-openenv-0123456789"
 CALLS = 2  # max_tool_calling_iterations: each rollout steps the server twice
@@ -71,24 +72,14 @@ def openenv_tool_env(url: str, opened: list):
     return HouseholdToolEnv
 
 
-def _scripted_bias(tokenizer, reply: str) -> list:
-    """`sequence_bias` entries that make any model write `reply` then <|im_end|> (as in test_trl_grpo.py)."""
-    ids = tokenizer(reply, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    return [[ids[: k + 1], 50.0 * (k + 1)] for k in range(len(ids))]
-
 
 def test_grpo_step_through_trl_openenv_path(household_server, tmp_path, monkeypatch):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from sdar.integrations.trl import prepare_tokenizer  # only the tokenizer: it reads <action>X</action> as act(X)
-    from sdar.models import TinyModelConfig, build_tiny_model, load_qwen_tokenizer
 
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # environment_factory is experimental in TRL 1.16
-    tokenizer = prepare_tokenizer(load_qwen_tokenizer(), "household")
-    cfg = TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                          num_key_value_heads=1, max_position_embeddings=2048)
-    model = build_tiny_model(tokenizer, cfg)
+    tokenizer, model = tiny_policy()
     task = http_json("GET", f"{household_server}/tasks?split=train")["task_ids"][0]
     dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": "Solve the household task."}]], "task_id": [task]})
     opened: list = []
@@ -102,7 +93,7 @@ def test_grpo_step_through_trl_openenv_path(household_server, tmp_path, monkeypa
         output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=2, num_generations=2,
         max_completion_length=1024, max_tool_calling_iterations=CALLS, learning_rate=1e-3,
         use_cpu=True, bf16=False, report_to="none", logging_steps=1, save_strategy="no", seed=0,
-        generation_kwargs={"sequence_bias": _scripted_bias(tokenizer, "<action>look</action>")},
+        generation_kwargs={"sequence_bias": scripted_bias(tokenizer, "<action>look</action>")},
     )
     trainer = GRPOTrainer(model, reward_funcs=[spy], args=args, processing_class=tokenizer,
                           train_dataset=dataset, environment_factory=openenv_tool_env(household_server, opened))
