@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import base64
+import json
 import os
 import re
 import secrets
@@ -30,6 +31,7 @@ from typing import Any
 
 import pytest
 
+from tests.deploy import ca_bundles
 from tests.deploy.conftest import REPO
 
 pytestmark = [
@@ -373,8 +375,9 @@ def test_trainer_selfcheck_in_the_training_pods_context(built, podman_env):
 @pytest.mark.parametrize("which", ["env_server", "trainer"])
 def test_the_build_ca_bundle_is_in_no_layer(built, podman_env, which):
     """The CA bundle reached pip through the secret mount only: no /run/secrets, no pip configuration or PIP_*
-    setting in the image, and no certificate of the bundle that the image's own (Debian) bundle lacks (this
-    machine's proxy CA) in any layer, deleted files included (`podman image save`: every layer's tar)."""
+    setting in the image, and no certificate private to the build machine (in none of the public bundles the
+    image carries as their packages shipped them: Debian's, certifi's, botocore's...; tests/deploy/ca_bundles.py)
+    in any layer, deleted files included (`podman image save`: every layer's tar), as PEM or DER."""
     if built["ca"] is None:
         pytest.skip("the build got no CA bundle (none configured on this machine)")
     image, env = built[which], podman_env
@@ -388,35 +391,21 @@ def test_the_build_ca_bundle_is_in_no_layer(built, podman_env, which):
                   env=env).stdout
     assert "PIP_CERT" not in config and built["ca"] not in config
 
-    own = _run([DOCKER, "run", "--rm", "--network", "none", "--entrypoint", "cat", image,
-                "/etc/ssl/certs/ca-certificates.crt"], env=env).stdout
-    extra = _pem_blocks(Path(built["ca"]).read_text()) - _pem_blocks(own)
-    if not extra:
-        pytest.skip("every certificate of the build's bundle is one of Debian's own")
-    # one 64-character base64 line from the middle of each certificate (PEM wraps at 64)
-    needles = [b[len(b) // 2 - len(b) // 2 % 64:][:64].encode() for b in extra]
+    # the image's public bundles, read inside it by its own python (stdlib only: the module's source on stdin)
+    found = json.loads(_run([DOCKER, "run", "--rm", "-i", "--network", "none", "--entrypoint", "python", image,
+                             "-", "/"], env=env, input=Path(ca_bundles.__file__).read_text()).stdout)
+    assert found["public"], f"{image} carries no CA bundle its packages shipped: is dpkg's or pip's record gone?"
+    private = ca_bundles.private_certificates(Path(built["ca"]).read_bytes(), found["public"].values())
+    if not private:
+        pytest.skip("every certificate of the build's bundle is in a public bundle of the image")
+    needles = {n: der for der in private for n in ca_bundles.layer_needles(der)}
     with subprocess.Popen([DOCKER, "image", "save", "--format", "docker-archive", image], env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) as save:
-        found = _grep_stream(save.stdout, needles)
+        hit = ca_bundles.first_needle_in(save.stdout, list(needles))
         save.stdout.close()
-    assert not found, f"a certificate of {built['ca']} that Debian lacks is in a layer of {image}"
-    assert found or save.returncode == 0, f"podman image save {image} exited {save.returncode}"
-
-
-def _pem_blocks(text: str) -> set[str]:
-    return {m.group(1).replace("\n", "") for m in re.finditer(
-        r"-----BEGIN CERTIFICATE-----\n(.*?)-----END CERTIFICATE-----", text, re.S)}
-
-
-def _grep_stream(stream, needles: list[bytes], chunk: int = 1 << 22) -> bool:
-    """Whether any needle occurs in a byte stream (`podman image save` writes each layer as a plain tar)."""
-    overlap = max(len(n) for n in needles)
-    tail = b""
-    while True:
-        data = stream.read(chunk)
-        if not data:
-            return False
-        window = tail + data
-        if any(n in window for n in needles):
-            return True
-        tail = window[-overlap:]
+    assert hit is None, (
+        f"a certificate private to the build machine ({len(private)} of {built['ca']} are in no public bundle of "
+        f"the image) is in a layer of {image}: find the file with `podman run --rm --entrypoint grep {image} -rl "
+        f"{base64.b64encode(needles[hit]).decode()[64:128]} /`; bundles changed since their packages shipped "
+        f"them: {found['modified'] or 'none'}")
+    assert save.returncode == 0, f"podman image save {image} exited {save.returncode}"
