@@ -129,6 +129,9 @@ def build_pipeline(target: str = "local", image: str | None = None, cluster: Clu
                 tracking_uri=tracking_uri, output_root=output_root, report_dir=report_dir,
             )
 
+        # every task's Python output line by line (a pipe block-buffers it): progress in the KFP logs as it happens
+        for task in (matrix, launch, baseline, final, report, teardown, *(t for r in rounds for t in r)):
+            task.set_env_variable("PYTHONUNBUFFERED", "1")
         if on_cluster:
             steps = {matrix: "run_matrix", launch: "launch_envs", baseline: "evaluate", final: "evaluate",
                      report: "compare", teardown: "teardown_envs"}

@@ -1,8 +1,6 @@
 """The run view of `sdar run --local` / `make demo`: one line per task, each task's log in its own file,
 tasks told apart by the thread that writes them (the KFP local runner runs the arms in threads)."""
 
-from __future__ import annotations
-
 import contextlib
 import io
 import threading
@@ -82,3 +80,62 @@ def test_the_live_table_goes_to_the_terminal_not_into_the_logs(tmp_path):
     assert "compare" in term.getvalue() and "success" in term.getvalue()
     assert "\x1b[" not in (tmp_path / "compare.log").read_text().replace(C, "").replace(E, "").replace("\x1b[92m", "")
     assert console.file is not view  # restored after the run
+
+
+def test_a_running_tasks_progress_reaches_its_log_and_the_console_before_it_ends(tmp_path):
+    """Through the real KFP local runner: a task prints a warm-start progress line (sdar.progress, as the warm start
+    does) and a training step line (print, as the steps do), then waits for a file that this test writes only once it
+    has seen both lines in the task's log and its phase on the plain console."""
+    import time
+    from pathlib import Path
+
+    from kfp import dsl, local
+
+    from sdar.pipeline.runner import _run_logged
+
+    @dsl.component(base_image="python:3.11", install_kfp_package=False)
+    def slow_task(gate: str):
+        import pathlib
+        import time
+
+        from sdar.progress import Progress
+
+        with Progress("warm start: SFT", 10, "updates") as bar:
+            bar.advance(1)
+            print("[sdar] step 1/2: success 0.50 reward 5.00")
+            deadline = time.time() + 60
+            while not pathlib.Path(gate).exists() and time.time() < deadline:
+                time.sleep(0.1)
+            bar.advance(9)
+
+    @dsl.pipeline(name="progress-probe")
+    def probe(gate: str):
+        slow_task(gate=gate)
+
+    gate, logs = tmp_path / "gate", tmp_path / "logs"
+    term = io.StringIO()
+    console = Console(file=term, force_terminal=False, width=200)
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "root"), raise_on_error=True)
+    done: list = []
+    worker = threading.Thread(target=lambda: done.append(_run_logged(probe, {"gate": str(gate)}, logs, console,
+                                                                      quiet=False, verbose=False)))
+    worker.start()
+    log, seen = logs / "slow-task.log", ""
+    try:
+        deadline = time.monotonic() + 45
+        while time.monotonic() < deadline:
+            seen = log.read_text() if log.is_file() else ""
+            if ("warm start: SFT: 1/10 updates" in seen and "step 1/2" in seen
+                    and "slow-task: warm start: SFT 1/10 updates" in term.getvalue()):
+                break
+            time.sleep(0.2)
+        running = worker.is_alive() and not gate.exists()
+    finally:
+        gate.touch()
+        worker.join(90)
+    assert running, "the task ended before its progress was checked"
+    assert "warm start: SFT: 1/10 updates" in seen and "step 1/2" in seen, f"the task's log while it ran:\n{seen}"
+    assert "slow-task: warm start: SFT 1/10 updates" in term.getvalue(), term.getvalue()
+    error, view = done[0]
+    assert error is None and [t.status for t in view.tasks.values()] == ["SUCCESS"]
+    assert "warm start: SFT: 10/10 updates" in Path(view.tasks["slow-task"].log_path).read_text()

@@ -4,7 +4,10 @@ seconds; training tasks with their step and success), while every task's full lo
 The runner writes everything to `sys.stdout`: its own log lines ("Executing task 'x'", "Task 'x' finished
 with status SUCCESS") and, from the thread that runs each task, the task's subprocess output. `TaskLog`
 stands in for `sys.stdout` (`contextlib.redirect_stdout`) and tells the tasks apart by that writing
-thread, so tasks that run in parallel (the arms) still get separate logs.
+thread, so tasks that run in parallel (the arms) still get separate logs. Every line reaches its log file
+as it arrives (a person tails a task's log while the task runs), and the tasks' own Python output is
+unbuffered (`UNBUFFERED`, set for the tasks the runner starts), so a warm start's progress is seen while it
+is built, not when its task ends.
 """
 
 from __future__ import annotations
@@ -17,6 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sdar.progress import LINE as PROGRESS_LINE
+
+# what the runner's task subprocesses need in their environment for their output to arrive line by line:
+# Python block-buffers stdout into a pipe, so without it a task's prints arrive when the task ends
+UNBUFFERED = {"PYTHONUNBUFFERED": "1"}
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _EXECUTING = re.compile(r"Executing task '([^']+)'")
@@ -52,12 +59,15 @@ class TaskState:
 class TaskLog(io.TextIOBase):
     """A `sys.stdout` for the runner: the whole stream to `<log_dir>/pipeline.log`, each task's lines to
     `<log_dir>/<task>.log`, and a view of the tasks on `console` (a live table on a terminal; otherwise
-    a line when a task starts, every `progress_every` training steps and when it ends).
+    a line when a task starts, every `progress_every` training steps, when a long task enters a phase (the
+    progress lines of sdar.progress: the warm start's phases, an evaluation's episodes) and then at most every
+    `phase_every_s` seconds of it, and when it ends).
 
     Use as a context manager around the pipeline call; `failed()` lists the tasks that did not succeed.
     """
 
-    def __init__(self, log_dir: str | Path, console, live: bool | None = None, progress_every: int = 5) -> None:
+    def __init__(self, log_dir: str | Path, console, live: bool | None = None, progress_every: int = 5,
+                 phase_every_s: float = 30.0) -> None:
         super().__init__()
         self.dir = Path(log_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -68,6 +78,8 @@ class TaskLog(io.TextIOBase):
         console.file = console.file
         self.live_view = console.is_terminal if live is None else live
         self.progress_every = progress_every
+        self.phase_every_s = phase_every_s
+        self._phase_shown: dict[str, tuple[str, float]] = {}  # task key -> (phase label, when last printed)
         self.tasks: dict[str, TaskState] = {}
         self._by_thread: dict[int, TaskState] = {}
         self._partial: dict[int, str] = {}
@@ -86,6 +98,8 @@ class TaskLog(io.TextIOBase):
     def write(self, text: str) -> int:
         with self._lock:
             self._all.write(text)
+            if "\n" in text:
+                self._all.flush()
             tid = threading.get_ident()
             buf = self._partial.get(tid, "") + text
             *lines, rest = buf.split("\n")
@@ -145,7 +159,9 @@ class TaskLog(io.TextIOBase):
         self._refresh()
 
     def _write_task(self, task: TaskState, line: str) -> None:
-        self._files[task.key].write(line)
+        f = self._files[task.key]
+        f.write(line)
+        f.flush()  # the log is read while the task runs
         task.lines += 1
 
     def _progress(self, task: TaskState, plain: str) -> None:
@@ -162,7 +178,17 @@ class TaskLog(io.TextIOBase):
         phase = _PHASE.search(plain.strip())
         if phase:
             task.info = f"{phase['label']} {phase['done']}/{phase['total']} {phase['unit']}"
+            if not self.live_view:
+                self._show_phase(task, phase["label"])
             self._refresh()
+
+    def _show_phase(self, task: TaskState, label: str) -> None:
+        """The plain view's phase line: at once when a task enters a phase, then at most every phase_every_s."""
+        now = time.monotonic()
+        last = self._phase_shown.get(task.key)
+        if last is None or last[0] != label or now - last[1] >= self.phase_every_s:
+            self._phase_shown[task.key] = (label, now)
+            self.console.print(f"  {task.key}: {task.info}", highlight=False)
 
     # ---- the view -----------------------------------------------------------------------------------
     def _table(self):

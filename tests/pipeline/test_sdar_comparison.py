@@ -288,7 +288,14 @@ def test_torchx_jobs_of_the_training_step_run_the_pipelines_image(tmp_path, monk
         assert pod.spec.node_selector == ClusterSettings().node_selector
     # the default build passes its own image the same way
     default_container, _ = _executor(_compile(tmp_path, "cluster")[0], {}, "exec-gated-train")
-    assert default_container["env"] == [{"name": "SDAR_IMAGE", "value": "ghcr.io/sdar/sdar-trainer:0.1.0"}]
+    assert {"name": "SDAR_IMAGE", "value": "ghcr.io/sdar/sdar-trainer:0.1.0"} in default_container["env"]
+
+
+def test_every_task_writes_its_output_unbuffered(cluster, local):
+    # a pipe block-buffers Python's stdout: without this a task's progress reaches the KFP log when the task ends
+    for spec, _ in (cluster, local):
+        for ex, body in spec["deploymentSpec"]["executors"].items():
+            assert {"name": "PYTHONUNBUFFERED", "value": "1"} in body["container"].get("env", []), ex
 
 
 def test_local_target_has_no_cluster_settings(local):

@@ -157,6 +157,7 @@ def rollout(
     """Play one episode per env (env i on task_ids[i]) in lock-step; returns trajectories.
 
     envs: TextEnv-like objects (in-process or remote clients), one per episode.
+    progress: called after every turn with (turns played, episodes finished so far).
     """
     builder = PromptBuilder(cfg.family, history=cfg.history, show_admissible=cfg.show_admissible)
     pool = ThreadPoolExecutor(max_workers=max(1, cfg.env_workers))
@@ -206,7 +207,7 @@ def rollout(
                 if res.done:
                     trajs[i].won = bool(md.get("won", False))
             if progress:
-                progress(turn + 1, len(live))
+                progress(turn + 1, sum(st.done for st in state))
     finally:
         pool.shutdown(wait=True)
     return trajs

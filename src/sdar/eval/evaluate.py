@@ -58,22 +58,31 @@ def evaluate(
     console: Any = None,
 ) -> EvalResult:
     """Play every task `episodes_per_task` times at `temperature` (0 = greedy), `batch_episodes` at a time; the
-    progress goes to `console` (`sdar.progress`: a bar on a terminal, a line per batch in a log)."""
+    progress goes to `console` (`sdar.progress`: a bar on a terminal, in a log a line every tenth of the episodes
+    as they end)."""
     from sdar.progress import Progress
 
     ecfg = replace(cfg, temperature=temperature)
     jobs = [t for t in task_ids for _ in range(episodes_per_task)]
     trajs: list[Trajectory] = []
-    with Progress("evaluating", len(jobs), "episodes", console=console, every=batch_episodes) as progress:
+    with Progress("evaluating", len(jobs), "episodes", console=console) as progress:
         for start in range(0, len(jobs), batch_episodes):
             chunk = jobs[start : start + batch_episodes]
             envs = [env_factory() for _ in chunk]
+            shown = [0]  # episodes of this chunk already counted: the bar moves as episodes end, not per chunk
+
+            def ended(_turns: int, finished: int) -> None:
+                if finished > shown[0]:
+                    progress.advance(finished - shown[0])
+                    shown[0] = finished
+
             try:
-                trajs += rollout(backend, tokenizer, envs, chunk, list(range(len(chunk))), ecfg)
+                trajs += rollout(backend, tokenizer, envs, chunk, list(range(len(chunk))), ecfg, progress=ended)
             finally:
                 for e in envs:
                     e.close()
-            progress.advance(len(chunk))
+            if len(chunk) > shown[0]:
+                progress.advance(len(chunk) - shown[0])  # episodes cut by the turn limit
     by_type: dict[str, list[Trajectory]] = defaultdict(list)
     for t in trajs:
         by_type[t.task_type].append(t)

@@ -12,6 +12,7 @@ as the Makefile does).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -189,12 +190,11 @@ def config_file(config_path: str | os.PathLike) -> Path:
 def _run_logged(pipeline, args: dict[str, Any], log_dir: Path, console, *, quiet: bool, verbose: bool):
     """Run `pipeline(**args)` with one line per task on the console and each task's log in `log_dir` (verbose:
     the full logs on the terminal instead). Returns (the error of a failed task or None, the TaskLog or None)."""
-    import contextlib
-
-    from sdar.runlog import TaskLog
+    from sdar.runlog import UNBUFFERED, TaskLog
 
     error: str | None = None
     with warnings.catch_warnings(), contextlib.ExitStack() as stack:
+        stack.enter_context(_environ(UNBUFFERED))  # the tasks' output line by line, as it is written
         # the runner warns that our image name has no "python" in it: the components run in this Python
         warnings.filterwarnings("ignore", message=".*non-Python base image.*", category=RuntimeWarning)
         view = None
@@ -210,6 +210,21 @@ def _run_logged(pipeline, args: dict[str, Any], log_dir: Path, console, *, quiet
     if view is not None and error:
         view.report_failures()
     return error, view
+
+
+@contextlib.contextmanager
+def _environ(values: dict[str, str]):
+    """os.environ with `values` set (the runner's task subprocesses inherit it), restored afterwards."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _local_result(experiment: str, parent_run_id: str, uri: str, error: str | None, seconds: float, view,
