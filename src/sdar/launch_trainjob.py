@@ -39,6 +39,10 @@ from typing import Any, Iterable
 from sdar.launch import (IMAGE_WORKDIR, RUN_AS_GROUP, RUN_AS_USER, SCRATCH_SIZE, WRITABLE_DIRS, _procs_per_node,
                          _sigterm_raises, collect_result, job_namespace, require_s3, train_args)
 
+# The Kubeflow Trainer release the TrainJob is built for, validated against (its kubeflow-trainer-api models) and
+# tested on (its torch-distributed runtime and runtime-patch merge: tests/deploy/trainer_runtime.py); docs/cluster.md
+# installs its chart. Patch releases of the same minor merge runtime patches the same way.
+TRAINER_VERSION = "2.3.0"
 GROUP, VERSION, PLURAL, KIND = "trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob"
 API_VERSION = f"{GROUP}/{VERSION}"
 # the replicated job and its container that the torch runtimes run the trainer in (the Trainer's constants.Node)
@@ -200,6 +204,7 @@ def validate_trainjob(job: dict[str, Any]) -> dict[str, Any]:
     import pydantic
     from kubeflow_trainer_api.models import TrainerV1alpha1TrainJob
 
+    check_api_models()
     try:
         back = TrainerV1alpha1TrainJob.from_dict(job).to_dict()
     except pydantic.ValidationError as exc:
@@ -208,6 +213,20 @@ def validate_trainjob(job: dict[str, Any]) -> dict[str, Any]:
     if lost:
         raise ValueError(f"the TrainJob has fields Kubeflow Trainer's API does not: {', '.join(lost)}")
     return back
+
+
+def check_api_models(installed: str | None = None) -> str:
+    """The installed kubeflow-trainer-api version (or `installed`), refused unless it is TRAINER_VERSION's minor:
+    another minor's models describe another API (2.2's runtime patches merged differently)."""
+    from importlib.metadata import version
+
+    installed = installed or version("kubeflow-trainer-api")
+    if installed.split(".")[:2] != TRAINER_VERSION.split(".")[:2]:
+        major_minor = ".".join(TRAINER_VERSION.split(".")[:2])
+        raise RuntimeError(f"kubeflow-trainer-api {installed} is installed, but the TrainJob is built for Kubeflow "
+                           f"Trainer {TRAINER_VERSION}: pip install 'kubeflow-trainer-api=={major_minor}.*' (the "
+                           f"cluster extra pins it) and run Trainer {major_minor} on the cluster (docs/cluster.md)")
+    return installed
 
 
 def _differences(a: Any, b: Any, path: str = "") -> list[str]:
@@ -298,8 +317,8 @@ def _api_error(exc, namespace: str, doing: str) -> RuntimeError:
     hint = {403: f"the step's service account may not do that in {namespace!r}: apply k8s/ (its Role "
                  "sdar-trainjob-launcher), and leave launch.namespace empty"}.get(exc.status, "")
     if exc.status == 404 and doing.startswith("create"):
-        hint = ("the cluster serves no trainjobs.trainer.kubeflow.org: install Kubeflow Trainer (docs/cluster.md) "
-                "or set launch.launcher=torchx")
+        hint = (f"the cluster serves no trainjobs.trainer.kubeflow.org: install Kubeflow Trainer {TRAINER_VERSION} "
+                "(docs/cluster.md) or set launch.launcher=torchx")
     return RuntimeError(f"could not {doing} ({exc.status}: {message})" + (f"; {hint}" if hint else ""))
 
 

@@ -11,7 +11,9 @@ import contextlib
 import io
 import json
 import os
+import re
 import signal
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -19,25 +21,12 @@ import yaml
 
 from tests.deploy.conftest import REPO
 from tests.deploy.fake_kube_api import FakeKubeApi, condition, jobs_status
+from tests.deploy.trainer_runtime import node_pods
 
 CONFIG = "configs/household-tiny.yaml"
 NAMESPACE = "kubeflow"
 RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "privileged": False,
                         "readOnlyRootFilesystem": True, "runAsNonRoot": True}
-# Kubeflow Trainer v2.2.0's torch-distributed ClusterTrainingRuntime (charts/kubeflow-trainer/templates/runtimes/
-# torch-distributed.yaml): the pods a TrainJob referencing it gets are this template, plus the TrainJob's trainer
-# and runtimePatches
-TORCH_DISTRIBUTED = {
-    "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",
-    "metadata": {"name": "torch-distributed", "labels": {"trainer.kubeflow.org/framework": "torch"}},
-    "spec": {"mlPolicy": {"numNodes": 1, "torch": {}}, "template": {"spec": {"replicatedJobs": [{
-        "name": "node",
-        "template": {"metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
-                     "spec": {"template": {"spec": {"containers": [
-                         {"name": "node", "image": "pytorch/pytorch:2.10.0-cuda12.8-cudnn9-runtime"}]}}}}}]}}},
-}
-
-
 def _secret(var: str, secret: str) -> dict:
     return {"name": var, "valueFrom": {"secretKeyRef": {"name": secret, "key": var}}}
 
@@ -158,34 +147,102 @@ def test_a_replaying_arms_workers_get_its_teachers_keys_and_no_other_arm_does():
         env(arm="grpo_replay", **{"replay.teachers": bad})
 
 
-def _pods_of(job: dict) -> list[dict]:
-    """The pods Kubeflow Trainer makes of `job` on TORCH_DISTRIBUTED, one per node: the runtime's node template,
-    the trainer's image, command, env (and the torch plugin's PET_* variables) and resources, then the
-    runtime patch merged in (containers by name, as the strategic merge patch does)."""
-    trainer = job["spec"]["trainer"]
-    (rjob,) = TORCH_DISTRIBUTED["spec"]["template"]["spec"]["replicatedJobs"]
+def test_the_trainjob_merges_into_trainer_2_3s_runtime_and_its_nodes_run_torchrun_with_the_pet_variables(
+        monkeypatch):
+    """On Kubeflow Trainer 2.3.0's own torch-distributed runtime, merged as its controller merges runtime patches
+    (tests/deploy/trainer_runtime.py): every node pod gets the trainer's image, torchrun command and resources,
+    all of the launcher's patch, the Secrets' keys, and the torch plugin's PET_* variables, which torchrun reads
+    as its arguments."""
+    from torch.distributed.run import parse_args
+
+    from sdar.config import load_config
+    from sdar.launch_trainjob import trainjob_for_config
+    from tests.deploy.trainer_runtime import node_command, torch_distributed
+
+    teachers = [{"name": "api", "base_url": "https://api.example/v1", "model": "m", "api_key_env": "OPENAI_API_KEY"},
+                {"name": "local", "base_url": "http://127.0.0.1:8300/v1", "model": "m"}]
+    overrides = {"launch.nodes": 3, "launch.gpus_per_node": 2, "checkpoint.uri": "s3://b/x", "tracking": False,
+                 "arm": "grpo_replay", "replay.teachers": teachers}
+    cfg = load_config(CONFIG, overrides)
+    job = trainjob_for_config(cfg, CONFIG, overrides, NAMESPACE)
+    runtime = torch_distributed()
+    assert runtime["metadata"]["name"] == cfg.launch.runtime
+    name, trainer = job["metadata"]["name"], job["spec"]["trainer"]
     (patch,) = job["spec"]["runtimePatches"]
-    (rpatch,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
-    assert rpatch["name"] == rjob["name"]
-    tpatch = rpatch["template"]["spec"]["template"]
-    pods = []
-    for rank in range(trainer["numNodes"]):
-        spec = json.loads(json.dumps(rjob["template"]["spec"]["template"]["spec"]))
-        (node,) = spec["containers"]
-        pet = {"PET_NNODES": str(trainer["numNodes"]), "PET_NPROC_PER_NODE": str(trainer["numProcPerNode"]),
-               "PET_NODE_RANK": str(rank), "PET_MASTER_ADDR": f"{job['metadata']['name']}-node-0-0.x",
-               "PET_MASTER_PORT": "29400"}
-        node.update({"image": trainer["image"], "command": trainer["command"], "resources": trainer["resourcesPerNode"],
-                     "env": trainer.get("env", []) + [{"name": k, "value": v} for k, v in pet.items()]})
-        for key, value in tpatch["spec"].items():
-            if key != "containers":
-                spec[key] = value
-        for c in tpatch["spec"]["containers"]:
-            next(x for x in spec["containers"] if x["name"] == c["name"]).update(c)
-        labels = {**rjob["template"]["metadata"]["labels"], **tpatch.get("metadata", {}).get("labels", {})}
-        pods.append({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"node-{rank}", "labels": labels},
-                     "spec": spec})
-    return pods
+    (rjob,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    patched = rjob["template"]["spec"]["template"]
+    (patched_node,) = patched["spec"]["containers"]
+    pods = node_pods(job, runtime)
+    assert len(pods) == 3
+    for rank, pod in enumerate(pods):
+        (c,) = pod["spec"]["containers"]
+        assert c["name"] == "node" and c["image"] == trainer["image"] != "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime"
+        assert c["command"] == trainer["command"] and c["command"][:4] == ["torchrun", "-m", "sdar.cli", "train"]
+        assert c["resources"] == trainer["resourcesPerNode"]
+        # the whole patch, nothing of it lost in the merge
+        assert pod["metadata"]["labels"] == patched["metadata"]["labels"]
+        assert {k: v for k, v in pod["spec"].items() if k != "containers"} == {
+            k: v for k, v in patched["spec"].items() if k != "containers"}
+        assert (c["securityContext"], c["volumeMounts"]) == (patched_node["securityContext"],
+                                                             patched_node["volumeMounts"])
+        # the Secrets' keys (the teacher's included), then the torch plugin's variables and port
+        assert c["env"][:len(trainer["env"])] == trainer["env"]
+        assert {e["name"] for e in trainer["env"]} >= {"OPENAI_API_KEY", "AWS_ACCESS_KEY_ID"}
+        assert c["env"][len(trainer["env"]):] == [
+            {"name": "PET_NNODES", "value": "3"}, {"name": "PET_NPROC_PER_NODE", "value": "2"},
+            {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {
+                "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}},
+            {"name": "PET_MASTER_ADDR", "value": f"{name}-node-0-0.{name}"}, {"name": "PET_MASTER_PORT", "value": "29500"}]
+        assert c["ports"] == [{"containerPort": 29500}]
+        assert pod["metadata"]["annotations"] == {"batch.kubernetes.io/job-completion-index": str(rank)}
+        # what the node's container runs: the command, with the PET_* values (the Secrets' are the cluster's)
+        argv, env = node_command(job, rank)
+        assert argv == trainer["command"]
+        assert env == {"PET_NNODES": "3", "PET_NPROC_PER_NODE": "2", "PET_NODE_RANK": str(rank),
+                       "PET_MASTER_ADDR": f"{name}-node-0-0.{name}", "PET_MASTER_PORT": "29500"}
+        # torchrun takes them as --nnodes, --nproc-per-node, --node-rank, --master-addr, --master-port (static
+        # rendezvous: rank 0 hosts the store on the port the plugin opened)
+        for var, value in env.items():
+            monkeypatch.setenv(var, value)
+        args = parse_args(argv[1:])
+        assert (args.nnodes, args.nproc_per_node, args.node_rank, args.master_addr, args.master_port) == (
+            "3", "2", rank, f"{name}-node-0-0.{name}", 29500)
+        assert args.rdzv_backend == "static" and args.module and args.training_script == "sdar.cli"
+    # one machine: rank 0's address and a free port instead of the Service's
+    assert node_command(job, 2, master_addr="127.0.0.1", master_port=40123)[1] == {
+        "PET_NNODES": "3", "PET_NPROC_PER_NODE": "2", "PET_NODE_RANK": "2", "PET_MASTER_ADDR": "127.0.0.1",
+        "PET_MASTER_PORT": "40123"}
+
+
+def test_one_trainer_version_installed_validated_and_tested():
+    """The docs install the Kubeflow Trainer release whose API models validate the TrainJob and whose runtime the
+    tests merge it into; the package range admits exactly that minor."""
+    from importlib.metadata import version
+
+    from packaging.requirements import Requirement
+
+    from sdar.launch_trainjob import TRAINER_VERSION, check_api_models
+    from tests.deploy import trainer_runtime
+
+    assert trainer_runtime.TRAINER_VERSION == TRAINER_VERSION == "2.3.0"
+    assert trainer_runtime.RUNTIME_FILE.is_file() and f"at tag v{TRAINER_VERSION}" in trainer_runtime.RUNTIME_FILE.read_text()
+    doc = (REPO / "docs" / "cluster.md").read_text()
+    assert re.findall(r"export TRAINER_VERSION=(\S+)", doc) == [TRAINER_VERSION]
+    readme = re.sub(r"\\\n\s*", " ", (REPO / "README.md").read_text())
+    installs = re.findall(r"helm install kubeflow-trainer [^\n]*", readme + "\n" + re.sub(r"\\\n\s*", " ", doc))
+    assert installs and all(re.search(r"--version (\S+)", i).group(1) in (TRAINER_VERSION, '"$TRAINER_VERSION"')
+                            for i in installs), installs
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    reqs = [Requirement(r) for r in (*project["dependencies"], *(r for e in project["optional-dependencies"].values()
+                                                                  for r in e))]
+    ranges = [r.specifier for r in reqs if r.name == "kubeflow-trainer-api"]
+    assert len(ranges) == 2, ranges  # the cluster extra and dev
+    for spec in ranges:
+        assert TRAINER_VERSION in spec and "2.3.9" in spec and "2.2.1" not in spec and "2.4.0" not in spec, spec
+    assert check_api_models() == version("kubeflow-trainer-api")
+    with pytest.raises(RuntimeError, match=r"kubeflow-trainer-api 2.2.1 is installed, but the TrainJob is built for "
+                                           r"Kubeflow Trainer 2.3.0: pip install 'kubeflow-trainer-api==2.3.\*'"):
+        check_api_models("2.2.1")
 
 
 @pytest.mark.parametrize("version", ("1.30", "1.33"))
@@ -198,7 +255,7 @@ def test_the_pods_it_makes_run_restricted_with_the_pipelines_labels(version):
 
     overrides = {"launch.nodes": 2, "launch.gpus_per_node": 4, "checkpoint.uri": "s3://b/x", "tracking": False,
                  "output_dir": "/data/out/{arm}"}
-    pods = _pods_of(trainjob_for_config(load_config(CONFIG, overrides), CONFIG, overrides))
+    pods = node_pods(trainjob_for_config(load_config(CONFIG, overrides), CONFIG, overrides))
     assert len(pods) == 2
     for pod in pods:
         kubernetes_validate.validate(pod, version, strict=True)
@@ -220,7 +277,8 @@ def test_the_pods_it_makes_run_restricted_with_the_pipelines_labels(version):
         # the NetworkPolicies of k8s/ admit the workers like the pipeline's pods
         assert ClusterSettings().pod_labels.items() <= pod["metadata"]["labels"].items()
         # a run without MLflow gets the S3 Secret's keys only
-        assert {e["valueFrom"]["secretKeyRef"]["name"] for e in c["env"] if "valueFrom" in e} == {"sdar-s3"}
+        assert {e["valueFrom"]["secretKeyRef"]["name"] for e in c["env"] if "secretKeyRef" in e.get("valueFrom", {})
+                } == {"sdar-s3"}
 
 
 def test_which_launcher_a_config_gets():
