@@ -122,3 +122,27 @@ def mlflow_uri(tmp_path, monkeypatch) -> str:
     uri = prepare_sqlite_store(tmp_path / "mlflow.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     return uri
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory) -> Path:
+    """A tokenizer trained on household text and skills, once per session: `tiny:<dir>` is then a fresh tiny Qwen2
+    (random weights: varied actions and episode lengths, in seconds)."""
+    from sdar_envs import make_env
+    from sdar.models import train_tokenizer
+
+    env = make_env("household", backend="sim")
+    texts = [env.skill_library().render(k) for k in env.skill_library().keys()]  # noqa: SIM118 - a SkillLibrary, not a dict
+    for tid in env.task_ids("train")[:30]:
+        out = env.reset(task_id=tid)
+        texts.append(out.observation + "\n" + "\n".join(out.metadata["admissible_actions"]))
+        for _ in range(6):
+            if out.done:
+                break
+            a = env.expert_action()
+            out = env.step(a)
+            texts.append(f"<action>{a}</action>\n{out.observation}\n" + "\n".join(out.metadata["admissible_actions"]))
+    env.close()
+    d = tmp_path_factory.mktemp("tiny-tok")
+    train_tokenizer(texts).save_pretrained(d)
+    return d

@@ -16,29 +16,6 @@ from components.teacher_replay import teacher_replay
 CONFIG = str(Path(__file__).resolve().parents[2] / "configs" / "household-tiny.yaml")
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> Path:
-    """A tokenizer trained on household text and skills: `tiny:<dir>` is then a fresh tiny Qwen2."""
-    from sdar_envs import make_env
-    from sdar.models import train_tokenizer
-
-    env = make_env("household", backend="sim")
-    texts = [env.skill_library().render(k) for k in env.skill_library().keys()]  # noqa: SIM118 - a SkillLibrary, not a dict
-    for tid in env.task_ids("train")[:30]:
-        out = env.reset(task_id=tid)
-        texts.append(out.observation + "\n" + "\n".join(out.metadata["admissible_actions"]))
-        for _ in range(6):
-            if out.done:
-                break
-            a = env.expert_action()
-            out = env.step(a)
-            texts.append(f"<action>{a}</action>\n{out.observation}\n" + "\n".join(out.metadata["admissible_actions"]))
-    env.close()
-    d = tmp_path_factory.mktemp("tiny-tok")
-    train_tokenizer(texts).save_pretrained(d)
-    return d
-
-
 def _overrides(tiny_dir: Path) -> dict:
     return {"model.name_or_path": f"tiny:{tiny_dir}", "rollout.max_turns": 3, "rollout.max_response_tokens": 8,
             "teacher.max_prompt_tokens": 2000, "rollout.max_prompt_tokens": 1024}

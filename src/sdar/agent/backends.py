@@ -38,9 +38,11 @@ class Generation:
 class GenerationBackend(Protocol):
     def generate(
         self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, top_p: float = 1.0,
-        tries: list | None = None,
+        tries: list | None = None, seeds: list[int] | None = None,
     ) -> list[Generation]:
-        """tries: optional per-prompt `ActionTrie` restricting the response to admissible actions."""
+        """tries: optional per-prompt `ActionTrie` restricting the response to admissible actions.
+        seeds: optional per-prompt sampling seed: a row's sample then depends on its seed alone, not on the other
+        rows of the call (an evaluation's common random numbers); None samples from the global RNG."""
         ...
 
 
@@ -119,7 +121,7 @@ class TransformersBackend:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
 
     @torch.no_grad()
-    def generate(self, prompts, *, max_new_tokens, temperature, top_p=1.0, tries=None):
+    def generate(self, prompts, *, max_new_tokens, temperature, top_p=1.0, tries=None, seeds=None):
         out: list[Generation] = []
         model = self.model if self.inference is None else self.inference()
         was_training = model.training
@@ -128,20 +130,29 @@ class TransformersBackend:
         try:
             for start in range(0, len(prompts), self.batch_size):
                 sl = slice(start, start + self.batch_size)
-                out.extend(self._generate_chunk(model, prompts[sl], max_new_tokens, temperature, top_p, tries[sl]))
+                out.extend(self._generate_chunk(model, prompts[sl], max_new_tokens, temperature, top_p, tries[sl],
+                                                None if seeds is None else seeds[sl]))
         finally:
             model.train(was_training)
         return out
 
-    def _generate_chunk(self, model, prompts, max_new_tokens, temperature, top_p, tries):
+    def _generate_chunk(self, model, prompts, max_new_tokens, temperature, top_p, tries, seeds=None):
         if temperature > 0 and any(t is not None for t in tries):
             # constrained sampling: forced tokens cost no decision, and with jump_forward no decode step
             rows = constrained_sample(model, prompts, tries, max_new_tokens=max_new_tokens,
                                       temperature=temperature, top_p=top_p, eos_ids=self.eos_ids, pad_id=self.pad_id,
                                       jump_forward=self.jump_forward, share_prefix=self.share_prefix,
-                                      stats=self.decode_stats)
+                                      stats=self.decode_stats, seeds=seeds)
             return [Generation(r.token_ids, self.tokenizer.decode(r.token_ids, skip_special_tokens=True), r.finished,
                                r.logprobs) for r in rows]
+        if seeds is not None and temperature > 0:  # model.generate samples from the global RNG: one row per seed
+            out = []
+            for i, seed in enumerate(seeds):
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(int(seed))
+                    out += self._generate_chunk(model, prompts[i : i + 1], max_new_tokens, temperature, top_p,
+                                                tries[i : i + 1])
+            return out
         width = max(len(p) for p in prompts)
         device = next(model.parameters()).device
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
@@ -391,7 +402,7 @@ class VLLMBackend:
 
         return {"extra_args": {TRIE_ARG: trie.sequences}}
 
-    def generate(self, prompts, *, max_new_tokens, temperature, top_p=1.0, tries=None):
+    def generate(self, prompts, *, max_new_tokens, temperature, top_p=1.0, tries=None, seeds=None):
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -402,8 +413,10 @@ class VLLMBackend:
         # detokenize=False: text is decoded here exactly as the transformers backend does
         base = {"max_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
                 "stop_token_ids": self.eos_ids, "detokenize": False, "logprobs": 0 if self.logprobs_mode else None}
-        if any(t is not None for t in tries):
-            params = [SamplingParams(**base, **self._constraint_kwargs(t)) for t in tries]
+        if any(t is not None for t in tries) or seeds is not None:  # vLLM's per-request seed: common random numbers
+            params = [SamplingParams(**base, **self._constraint_kwargs(t),
+                                     **({} if seeds is None else {"seed": int(seeds[i]) % 2**63}))
+                      for i, t in enumerate(tries)]
         else:
             params = SamplingParams(**base)
         results = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,

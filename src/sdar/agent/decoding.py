@@ -2,8 +2,9 @@
 token is appended without a decode step, and a row's whole run of forced tokens goes through the model
 in one extended forward (KV cache kept). About 80% of household-tiny's response tokens are forced.
 
-Each row draws its free tokens from its own generator (seeded from the global RNG), so a row's sample
-depends only on its own distributions: jump-forward on and off give the same tokens and log-probs.
+Each row draws its free tokens from its own generator (seeded from the global RNG, or from `seeds`: one per row,
+which an evaluation draws from each episode's own generator), so a row's sample depends only on its own
+distributions: jump-forward on and off give the same tokens and log-probs.
 
 The prefill can share prompt starts (`share_prefix`): the rows of a chunk that begin alike (a task's group
 of rollouts at the same turn: system prompt, task and step lines) encode that start once, and every row
@@ -211,20 +212,25 @@ def _decode_forward(model, chunks: list[list[int]], pad_id: int, past, attn: tor
 @torch.no_grad()
 def constrained_sample(model, prompts: list[list[int]], tries: list, *, max_new_tokens: int, temperature: float,
                        top_p: float, eos_ids: list[int], pad_id: int, jump_forward: bool = True,
-                       share_prefix: bool = False, stats: DecodeStats | None = None) -> list[Decoded]:
+                       share_prefix: bool = False, stats: DecodeStats | None = None,
+                       seeds: list[int] | None = None) -> list[Decoded]:
     """Sample one response per prompt; `tries[i]` (an `ActionTrie` or None) constrains row i.
 
     jump_forward: feed each row's run of forced tokens in one forward (False: one token per forward,
     the same tokens and log-probs). temperature must be > 0 (greedy decoding takes `model.generate`).
     share_prefix: encode the prompt starts rows share once per group (`prefix_groups`); the same tokens and
     log-probs up to float rounding.
+    seeds: row i's generator seed (None: drawn from the global RNG, B draws per call, as training rollouts do).
     """
     if temperature <= 0:
         raise ValueError(f"constrained_sample samples: temperature must be > 0, got {temperature}")
     device = next(model.parameters()).device
     B = len(prompts)
     # one generator per row, seeded from the global stream: a row's draws do not depend on the batch
-    seeds = torch.randint(0, 2**62, (B,), dtype=torch.long).tolist()
+    if seeds is None:
+        seeds = torch.randint(0, 2**62, (B,), dtype=torch.long).tolist()
+    elif len(seeds) != B:
+        raise ValueError(f"constrained_sample got {len(seeds)} seeds for {B} prompts; pass one seed per prompt")
     gens = []
     for s in seeds:
         g = torch.Generator(device=device)

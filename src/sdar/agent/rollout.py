@@ -7,6 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import torch
+
 from sdar.agent.backends import GenerationBackend
 from sdar.agent.constrained import action_trie
 from sdar.agent.memory import memory_for
@@ -153,13 +155,20 @@ def rollout(
     groups: list[int],
     cfg: RolloutConfig,
     progress: Callable[[int, int], None] | None = None,
+    episode_seeds: list[int] | None = None,
 ) -> list[Trajectory]:
     """Play one episode per env (env i on task_ids[i]) in lock-step; returns trajectories.
 
     envs: TextEnv-like objects (in-process or remote clients), one per episode.
     progress: called after every turn with (turns played, episodes finished so far).
+    episode_seeds: one seed per episode (an evaluation's common random numbers): episode i then samples from its own
+    generator, so its draws do not depend on which other episodes are still running; None samples every turn from
+    the global RNG (training rollouts, seeded per step).
     """
     builder = PromptBuilder(cfg.family, history=cfg.history, show_admissible=cfg.show_admissible)
+    if episode_seeds is not None and len(episode_seeds) != len(envs):
+        raise ValueError(f"{len(episode_seeds)} episode seeds for {len(envs)} episodes; pass one seed per episode")
+    streams = None if episode_seeds is None else [torch.Generator().manual_seed(int(s)) for s in episode_seeds]
     pool = ThreadPoolExecutor(max_workers=max(1, cfg.env_workers))
     try:
         firsts = list(pool.map(lambda e_t: e_t[0].reset(task_id=e_t[1]), zip(envs, task_ids)))
@@ -184,8 +193,10 @@ def rollout(
                 eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
                 tries = [action_trie(tokenizer, cfg.family, v.admissible_actions, eos) if v.admissible_actions
                          else None for v in views]
+            own = {} if streams is None else {"seeds": [int(torch.randint(0, 2**62, (1,), generator=streams[i]))
+                                                         for i in live]}
             gens = backend.generate(prompts, max_new_tokens=cfg.max_response_tokens,
-                                    temperature=cfg.temperature, top_p=cfg.top_p, tries=tries)
+                                    temperature=cfg.temperature, top_p=cfg.top_p, tries=tries, **own)
             parsed = [parse_response(g.text, cfg.family, v.admissible_actions, cfg.require_think)
                       for g, v in zip(gens, views)]
             results = list(pool.map(lambda ia: envs[ia[0]].step(ia[1].action), zip(live, parsed)))

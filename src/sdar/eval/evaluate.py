@@ -46,6 +46,15 @@ class EvalResult:
                 "mean_length": self.mean_length, "invalid_rate": self.invalid_rate, "per_type": self.per_type}
 
 
+def episode_seed(sampling_seed: int, task_id: str, repeat: int) -> int:
+    """The sampling seed of evaluation episode `repeat` of `task_id`: a stable hash (the same in every process and
+    Python version), so an episode's draws depend on nothing else."""
+    import hashlib
+
+    digest = hashlib.sha256(f"{int(sampling_seed)}:{task_id}:{int(repeat)}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 2  # < 2**62, what torch.Generator.manual_seed takes
+
+
 def evaluate(
     backend,
     tokenizer,
@@ -56,18 +65,29 @@ def evaluate(
     episodes_per_task: int = 1,
     batch_episodes: int = 64,
     console: Any = None,
+    sampling_seed: int | None = None,
 ) -> EvalResult:
     """Play every task `episodes_per_task` times at `temperature` (0 = greedy), `batch_episodes` at a time; the
     progress goes to `console` (`sdar.progress`: a bar on a terminal, in a log a line every tenth of the episodes
-    as they end)."""
+    as they end).
+
+    Common random numbers: episode k of task t samples from its own generator, seeded by (sampling_seed, t, k)
+    (`episode_seed`), so two policies evaluated at one sampling seed face the same draws on each episode, whatever
+    the other episodes do; their paired difference then measures the policies. sampling_seed None: one draw of the
+    global RNG (seed it first, as the pipeline's evaluate step does).
+    """
+    import torch
+
     from sdar.progress import Progress
 
     ecfg = replace(cfg, temperature=temperature)
     jobs = [t for t in task_ids for _ in range(episodes_per_task)]
+    base = int(torch.randint(0, 2**62, (1,))) if sampling_seed is None else int(sampling_seed)
+    seeds = [episode_seed(base, t, k) for t in task_ids for k in range(episodes_per_task)]
     trajs: list[Trajectory] = []
     with Progress("evaluating", len(jobs), "episodes", console=console) as progress:
         for start in range(0, len(jobs), batch_episodes):
-            chunk = jobs[start : start + batch_episodes]
+            chunk, chunk_seeds = jobs[start : start + batch_episodes], seeds[start : start + batch_episodes]
             envs = [env_factory() for _ in chunk]
             shown = [0]  # episodes of this chunk already counted: the bar moves as episodes end, not per chunk
 
@@ -77,7 +97,8 @@ def evaluate(
                     shown[0] = finished
 
             try:
-                trajs += rollout(backend, tokenizer, envs, chunk, list(range(len(chunk))), ecfg, progress=ended)
+                trajs += rollout(backend, tokenizer, envs, chunk, list(range(len(chunk))), ecfg, progress=ended,
+                                 episode_seeds=chunk_seeds)
             finally:
                 for e in envs:
                     e.close()
