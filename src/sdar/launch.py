@@ -14,7 +14,8 @@ and `launch_training(cfg, ...)` is what the `gated_train` pipeline step calls wh
 `launch` section says `launcher: torchx`, or asks for more than one GPU with `scheduler: local_cwd` (on
 Kubernetes more than one GPU makes a Kubeflow Trainer TrainJob by default: sdar.launch_trainjob, which
 shares this module's command, security context and result collection). Credentials never travel as
-parameters: the pods read them from the Kubernetes Secrets named in `secrets` (envFrom). The pods
+parameters: the pods read them from the Kubernetes Secrets named in `secrets` (envFrom), and a replaying arm's
+from the teachers' Secret (`teacher_secret`, optional as in gated_train's own pod). The pods
 run under the restricted Pod Security profile (non-root uid 10001, no privilege escalation, no
 capabilities, RuntimeDefault seccomp, read-only root filesystem with emptyDirs for what they write).
 
@@ -89,6 +90,7 @@ def trainer(
     max_retries: int = 0,
     rdzv_port: int = 29500,
     scratch: str = "",
+    teacher_secret: str = "",
 ) -> specs.AppDef:
     """`sdar train` under torchrun: nnodes replicas of nproc_per_node workers each (DDP over LoRA).
 
@@ -110,6 +112,8 @@ def trainer(
         rdzv_port: port of rank 0's rendezvous store (multi-node)
         scratch: more writable directories of each pod (comma-separated absolute paths; the root
             filesystem is read-only, /tmp and /workspace/runs are always writable)
+        teacher_secret: a Secret whose keys (the teacher pool's API keys) become the workers' environment
+            when it exists ("" = none; a pool of local servers needs none)
     """
     from sdar.images import trainer_image
 
@@ -134,7 +138,7 @@ def trainer(
     # above, the data-parallel reduction is sdar's own (sdar.train.distributed)
     overlay = _pod_overlay(role.image, [s for s in secrets.split(",") if s.strip()], node_selector or {},
                            _parse_tolerations(tolerations), labels or {}, memMB,
-                           [d.strip() for d in scratch.split(",") if d.strip()])
+                           [d.strip() for d in scratch.split(",") if d.strip()], teacher_secret.strip())
     from torchx.specs.overlays import set_overlay
 
     set_overlay(role, "kubernetes", "V1Pod", overlay)
@@ -157,12 +161,13 @@ def _parse_tolerations(text: str) -> list[dict[str, str]]:
 
 def _pod_overlay(image: str, secrets: list[str], node_selector: dict[str, str],
                  tolerations: list[dict[str, str]], labels: dict[str, str], mem_mb: int,
-                 scratch: list[str] | None = None) -> dict[str, Any]:
+                 scratch: list[str] | None = None, teacher_secret: str = "") -> dict[str, Any]:
     """What each pod of the job gets beyond TorchX's own: the restricted security context (pod and
     container), emptyDirs with size limits for every writable path (TorchX's /dev/shm included, bounded
     by the pod's memory it counts against), no service-account token and no service links (the workers
-    call no Kubernetes API), Secrets as envFrom of the (only) container, node selector, tolerations and
-    labels (TorchX adds its own labels after the overlay; it sets none of the others)."""
+    call no Kubernetes API), Secrets as envFrom of the (only) container (the teachers' optional), node
+    selector, tolerations and labels (TorchX adds its own labels after the overlay; it sets none of the
+    others). The container's env stays TorchX's (the merge would replace it whole), so Secrets come as envFrom."""
     from torchx.specs.overlays import JOIN
 
     # the container's name differs per replica, its image does not: merge on the image, leaving the
@@ -180,8 +185,11 @@ def _pod_overlay(image: str, secrets: list[str], node_selector: dict[str, str],
                             "privileged": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True},
         "volumeMounts": [{"name": name, "mountPath": path} for name, path in mounts.items()],
     }
-    if secrets:
-        container["envFrom"] = [{"secretRef": {"name": s.strip()}} for s in secrets]
+    env_from = [{"secretRef": {"name": s.strip()}} for s in secrets]
+    if teacher_secret:
+        env_from.append({"secretRef": {"name": teacher_secret, "optional": True}})
+    if env_from:
+        container["envFrom"] = env_from
     volumes = [{"name": name, "emptyDir": {"sizeLimit": size}} for name, (_, size) in writable.items()]
     if mem_mb > 0:
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{int(mem_mb)}M"}})
@@ -206,6 +214,32 @@ def _pod_overlay(image: str, secrets: list[str], node_selector: dict[str, str],
 # ---- from a TrainConfig ----------------------------------------------------------------------
 def _procs_per_node(launch) -> int:
     return launch.procs_per_node or max(launch.gpus_per_node, 1)
+
+
+def teacher_vars(cfg) -> set[str]:
+    """The environment variables holding the API keys of the teachers a replaying arm asks (none otherwise)."""
+    if cfg.resolved_arm().replay_coef == 0.0:
+        return set()
+    return {t.api_key_env for t in cfg.replay.teachers if t.api_key_env}
+
+
+def teacher_secret_of(cfg) -> str:
+    """The Secret a replaying arm's TorchX workers read its teachers' API keys from (envFrom: each key becomes the
+    variable of its name), "" for an arm that asks no teacher for a key. A key stored under another name than
+    its variable cannot arrive that way and is refused."""
+    wanted = teacher_vars(cfg)
+    if not wanted:
+        return ""
+    from sdar.pipeline.settings import ClusterSettings
+
+    cs = ClusterSettings()
+    renamed = sorted(var for var in wanted if cs.teacher_keys.get(var) != var)
+    if renamed:
+        raise ValueError(f"the teachers' api_key_env {', '.join(renamed)} is no key of the Secret {cs.teacher_secret} "
+                         f"(ClusterSettings.teacher_keys: {cs.teacher_keys}): a TorchX job's workers read that Secret "
+                         "whole, each key as the variable of its name; store the key under the variable's name, or "
+                         "use launch.launcher=trainjob, which maps keys to variables")
+    return cs.teacher_secret
 
 
 def train_args(config_path: str, overrides: dict[str, Any]) -> list[str]:
@@ -241,6 +275,7 @@ def app_for_config(cfg, config_path: str, overrides: dict[str, Any]) -> specs.Ap
         cpu=launch.cpu, memMB=launch.memory_mb, name=name, secrets=",".join(launch.secrets) if on_k8s else "",
         node_selector=dict(launch.node_selector) if on_k8s and launch.gpus_per_node else None,
         tolerations=tolerations, labels=dict(launch.pod_labels) if on_k8s else None, env=env, scratch=scratch,
+        teacher_secret=teacher_secret_of(cfg) if on_k8s else "",  # on this machine the workers inherit the keys
     )
 
 

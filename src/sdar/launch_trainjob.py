@@ -26,7 +26,8 @@ PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT); rank 0 pub
 checkpoint store (checkpoint.uri, s3://), where this step collects it.
 
 On Kubernetes the launching pod's service account needs, in the job's namespace: trainjobs.trainer.kubeflow.org
-create, get, watch and delete; pods list and pods/log get (k8s/base/rbac.yaml, sdar-trainjob-launcher).
+create, get, watch, delete, and list (the pipeline's teardown: delete_labelled); pods list and pods/log get
+(k8s/base/rbac.yaml, sdar-trainjob-launcher).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import os
 from typing import Any, Iterable
 
 from sdar.launch import (IMAGE_WORKDIR, RUN_AS_GROUP, RUN_AS_USER, SCRATCH_SIZE, WRITABLE_DIRS, _procs_per_node,
-                         _sigterm_raises, collect_result, job_namespace, require_s3, train_args)
+                         _sigterm_raises, collect_result, job_namespace, require_s3, teacher_vars, train_args)
 
 # The Kubeflow Trainer release the TrainJob is built for, validated against (its kubeflow-trainer-api models) and
 # tested on (its torch-distributed runtime and runtime-patch merge: tests/deploy/trainer_runtime.py); docs/cluster.md
@@ -102,13 +103,6 @@ def secret_env(secrets: list[str], tracking: bool, teacher_vars: Iterable[str] =
             for secret, pairs in wanted.items() for var, key in pairs.items()]
 
 
-def teacher_vars(cfg) -> set[str]:
-    """The environment variables holding the API keys of the teachers a replaying arm asks (none otherwise)."""
-    if cfg.resolved_arm().replay_coef == 0.0:
-        return set()
-    return {t.api_key_env for t in cfg.replay.teachers if t.api_key_env}
-
-
 def _resources(launch) -> dict[str, Any]:
     amounts = {"cpu": str(launch.cpu), "memory": f"{int(launch.memory_mb)}M"}
     if launch.gpus_per_node:
@@ -156,9 +150,11 @@ def _pod_patch(cfg) -> dict[str, Any]:
     return template
 
 
-def trainjob_for_config(cfg, config_path: str, overrides: dict[str, Any], namespace: str = "") -> dict[str, Any]:
+def trainjob_for_config(cfg, config_path: str, overrides: dict[str, Any], namespace: str = "",
+                        labels: dict[str, str] | None = None) -> dict[str, Any]:
     """The TrainJob that trains `cfg` (= load_config(config_path, overrides)) as its `launch` section says,
-    checked against Kubeflow Trainer's API models (validate_trainjob)."""
+    checked against Kubeflow Trainer's API models (validate_trainjob). `labels` go on the TrainJob besides the
+    pods' (the pipeline run's, by which its teardown finds the TrainJobs a lost step left: delete_labelled)."""
     from sdar.images import trainer_image
 
     launch = cfg.launch
@@ -166,7 +162,7 @@ def trainjob_for_config(cfg, config_path: str, overrides: dict[str, Any], namesp
     if launch.gpus_per_node and procs > launch.gpus_per_node:
         raise ValueError(f"launch.procs_per_node={procs} workers would share {launch.gpus_per_node} GPUs; "
                          "use one worker per GPU")
-    labels = dict(launch.pod_labels)
+    labels = {**launch.pod_labels, **(labels or {})}
     if launch.kueue_queue:
         labels[KUEUE_QUEUE_LABEL] = launch.kueue_queue
     metadata: dict[str, Any] = {"name": trainjob_name(cfg), "labels": labels}
@@ -384,6 +380,39 @@ def _delete(api, namespace: str, name: str) -> bool:
     return False
 
 
+def delete_labelled(namespace: str, label_selector: str, *, api_client=None) -> list[str]:
+    """Delete every TrainJob matching `label_selector` in `namespace` (in the foreground: its JobSet and pods
+    with it), one line per TrainJob; a line saying so when the cluster serves no TrainJobs (no Kubeflow Trainer).
+    What a pipeline's teardown does for the TrainJobs of its run: a gated_train pod killed without SIGTERM (its
+    node lost) leaves its TrainJob holding the GPU nodes. RuntimeError, after trying them all, names those left."""
+    import kubernetes
+    from kubernetes.client import V1DeleteOptions
+    from kubernetes.client.rest import ApiException
+
+    api = kubernetes.client.CustomObjectsApi(api_client or _api_client())
+    try:
+        found = api.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, label_selector=label_selector)
+    except ApiException as exc:
+        if exc.status == 404:
+            return [f"no TrainJobs in {namespace}: the cluster serves none (no Kubeflow Trainer)"]
+        raise _api_error(exc, namespace, f"list the TrainJobs with {label_selector} in {namespace}") from None
+    done, left = [], []
+    for job in found.get("items") or []:
+        name = job["metadata"]["name"]
+        try:
+            api.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name,
+                                                body=V1DeleteOptions(propagation_policy="Foreground"))
+            done.append(f"deleted TrainJob {namespace}/{name}")
+        except ApiException as exc:
+            if exc.status == 404:  # gone meanwhile
+                continue
+            left.append(f"{name} ({_api_error(exc, namespace, f'delete TrainJob {namespace}/{name}')})")
+    if left:
+        raise RuntimeError(f"TrainJobs of this run left in {namespace}: {'; '.join(left)}; delete them with "
+                           f"`kubectl -n {namespace} delete trainjobs -l {label_selector}`")
+    return done
+
+
 def _watch(api, namespace: str, name: str, report: StatusLog, timeout_s: int) -> tuple[str, dict[str, Any]]:
     """Watch the TrainJob until a Complete or Failed condition holds; report each state it passes through.
     Each watch lasts timeout_s (the API server ends it), then the job is read afresh and watched again."""
@@ -433,16 +462,18 @@ def _print_log_tail(core, namespace: str, name: str, lines: int = 50) -> None:
 
 
 def launch_trainjob(cfg, config_path: str, overrides: dict[str, Any], *, api_client=None,
-                    watch_timeout_s: int = 300) -> dict[str, Any]:
-    """Create the TrainJob for `cfg`, watch it to its end, delete it, and return a summary like
+                    watch_timeout_s: int = 300, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """Create the TrainJob for `cfg` (with `labels`), watch it to its end, delete it, and return a summary like
     `sdar.train.train`'s, with the final policy downloaded from the checkpoint store (rank 0 publishes it
     there, cfg.checkpoint.uri must be s3://) into <output_dir>/final of this machine. A failed TrainJob
-    raises RuntimeError with its message; a stopped step (SIGTERM, KeyboardInterrupt) deletes it first."""
+    raises RuntimeError with its message; a stopped step (SIGTERM, KeyboardInterrupt) deletes it first. A step
+    killed outright (its node lost) cannot: the pipeline's teardown deletes its TrainJobs by label
+    (delete_labelled)."""
     import kubernetes
 
     require_s3(cfg)
     namespace = job_namespace(cfg.launch)
-    job = trainjob_for_config(cfg, config_path, overrides, namespace)
+    job = trainjob_for_config(cfg, config_path, overrides, namespace, labels)
     name = job["metadata"]["name"]
     api_client = api_client or _api_client()
     api = kubernetes.client.CustomObjectsApi(api_client)

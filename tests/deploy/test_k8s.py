@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from tests.deploy.conftest import REPO
+from tests.deploy.trainer_runtime import MASTER_PORT
 
 K8S = REPO / "k8s"
 TARGETS = ("base", "overlays/local", "overlays/eks")
@@ -366,17 +367,30 @@ def _fake_kubernetes(monkeypatch, replicas: int) -> list[tuple[str, str, str, st
 
 @pytest.fixture(scope="module")
 def env_component_calls(tmp_path_factory):
-    """Every Kubernetes API call of one launch_envs + teardown_envs pair on a cluster."""
+    """Every Kubernetes API call of one launch_envs + teardown_envs pair on a cluster, run from a pipeline pod
+    in KFP's namespace: the env service's (recorded by stand-ins), and teardown's of the run's TrainJobs
+    (through a fake API server holding one TrainJob of this run and one of another). Returns the env calls,
+    launch_envs' endpoints, and the fake API server (its calls and the TrainJobs left)."""
+    import kubernetes
     from kfp import dsl
     from kfp.dsl import Artifact
 
+    import sdar.launch
     from components.launch_envs import launch_envs
     from components.teardown_envs import teardown_envs
+    from tests.deploy.fake_kube_api import FakeKubeApi
 
     mp = pytest.MonkeyPatch()
     tmp = tmp_path_factory.mktemp("calls")
+    (tmp / "namespace").write_text(PIPELINE_NS + "\n")
+    trainjobs = FakeKubeApi([])
+    trainjobs.add_trainjob(PIPELINE_NS, "sdar-sdar-seed0-0a1b2c3d", {"sdar.io/pipeline-job": "job-1"})
+    trainjobs.add_trainjob(PIPELINE_NS, "sdar-grpo-seed0-4e5f6a7b", {"sdar.io/pipeline-job": "job-2"})
     try:
+        trainjobs.__enter__()
         calls = _fake_kubernetes(mp, replicas=1)
+        mp.setattr(kubernetes.client.Configuration, "_default", kubernetes.client.Configuration(host=trainjobs.url))
+        mp.setattr(sdar.launch, "SA_NAMESPACE_FILE", str(tmp / "namespace"))
         endpoints = Artifact(name="endpoints", uri=str(tmp / "endpoints.json"))
         launch_envs.python_func(
             config_path=str(REPO / "configs" / "household-tiny.yaml"),
@@ -400,7 +414,8 @@ def env_component_calls(tmp_path_factory):
         )
     finally:
         mp.undo()
-    return calls, json.loads(Path(endpoints.path).read_text())
+        trainjobs.__exit__(None, None, None)
+    return calls, json.loads(Path(endpoints.path).read_text()), trainjobs
 
 
 def _granted(rules: list[dict]) -> set[tuple[str, str, str]]:
@@ -417,7 +432,7 @@ def _granted(rules: list[dict]) -> set[tuple[str, str, str]]:
 def test_rbac_grants_exactly_what_the_env_components_call_in_one_namespace(
     build, target, env_component_calls
 ):
-    calls, _ = env_component_calls
+    calls, _, _ = env_component_calls
     needed = {(g, res, verb) for g, res, verb, _ in calls}
     # the calls the code makes today: a new call shows up here and must be granted on purpose
     assert needed == {
@@ -495,21 +510,32 @@ def trainjob_launcher_runs(tmp_path_factory):
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_rbac_grants_exactly_what_the_trainjob_launcher_calls_where_its_jobs_go(
-    build, target, trainjob_launcher_runs
+    build, target, trainjob_launcher_runs, env_component_calls
 ):
-    calls = [c for run in trainjob_launcher_runs.values() for c in run["calls"]]
+    _, _, teardown = env_component_calls
+    calls = [c for run in trainjob_launcher_runs.values() for c in run["calls"]] + teardown.calls
     needed = {(g, res, verb) for g, res, verb, _ in calls}
-    # the calls launch_trainjob makes today: a new one must be granted on purpose
+    # the calls launch_trainjob and teardown_envs make today: a new one must be granted on purpose
     assert needed == {
         ("trainer.kubeflow.org", "trainjobs", "create"),
         ("trainer.kubeflow.org", "trainjobs", "get"),  # before each watch; an earlier attempt's job going
         ("trainer.kubeflow.org", "trainjobs", "watch"),
-        ("trainer.kubeflow.org", "trainjobs", "delete"),  # done, failed, stopped; an earlier attempt's
+        ("trainer.kubeflow.org", "trainjobs", "delete"),  # done, failed, stopped; an earlier attempt's; teardown
+        ("trainer.kubeflow.org", "trainjobs", "list"),  # teardown: the run's, by its label
         ("", "pods", "list"),  # node 0's pod of a failed job
         ("", "pods/log", "get"),  # its log tail
     }
     assert {ns for *_, ns in calls} == {PIPELINE_NS}
     _check_role(build(target), TRAINJOB_ROLE, PIPELINE_NS, needed)
+
+
+def test_teardown_deletes_the_runs_trainjobs_and_no_other(env_component_calls):
+    _, _, teardown = env_component_calls
+    assert not teardown.unknown, teardown.unknown
+    # job-1's TrainJob is gone, in the foreground (its JobSet and pods with it); job-2's stays
+    assert set(teardown.objects) == {(PIPELINE_NS, "sdar-grpo-seed0-4e5f6a7b")}
+    assert [d.get("propagationPolicy") for d in teardown.deleted] == ["Foreground"]
+    assert [c[2] for c in teardown.calls if c[1] == "trainjobs"] == ["list", "delete"]
 
 
 def test_the_roles_do_not_let_the_pipeline_read_secrets_or_exec(build):
@@ -525,7 +551,6 @@ def test_the_roles_do_not_let_the_pipeline_read_secrets_or_exec(build):
             ("apps", "deployments", "patch"),
             ("batch.volcano.sh", "jobs", "delete"),
             ("batch.volcano.sh", "jobs", "list"),
-            ("trainer.kubeflow.org", "trainjobs", "list"),
             ("trainer.kubeflow.org", "trainjobs", "update"),
             ("trainer.kubeflow.org", "trainjobs", "patch"),
             ("trainer.kubeflow.org", "trainingruntimes", "create"),
@@ -721,7 +746,7 @@ def test_every_pipeline_pod_carries_the_cluster_settings_labels(pipeline_pod_lab
 
 
 def _launched_env_pod(env_component_calls) -> Pod:
-    _, info = env_component_calls
+    _, info, _ = env_component_calls
     deployment = info["manifests"][0]
     assert deployment["metadata"]["namespace"] == SERVICES_NS
     return Pod.of(SERVICES_NS, deployment["spec"]["template"])
@@ -969,7 +994,7 @@ def test_the_egress_evaluator_itself():
 def _trainjob_worker_pods() -> list[Pod]:
     """The pods of the TrainJob gated_train would create in KFP's namespace (2 nodes), as Kubeflow Trainer
     makes them from the torch-distributed runtime: the runtime patch's labels (the Trainer adds the unnamed
-    container port 29400, torchrun's rendezvous, to the `node` container)."""
+    container port 29500, torchrun's rendezvous, to the `node` container: tests/deploy/trainer_runtime.py)."""
     from sdar.config import load_config
     from sdar.launch_trainjob import trainjob_for_config
 
@@ -1054,7 +1079,7 @@ def test_egress_allows_each_pod_exactly_what_it_calls(
         assert not sends(policies, quiet, mlflow, "http"), quiet
         assert not sends(policies, quiet, KFP_API, "grpc"), quiet
         assert not sends(policies, quiet, workers[0], "c10d"), quiet
-        assert not sends(policies, quiet, trainjob_workers[0], 29400), quiet
+        assert not sends(policies, quiet, trainjob_workers[0], MASTER_PORT), quiet
         assert sends(policies, quiet, KUBE_DNS, 53, "UDP"), quiet
     # MLflow: its Postgres, and the artifact store: S3 over HTTPS (IRSA) on EKS, MinIO locally
     assert connects(policies, mlflow, postgres, "postgres")
@@ -1089,10 +1114,10 @@ def test_egress_allows_each_pod_exactly_what_it_calls(
     for a in workers:
         for b in workers:
             assert sends(policies, a, b, "c10d") and sends(policies, a, b, 41234)
-    # a TrainJob's: node 0's torchrun rendezvous on 29400 (the Trainer's PET_MASTER_PORT), the collectives
+    # a TrainJob's: node 0's torchrun rendezvous on 29500 (the Trainer's PET_MASTER_PORT), the collectives
     for a in trainjob_workers:
         for b in trainjob_workers:
-            assert connects(policies, a, b, 29400) and connects(policies, a, b, 41234)
+            assert connects(policies, a, b, MASTER_PORT) and connects(policies, a, b, 41234)
 
 
 @pytest.mark.parametrize("target", OVERLAYS)

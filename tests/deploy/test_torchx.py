@@ -9,18 +9,17 @@ import contextlib
 import io
 import json
 import os
-import re
 import shlex
 import signal
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import yaml
 
 from tests.deploy.conftest import REPO
+from tests.deploy.fake_kube_api import FakeKubeApi
 
 CONFIG = "configs/household-tiny.yaml"
 
@@ -171,75 +170,17 @@ def test_gated_train_launches_a_torchx_job_of_two_workers(tmp_path, monkeypatch)
     assert out.final_dir == ckpt.path
 
 
-# ---- what launch_training asks of the Kubernetes API -----------------------------------------
-_CUSTOM_CALL = re.compile(r"(create|get|list|delete|replace|patch)_namespaced_custom_object(_status|_scale)?")
-_CORE_CALL = re.compile(r"(read|list|create|delete|patch)_namespaced_pod(_log|_status|_exec)?")
-_VERBS = {"create": "create", "get": "get", "read": "get", "list": "list", "delete": "delete", "replace": "update",
-          "patch": "patch"}
-_TASK_PHASE = {"Pending": "Pending", "Running": "Running", "Completed": "Succeeded", "Terminated": "Failed"}
+# ---- launch_training against a fake API server ------------------------------------------------
+def point_the_client_at(mp: pytest.MonkeyPatch, url: str) -> None:
+    """The in-cluster config a pipeline pod loads, as a client of the fake API server at `url`: TorchX's
+    scheduler loads it into a Configuration of its own, sdar's launchers into the default one."""
+    import kubernetes
 
+    def load_incluster_config(client_configuration=None, **kw) -> None:
+        (client_configuration or kubernetes.client.Configuration._default).host = url
 
-def _fake_kubernetes(mp: pytest.MonkeyPatch, phases: list[str], calls: list, on_status=None) -> None:
-    """Replace the Kubernetes client TorchX's scheduler builds with one that records each call as
-    (group, resource, verb, namespace), the way the API server authorises it. The Volcano job is in
-    phases[i] at the i-th status read (the last one repeats); on_status(i) runs at each read."""
-    import kubernetes.client
-    import kubernetes.config
-
-    reads = {"n": 0}
-
-    def phase() -> str:
-        return phases[min(reads["n"], len(phases) - 1)]
-
-    def job(name: str) -> dict:
-        return {"metadata": {"name": name}, "status": {
-            "state": {"phase": phase()}, "taskStatusCount": {"trainer-0": {"phase": {_TASK_PHASE[phase()]: 1}}}}}
-
-    class CustomObjects:
-        def __init__(self, api_client=None):
-            pass
-
-        def __getattr__(self, method: str):
-            m = _CUSTOM_CALL.fullmatch(method)
-            assert m, f"TorchX calls {method}, which this fake does not map to RBAC; extend _CUSTOM_CALL"
-            verb, sub = m.groups()
-
-            def call(**kw):
-                calls.append((kw["group"], kw["plural"] + (f"/{sub[1:]}" if sub else ""), _VERBS[verb],
-                              kw["namespace"]))
-                if verb == "create":
-                    return {"metadata": {"name": kw["body"]["metadata"]["name"]}}
-                if verb == "get" and sub == "_status":
-                    if on_status:
-                        on_status(reads["n"])
-                    out = job(kw["name"])
-                    reads["n"] += 1
-                    return out
-                return kw.get("body") or job(kw.get("name", ""))
-
-            return call
-
-    class CoreV1:
-        def __init__(self, api_client=None):
-            pass
-
-        def __getattr__(self, method: str):
-            m = _CORE_CALL.fullmatch(method)
-            assert m, f"TorchX calls {method}, which this fake does not map to RBAC; extend _CORE_CALL"
-            verb, sub = m.groups()
-
-            def call(**kw):
-                calls.append(("", "pods" + (f"/{sub[1:]}" if sub else ""), _VERBS[verb], kw["namespace"]))
-                if sub == "_log":
-                    return "step 0 done\nTraceback (most recent call last):\nRuntimeError: boom\n"
-                return SimpleNamespace(status=SimpleNamespace(pod_ip="10.0.0.5"),
-                                       spec=SimpleNamespace(containers=[SimpleNamespace(name="trainer-0")]))
-
-            return call
-
-    mp.setattr(kubernetes.client, "CustomObjectsApi", CustomObjects)
-    mp.setattr(kubernetes.client, "CoreV1Api", CoreV1)
-    mp.setattr(kubernetes.config, "load_incluster_config", lambda **kw: None)
+    mp.setattr(kubernetes.client.Configuration, "_default", kubernetes.client.Configuration(host=url))
+    mp.setattr(kubernetes.config, "load_incluster_config", load_incluster_config)
 
 
 class _Store:
@@ -254,17 +195,21 @@ class _Store:
         return {"steps": 1, "history": [{"step": 0}], "run_id": ""}
 
 
+LOG = "step 0 done\nTraceback (most recent call last):\nRuntimeError: boom\n"
+
+
 def launch_on_a_fake_cluster(tmp_path: Path, namespace: str = "kubeflow") -> dict[str, dict]:
-    """launch_training on Kubernetes, from a pod in `namespace`, against a fake API server, three
-    ways: the job succeeds; it fails; the step is stopped (SIGTERM) while it waits. Returns, per way,
-    the API calls (group, resource, verb, namespace), what it printed, and its result or error."""
+    """launch_training on Kubernetes, from a pod in `namespace`, against a fake API server (tests/deploy/
+    fake_kube_api.py: real HTTP, the real `kubernetes` client inside TorchX's scheduler), three ways: the job
+    succeeds; it fails; the step is stopped (SIGTERM) while it waits. Returns, per way, the API calls (group,
+    resource, verb, namespace), what it printed, its result or error, and the Volcano Jobs it created and left."""
     import sdar.launch
     import sdar.storage
     from sdar.config import load_config
 
     sa_ns = tmp_path / "namespace"
     sa_ns.write_text(namespace + "\n")
-    overrides = {"launch.gpus_per_node": 2, "checkpoint.uri": "s3://bucket/job/sdar-seed0"}
+    overrides = {"launch.gpus_per_node": 2, "launch.launcher": "torchx", "checkpoint.uri": "s3://bucket/job/sdar-seed0"}
 
     sent = []
 
@@ -278,39 +223,126 @@ def launch_on_a_fake_cluster(tmp_path: Path, namespace: str = "kubeflow") -> dic
     for way, phases, hook in (("succeeded", ["Pending", "Running", "Completed"], None),
                               ("failed", ["Running", "Terminated"], None),
                               ("stopped", ["Running"], stop_the_step)):
-        calls: list = []
         printed = io.StringIO()
         cfg = load_config(CONFIG, {**overrides, "output_dir": str(tmp_path / way)})
-        with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(printed):
-            _fake_kubernetes(mp, phases, calls, hook)
+        fake = FakeKubeApi([], volcano_phases=phases, on_event=hook, log=LOG)
+        with pytest.MonkeyPatch.context() as mp, fake as api, contextlib.redirect_stdout(printed):
+            point_the_client_at(mp, api.url)
             mp.setattr(sdar.launch, "SA_NAMESPACE_FILE", str(sa_ns))
             mp.setattr(sdar.storage, "open_store", lambda uri, **kw: _Store())
             try:
                 result = sdar.launch.launch_training(cfg, CONFIG, overrides, wait_interval=0)
             except BaseException as exc:  # noqa: BLE001 - SystemExit included: it is what SIGTERM became
                 result = exc
-        out[way] = {"calls": calls, "printed": printed.getvalue(), "result": result}
+        assert not api.unknown, api.unknown
+        out[way] = {"calls": api.calls, "printed": printed.getvalue(), "result": result, "created": api.created,
+                    "left": api.vcjobs, "cfg": cfg, "overrides": overrides}
     return out
 
 
-def test_launch_training_waits_shows_the_failure_and_cancels_when_stopped(tmp_path):
+@pytest.fixture(scope="module")
+def torchx_runs(tmp_path_factory):
     handler_before = signal.getsignal(signal.SIGTERM)  # other libraries (torch elastic) may own it
-    runs = launch_on_a_fake_cluster(tmp_path)
-    ok = runs["succeeded"]
+    out = launch_on_a_fake_cluster(tmp_path_factory.mktemp("torchx"))
+    assert signal.getsignal(signal.SIGTERM) is handler_before  # the handler is put back
+    return out
+
+
+def test_launch_training_submits_the_volcano_job_it_dry_ran_in_the_launching_pods_namespace(torchx_runs):
+    from kubernetes.client import ApiClient
+
+    from sdar.launch import dryrun
+
+    for way, run in torchx_runs.items():
+        (job,) = run["created"]
+        want = ApiClient().sanitize_for_serialization(
+            dryrun(run["cfg"], CONFIG, run["overrides"], validate_spec=False).request.resource)
+        # the same job but for the unique name TorchX draws per submission
+        assert json.loads(json.dumps(job).replace(job["metadata"]["name"], "X")) == json.loads(
+            json.dumps(want).replace(want["metadata"]["name"], "X")), way
+        # the server-side dry run, then the job, in the launching pod's namespace
+        creates = [c for c in run["calls"] if c[2] == "create"]
+        assert creates == [("batch.volcano.sh", "jobs", "create", "kubeflow")] * 2, way
+        assert {ns for *_, ns in run["calls"]} == {"kubeflow"}, way
+
+
+def test_launch_training_waits_shows_the_failure_and_cancels_when_stopped(torchx_runs):
+    ok = torchx_runs["succeeded"]
     assert ok["result"]["steps"] == 1 and ok["result"]["app_handle"].startswith("kubernetes://")
     assert Path(ok["result"]["final_dir"], "adapter_config.json").is_file()
-    assert ("batch.volcano.sh", "jobs", "create", "kubeflow") in ok["calls"]  # in the launching pod's namespace
-    # a failed job: its rank 0 log tail is in this step's log, then a clear error
-    failed = runs["failed"]
+    statuses = [c for c in ok["calls"] if c[1] == "jobs/status"]
+    assert len(statuses) == 3 and {c[2] for c in statuses} == {"get"}  # Pending, Running, Completed
+    # a failed job: its rank 0 log tail (read through the pod) is in this step's log, then a clear error
+    failed = torchx_runs["failed"]
     assert isinstance(failed["result"], RuntimeError) and "did not succeed (FAILED)" in str(failed["result"])
     assert "RuntimeError: boom" in failed["printed"] and "torchx log" in str(failed["result"])
+    assert ("", "pods/log", "get", "kubeflow") in failed["calls"]
     assert ("batch.volcano.sh", "jobs/status", "update", "kubeflow") not in failed["calls"]  # it ended already
     # a stopped step (pipeline run terminated): the job is aborted, not left holding the GPU nodes
-    stopped = runs["stopped"]
+    stopped = torchx_runs["stopped"]
     assert isinstance(stopped["result"], SystemExit) and stopped["result"].code == 128 + signal.SIGTERM
     assert "cancelled TorchX job" in stopped["printed"]
-    assert stopped["calls"][-1] == ("batch.volcano.sh", "jobs/status", "update", "kubeflow")
-    assert signal.getsignal(signal.SIGTERM) is handler_before  # the handler is put back
+    assert stopped["calls"][-2:] == [("batch.volcano.sh", "jobs", "get", "kubeflow"),
+                                     ("batch.volcano.sh", "jobs/status", "update", "kubeflow")]
+    (left,) = stopped["left"].values()
+    assert left["status"]["state"]["phase"] == "Aborted"
+
+
+def test_a_replaying_arms_workers_get_the_teachers_secret_and_no_other_arm_does():
+    from sdar.config import load_config
+    from sdar.launch import dryrun
+
+    teachers = [{"name": "api", "base_url": "https://api.example/v1", "model": "m", "api_key_env": "OPENAI_API_KEY"},
+                {"name": "local", "base_url": "http://127.0.0.1:8300/v1", "model": "m"}]  # no key
+    base = {"launch.launcher": "torchx", "launch.gpus_per_node": 2, "replay.teachers": teachers}
+
+    def env_from(**more) -> list[dict]:
+        ov = {**base, **more}
+        job = dryrun(load_config(CONFIG, ov), CONFIG, ov, validate_spec=False).request.resource
+        (task,) = job["spec"]["tasks"]
+        (c,) = task["template"].spec.containers
+        return [{"name": e.secret_ref.name, **({"optional": True} if e.secret_ref.optional else {})}
+                for e in c.env_from]
+
+    pipeline = [{"name": "sdar-mlflow"}, {"name": "sdar-s3"}]
+    # an arm that asks the pool: the pipeline's teacher Secret, optional as in gated_train's own pod
+    assert env_from(arm="grpo_replay") == pipeline + [{"name": "sdar-teachers", "optional": True}]
+    assert env_from(arm="sdar") == pipeline == env_from(arm="grpo_replay", arm_overrides={"replay_coef": 0.0})
+    with pytest.raises(ValueError, match="api_key_env OTHER_KEY is no key of the Secret sdar-teachers"):
+        env_from(arm="grpo_replay", **{"replay.teachers": [dict(teachers[0], api_key_env="OTHER_KEY"), teachers[1]]})
+
+
+def test_what_each_replica_runs_rendezvouses_at_replica_0():
+    """tests/deploy/torchx_runtime.py: each replica's `bash -c "torchrun ..."` with TorchX's macros substituted and
+    Volcano's variables, expanded by bash as in the pod, is a torchrun joining replica 0's c10d store."""
+    from torch.distributed.run import parse_args
+
+    from sdar.launch import trainer
+    from tests.deploy.torchx_runtime import replica_command
+
+    app = trainer("--config", CONFIG, "--arm", "sdar", nnodes=2, nproc_per_node=3, image="img", rdzv_port=29611,
+                  env={"OMP_NUM_THREADS": "1"})
+    seen = []
+    for replica in range(2):
+        argv, env = replica_command(app, replica, rank0_host="127.0.0.1")
+        assert argv[:2] == ["bash", "-c"] and argv[2].startswith("torchrun ")
+        assert env["OMP_NUM_THREADS"] == "1" and env["TORCHX_IMAGE"] == "img" and env["VC_TASK_INDEX"] == "0"
+        assert ("TORCHX_RANK0_HOST" in env) == (replica == 0)  # replica 0 hosts the store at localhost
+        # the words torchrun gets, as bash expands them in the pod
+        words = subprocess.run(["bash", "-c", argv[2].replace("torchrun ", "printf '%s\\n' ", 1)],
+                               env={"PATH": os.environ["PATH"], **env}, capture_output=True, text=True,
+                               check=True).stdout.splitlines()
+        args = parse_args(words)
+        assert (args.nnodes, args.nproc_per_node, args.rdzv_backend, args.module, args.training_script) == (
+            "2", "3", "c10d", True, "sdar.cli")
+        assert args.training_script_args == ["train", "--config", CONFIG, "--arm", "sdar"]
+        seen.append((args.rdzv_endpoint, args.rdzv_id))
+    assert seen[0][0] == "localhost:29611" and seen[1][0] == "127.0.0.1:29611"
+    assert seen[0][1] == seen[1][1] == "sdar-train"  # one rendezvous
+    # on the cluster replica 1 reaches replica 0 by its name under the job's headless Service
+    assert replica_command(app, 1)[1]["VC_TRAINER_0_HOSTS"] == "sdar-train-trainer-0-0.sdar-train"
+    with pytest.raises(ValueError, match="replica_id 2 is not one of the app's 2 replicas"):
+        replica_command(app, 2)
 
 
 def test_the_jobs_pods_carry_the_pipelines_labels():

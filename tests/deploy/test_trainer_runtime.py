@@ -98,9 +98,9 @@ def test_patches_merge_into_the_whole_spec_one_after_another_in_the_runtimes_ord
     assert c["resources"] == {"limits": {"cpu": "8", "example.com/efa": "1", "nvidia.com/gpu": "1"}}
     assert [e["name"] for e in c["env"]] == ["NCCL_DEBUG", "PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK",
                                              "PET_MASTER_ADDR", "PET_MASTER_PORT"]
-    assert node_command(job, 1, runtime=runtime)[1] == {"NCCL_DEBUG": "INFO", "PET_NNODES": "2", "PET_NPROC_PER_NODE": "1",
-                                       "PET_NODE_RANK": "1", "PET_MASTER_ADDR": "tj-node-0-0.tj",
-                                       "PET_MASTER_PORT": "29500"}
+    assert node_command(job, 1, runtime=runtime)[1] == {
+        "NCCL_DEBUG": "INFO", "PET_NNODES": "2", "PET_NPROC_PER_NODE": "1", "PET_NODE_RANK": "1",
+        "PET_MASTER_ADDR": "tj-node-0-0.tj", "PET_MASTER_PORT": "29500"}
 
 
 def test_procs_per_node_defaults_as_the_torch_plugin_does():

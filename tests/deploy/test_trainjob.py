@@ -25,6 +25,7 @@ from tests.deploy.trainer_runtime import node_pods
 
 CONFIG = "configs/household-tiny.yaml"
 NAMESPACE = "kubeflow"
+GROUP_TJ = "trainer.kubeflow.org"
 RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "privileged": False,
                         "readOnlyRootFilesystem": True, "runAsNonRoot": True}
 def _secret(var: str, secret: str) -> dict:
@@ -176,7 +177,7 @@ def test_the_trainjob_merges_into_trainer_2_3s_runtime_and_its_nodes_run_torchru
     assert len(pods) == 3
     for rank, pod in enumerate(pods):
         (c,) = pod["spec"]["containers"]
-        assert c["name"] == "node" and c["image"] == trainer["image"] != "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime"
+        assert c["name"] == "node" and c["image"] == trainer["image"]  # not the runtime's pytorch/pytorch
         assert c["command"] == trainer["command"] and c["command"][:4] == ["torchrun", "-m", "sdar.cli", "train"]
         assert c["resources"] == trainer["resourcesPerNode"]
         # the whole patch, nothing of it lost in the merge
@@ -192,7 +193,8 @@ def test_the_trainjob_merges_into_trainer_2_3s_runtime_and_its_nodes_run_torchru
             {"name": "PET_NNODES", "value": "3"}, {"name": "PET_NPROC_PER_NODE", "value": "2"},
             {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {
                 "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}},
-            {"name": "PET_MASTER_ADDR", "value": f"{name}-node-0-0.{name}"}, {"name": "PET_MASTER_PORT", "value": "29500"}]
+            {"name": "PET_MASTER_ADDR", "value": f"{name}-node-0-0.{name}"},
+            {"name": "PET_MASTER_PORT", "value": "29500"}]
         assert c["ports"] == [{"containerPort": 29500}]
         assert pod["metadata"]["annotations"] == {"batch.kubernetes.io/job-completion-index": str(rank)}
         # what the node's container runs: the command, with the PET_* values (the Secrets' are the cluster's)
@@ -225,7 +227,7 @@ def test_one_trainer_version_installed_validated_and_tested():
     from tests.deploy import trainer_runtime
 
     assert trainer_runtime.TRAINER_VERSION == TRAINER_VERSION == "2.3.0"
-    assert trainer_runtime.RUNTIME_FILE.is_file() and f"at tag v{TRAINER_VERSION}" in trainer_runtime.RUNTIME_FILE.read_text()
+    assert f"at tag v{TRAINER_VERSION}" in trainer_runtime.RUNTIME_FILE.read_text()
     doc = (REPO / "docs" / "cluster.md").read_text()
     assert re.findall(r"export TRAINER_VERSION=(\S+)", doc) == [TRAINER_VERSION]
     readme = re.sub(r"\\\n\s*", " ", (REPO / "README.md").read_text())
@@ -489,6 +491,88 @@ def test_a_cluster_without_kubeflow_trainer_says_what_to_do(tmp_path, monkeypatc
             launch_trainjob(load_config(CONFIG, ov), CONFIG, ov)
     with pytest.raises(ValueError, match="checkpoint.uri to an s3:// URI"):
         launch_trainjob(load_config(CONFIG, {"launch.launcher": "trainjob"}), CONFIG, {})
+
+
+def _kubeconfig(path: Path, url: str) -> Path:
+    """A kubeconfig whose one context is the fake API server: what a developer's machine hands the client."""
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": url}}], "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u", "namespace": NAMESPACE}}]}))
+    return path
+
+
+GATED_TRAIN = """
+import json, sys
+from kfp.dsl import Artifact, Model
+from components.gated_train import gated_train
+tmp = sys.argv[1]
+gated_train.python_func(arm="sdar", seed=0, config_path="configs/household-tiny.yaml", job_id="job-7",
+                        overrides=json.dumps({"launch.launcher": "trainjob", "launch.namespace": "kubeflow"}),
+                        checkpoint=Model(name="c", uri=tmp + "/ckpt"), history=Artifact(name="h", uri=tmp + "/h.json"),
+                        tracking=False, output_root=tmp + "/runs", checkpoint_root="s3://bucket/ckpt")
+"""
+
+
+TEARDOWN = """
+from kfp import dsl
+from components.teardown_envs import teardown_envs
+status = dsl.PipelineTaskFinalStatus(state="FAILED", pipeline_job_resource_name="jobs/7",
+                                     pipeline_task_name="comparison", error_code=None, error_message="node lost")
+teardown_envs.python_func(job_id="job-7", status=status, target="cluster", namespace="sdar", tracking=False,
+                          trainjob_namespace="kubeflow")
+"""
+
+
+def test_a_gated_train_pod_killed_without_sigterm_leaves_its_trainjob_and_teardown_deletes_it(tmp_path):
+    """Node loss: gated_train (a real process, the real client, through a kubeconfig) has created its TrainJob and
+    watches it when it is killed with SIGKILL, so nothing deletes the TrainJob; the pipeline's teardown_envs
+    deletes the TrainJobs labelled with its run, and no other run's."""
+    import subprocess
+    import sys
+    import time
+
+    with FakeKubeApi([RUNNING]) as api:
+        env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}  # not in a pod
+        env["KUBECONFIG"] = str(_kubeconfig(tmp_path / "kubeconfig", api.url))
+        log = tmp_path / "gated_train.log"
+        with log.open("w") as out:
+            step = subprocess.Popen([sys.executable, "-c", GATED_TRAIN, str(tmp_path)], cwd=REPO, env=env,
+                                    stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 180
+            while (GROUP_TJ, "trainjobs", "watch", NAMESPACE) not in api.calls:
+                assert step.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline, f"no watch of its TrainJob:\n{log.read_text()[-3000:]}"
+                time.sleep(0.2)
+        finally:
+            step.kill()  # SIGKILL: no handler runs
+            step.wait(30)
+        ((ns, name),) = api.objects
+        assert ns == NAMESPACE and api.objects[(ns, name)]["metadata"]["labels"]["sdar.io/pipeline-job"] == "job-7"
+        assert api.deleted == []  # left behind, holding its nodes
+        api.add_trainjob(NAMESPACE, "sdar-grpo-seed0-0badc0de", {"sdar.io/pipeline-job": "job-8"})  # another run's
+
+        # the exit handler's pod: teardown_envs with the run's job id (a process of its own, as on the cluster)
+        teardown = subprocess.run([sys.executable, "-c", TEARDOWN], cwd=REPO, env=env, capture_output=True,
+                                  text=True, timeout=180)
+        assert teardown.returncode == 0, teardown.stdout[-3000:] + teardown.stderr[-3000:]
+        summary = teardown.stdout
+    assert f"deleted TrainJob {NAMESPACE}/{name}" in summary
+    assert set(api.objects) == {(NAMESPACE, "sdar-grpo-seed0-0badc0de")}
+    assert [d.get("propagationPolicy") for d in api.deleted] == ["Foreground"]  # its JobSet and pods with it
+    assert [v for _, res, v, ns in api.calls[-2:]] == ["list", "delete"]
+    assert not api.unknown, api.unknown
+
+
+def test_teardown_on_a_cluster_without_kubeflow_trainer_finds_no_trainjobs(tmp_path, monkeypatch):
+    from sdar.launch_trainjob import delete_labelled
+
+    with FakeKubeApi([], serves_trainjobs=False) as api:
+        _point_the_client_at(monkeypatch, api.url)
+        assert delete_labelled(NAMESPACE, "sdar.io/pipeline-job=job-7") == [
+            f"no TrainJobs in {NAMESPACE}: the cluster serves none (no Kubeflow Trainer)"]
+    assert api.calls == [(GROUP_TJ, "trainjobs", "list", NAMESPACE)]
 
 
 # ---- the pipeline ------------------------------------------------------------------------------------

@@ -363,6 +363,7 @@ def train_arm(arm: str, seed: int, config_path: str, overrides: str, job_id: str
     import time
 
     from sdar.config import load_config
+    from sdar.env_service.manifests import JOB_LABEL, job_label
 
     info, name = read_json(endpoints), f"{arm}-seed{int(seed)}"
     # the parent run's experiment: KFP's, when its MLflow integration opened the parent (sdar.tracking.kfp_mlflow_run)
@@ -383,7 +384,7 @@ def train_arm(arm: str, seed: int, config_path: str, overrides: str, job_id: str
     if tracking:  # every arm logs into one store: the pipeline's, else the one under output_root
         os.environ["MLFLOW_TRACKING_URI"] = tracking_uri_of(tracking_uri, info, output_root)
     t0 = time.perf_counter()
-    summary = _train(config_path, ov)
+    summary = _train(config_path, ov, {JOB_LABEL: job_label(job_id)})  # the label teardown_envs deletes by
     seconds = time.perf_counter() - t0
     run_id = summary.get("run_id") or ""
     if tracking and pairs and run_id:
@@ -402,9 +403,9 @@ def train_arm(arm: str, seed: int, config_path: str, overrides: str, job_id: str
             "metadata": {"arm": arm, "seed": int(seed), "run_id": run_id, "steps": summary["steps"]}}
 
 
-def _train(config_path: str, ov: dict[str, Any]) -> dict[str, Any]:
+def _train(config_path: str, ov: dict[str, Any], job_labels: dict[str, str]) -> dict[str, Any]:
     """Train with the config and overrides here, or as the job the config's launch section asks for: a
-    Kubeflow Trainer TrainJob (sdar.launch_trainjob) or a TorchX job (sdar.launch)."""
+    Kubeflow Trainer TrainJob labelled `job_labels` (sdar.launch_trainjob) or a TorchX job (sdar.launch)."""
     from sdar.config import load_config
 
     cfg = load_config(config_path, ov)
@@ -412,7 +413,7 @@ def _train(config_path: str, ov: dict[str, Any]) -> dict[str, Any]:
     if launcher == "trainjob":
         from sdar.launch_trainjob import launch_trainjob
 
-        return launch_trainjob(cfg, config_path, ov)
+        return launch_trainjob(cfg, config_path, ov, labels=job_labels)
     if launcher == "torchx":
         from sdar.launch import launch_training
 
