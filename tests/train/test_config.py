@@ -262,3 +262,18 @@ def test_the_identity_of_a_config_is_taken_in_the_flat_layout():
     assert {k: v for k, v in flat.items() if k not in MOVED_KEYS} == {
         k: ({kk: vv for kk, vv in v.items() if f"{k}.{kk}" not in MOVED_KEYS.values()} if isinstance(v, dict) else v)
         for k, v in nested.items() if k not in ("optim", "ppo", "scoring", "teacher", "eval", "checkpoint")}
+
+
+def test_a_bound_is_declared_beside_its_field_and_reads_back_as_it_prints():
+    import dataclasses
+
+    from sdar.config import NUMBER_BOUNDS, ArmConfig, Bound, RolloutConfig
+
+    top_p = {f.name: f for f in dataclasses.fields(RolloutConfig)}["top_p"]
+    assert top_p.metadata["bound"] == "(0, 1]" and NUMBER_BOUNDS["rollout.top_p"] == Bound(0, True, 1, False)
+    dual_clip = {f.name: f for f in dataclasses.fields(ArmConfig)}["dual_clip"]
+    assert NUMBER_BOUNDS["arm_overrides.dual_clip"] == Bound.parse(dual_clip.metadata["bound"]) == Bound(1, True)
+    for key, bound in NUMBER_BOUNDS.items():
+        assert Bound.parse(str(bound)) == bound, key
+    with pytest.raises(ValueError, match="bound 'positive' is not one of"):
+        Bound.parse("positive")

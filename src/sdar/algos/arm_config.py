@@ -61,7 +61,8 @@ LOSS_TYPES: dict[str, LossType] = {t.name: t for t in (
 
 @dataclass(frozen=True)
 class ArmConfig:
-    """One arm of the comparison: the weights and knobs of the composed loss (`sdar.algos.compose_loss`)."""
+    """One arm of the comparison: the weights and knobs of the composed loss (`sdar.algos.compose_loss`). A field's
+    "bound" is the range a config's arm_overrides may give it, checked when the config is loaded (sdar.config)."""
 
     name: str = field(metadata={"help": "The arm's registered name (a config picks it with `arm:`)."})
     description: str = field(default="", metadata={"help": "One line for `sdar arms` and the reports."})
@@ -74,18 +75,20 @@ class ArmConfig:
     sdar_coef: float = field(default=0.0, metadata={
         "help": "lambda: weight of the gated teacher-distillation term (0 = off; paper: 0.01)."})
     gate_beta: float = field(default=5.0, metadata={
-        "help": "Gate sharpness (paper: 5); 0 gives the constant gate 0.5 (naive OPSD)."})
+        "help": "Gate sharpness (paper: 5); 0 gives the constant gate 0.5 (naive OPSD).", "bound": "> 0"})
     skills_in_student_prompt: bool = field(default=False, metadata={
         "help": "The student itself sees the privileged skills in its prompt (skill_grpo)."})
     hint_distill_coef: float = field(default=0.0, metadata={
         "help": "Weight of Composer channel 2, generalized JSD to the hinted teacher at error sites (the recipe's alpha)."})
     replay_coef: float = field(default=0.0, metadata={
         "help": "Weight of Composer channel 3, DPO on N-teacher trace-replay pairs (the recipe's beta_r)."})
-    clip_low: float = field(default=0.2, metadata={"help": "PPO eps_low: the ratio's lower clip is 1 - clip_low."})
+    clip_low: float = field(default=0.2, metadata={
+        "help": "PPO eps_low: the ratio's lower clip is 1 - clip_low.", "bound": "[0, 1)"})
     clip_high: float = field(default=0.2, metadata={
-        "help": "PPO eps_high: the ratio's upper clip is 1 + clip_high (raise it for DAPO clip-higher)."})
+        "help": "PPO eps_high: the ratio's upper clip is 1 + clip_high (raise it for DAPO clip-higher).",
+        "bound": ">= 0"})
     dual_clip: float | None = field(default=3.0, metadata={
-        "help": "Dual-clip c bounding the loss of negative advantages; null disables it."})
+        "help": "Dual-clip c bounding the loss of negative advantages; null disables it.", "bound": "> 1"})
     agg: str = field(default="token-mean", metadata={
         "help": "How per-token losses become one number under loss_type ppo: " + " | ".join(AGG_MODES)
                 + " (the other loss types set their own)."})
@@ -97,16 +100,20 @@ class ArmConfig:
         "help": "token: one importance ratio per token; sequence: GSPO's, exp(mean log-ratio over the response), "
                 "shared by its tokens (GSPO pairs it with loss_type grpo and clip ranges near 3e-4/4e-4)."})
     sapo_temperature_pos: float = field(default=1.0, metadata={
-        "help": "SAPO's gate temperature for tokens with positive advantage (loss_type sapo; TRL's default)."})
+        "help": "SAPO's gate temperature for tokens with positive advantage (loss_type sapo; TRL's default).",
+        "bound": "> 0"})
     sapo_temperature_neg: float = field(default=1.05, metadata={
-        "help": "SAPO's gate temperature for tokens with non-positive advantage (loss_type sapo; TRL's default)."})
+        "help": "SAPO's gate temperature for tokens with non-positive advantage (loss_type sapo; TRL's default).",
+        "bound": "> 0"})
     jsd_beta: float = field(default=0.5, metadata={
-        "help": "Generalized-JSD interpolation of the hint channel: 0 = KL(teacher||student), 1 = KL(student||teacher)."})
+        "help": "Generalized-JSD interpolation of the hint channel: 0 = KL(teacher||student), 1 = KL(student||teacher).",
+        "bound": "[0, 1]"})
     jsd_temperature: float = field(default=1.0, metadata={
-        "help": "The hint channel compares softmax(logits / jsd_temperature) of student and teacher."})
+        "help": "The hint channel compares softmax(logits / jsd_temperature) of student and teacher.", "bound": "> 0"})
     jsd_top_k: int | None = field(default=None, metadata={
-        "help": "Restrict the hint channel's distributions to the teacher's top-k tokens; null = the whole vocabulary."})
-    dpo_beta: float = field(default=0.1, metadata={"help": "DPO beta of the replay channel."})
+        "help": "Restrict the hint channel's distributions to the teacher's top-k tokens; null = the whole vocabulary.",
+        "bound": ">= 1"})
+    dpo_beta: float = field(default=0.1, metadata={"help": "DPO beta of the replay channel.", "bound": "> 0"})
     extra_coefs: tuple[tuple[str, float], ...] = field(default=(), metadata={
         "help": "Weights of registered loss terms that have no field here, as (coef name, weight) pairs "
                 "(in a config: a mapping of name to weight)."})

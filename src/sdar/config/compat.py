@@ -1,0 +1,96 @@
+"""What keeps configs, checkpoints and results made by older code valid: settings that moved into sections (refused
+with their new place, and turned back into the flat layout every identity is computed from), and fields added later
+(left out of every identity at their default)."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import fields, is_dataclass
+from typing import Any
+
+from sdar.config.schema import TrainConfig
+
+# TrainConfig's settings were one flat list of 50; they are grouped into sections now. A config (or an --set)
+# that still names one of these is refused with its new place: old flat key -> its dotted key now.
+MOVED_KEYS: dict[str, str] = {
+    "lr": "optim.lr",
+    "weight_decay": "optim.weight_decay",
+    "grad_clip": "optim.grad_clip",
+    "guard_updates": "optim.guard_updates",
+    "max_skipped_update_frac": "optim.max_skipped_update_frac",
+    "mini_batch_size": "ppo.mini_batch_size",
+    "micro_batch_size": "ppo.micro_batch_size",
+    "ppo_epochs": "ppo.epochs",
+    "loss_normalisation": "ppo.loss_normalisation",
+    "shuffle_mini_batches": "ppo.shuffle_mini_batches",
+    "reuse_old_logp": "ppo.reuse_old_logp",
+    "old_logp_from_sampler": "ppo.old_logp_from_sampler",
+    "score_batch_size": "scoring.batch_size",
+    "prefix_cache": "scoring.prefix_cache",
+    "dedup_scoring": "scoring.dedup",
+    "merged_inference": "scoring.merged_inference",
+    "length_buckets": "scoring.length_buckets",
+    "head_at_free_tokens": "scoring.head_at_free_tokens",
+    "teacher_max_prompt_tokens": "teacher.max_prompt_tokens",
+    "teacher_for_all_arms": "teacher.for_all_arms",
+    "teacher_engine": "teacher.engine",
+    "eval_every": "eval.every",
+    "eval_tasks": "eval.tasks",
+    "eval_task_order": "eval.task_order",
+    "eval_task_ids": "eval.task_ids",
+    "eval_temperature": "eval.temperature",
+    "checkpoint_every": "checkpoint.every",
+    "keep_checkpoints": "checkpoint.keep",
+    "checkpoint_uri": "checkpoint.uri",
+    "checkpoint_retry_s": "checkpoint.retry_s",
+    "group_seeded_rollouts": "rollout.group_seeded",
+}
+
+
+def _added_defaults(cls: type, prefix: str = "") -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    out: dict[str, Any] = {}
+    for f in fields(cls):
+        if is_dataclass(hints[f.name]):
+            out.update(_added_defaults(hints[f.name], f"{prefix}{f.name}."))
+        elif f.metadata.get("added"):
+            out[f"{prefix}{f.name}"] = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    return out
+
+
+# Fields added after checkpoints and results were made with the behaviour of their default (`"added": True` in the
+# field's metadata): at that default they are left out of every identity (the warm-start cache key, a study run's
+# fingerprint), so what was built and recorded before they existed keeps its identity. "section.field" -> the
+# default that changes nothing.
+ADDED_DEFAULTS: dict[str, Any] = _added_defaults(TrainConfig)
+
+
+def flat_layout(d: dict[str, Any]) -> dict[str, Any]:
+    """`d` (asdict of a TrainConfig) in the flat layout configs had before the sections (MOVED_KEYS backwards):
+    what every identity is computed from (the warm-start cache key, a study run's fingerprint), so a run
+    recorded before the sections has the same identity after them."""
+    d = {k: (dict(v) if isinstance(v, dict) else v) for k, v in d.items()}
+    for old, new in MOVED_KEYS.items():
+        head, _, name = new.partition(".")
+        if isinstance(d.get(head), dict) and name in d[head]:
+            d[old] = d[head].pop(name)
+    for head in {new.partition(".")[0] for new in MOVED_KEYS.values()}:
+        if d.get(head) == {}:
+            del d[head]
+    return d
+
+
+def drop_added_defaults(d: dict[str, Any], section: str = "") -> dict[str, Any]:
+    """`d` (asdict of a TrainConfig, or of its `section`) without the ADDED_DEFAULTS fields at their default."""
+    for key, default in ADDED_DEFAULTS.items():
+        head, _, name = key.rpartition(".")
+        if section:  # d is that section alone
+            sub = d if head == section else None
+        else:  # d is the whole config
+            sub = d.get(head) if head else d
+        if isinstance(sub, dict) and name in sub and sub[name] == default:
+            del sub[name]
+            if not section and head and not sub:  # a section added whole (distributed), at its defaults
+                del d[head]
+    return d

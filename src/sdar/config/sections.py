@@ -1,0 +1,384 @@
+"""The sections of a training config (rollout, env, model, ..., checkpoint): typed dataclasses whose fields carry
+their help and, where a number has a range, its bound in their metadata; TrainConfig (sdar.config.schema) roots them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# choices checked at load (TrainConfig.validate); the code that uses them imports them from here, so
+# that reading and checking a config needs neither torch nor transformers
+PLACEMENTS = ("prefix", "user")  # rollout.privileged_placement (sdar.agent.prompts)
+PENALIZE = ("format", "invalid")  # rollout.penalize (sdar.agent.rollout.penalized)
+REWARDS = ("reference", "env")  # reward (sdar.agent.rollout.episode_reward)
+PRETOKENIZERS = ("qwen2", "punct_space")  # warmstart.pretokenizer (sdar.models.tokenizer.PRETOKENIZERS)
+STRATEGIES = ("ddp", "fsdp")  # distributed.strategy (sdar.train.distributed, sdar.train.fsdp)
+
+
+@dataclass
+class RolloutConfig:
+    """How episodes are played. Defaults follow the paper where it has one."""
+
+    family: str = field(default="household", metadata={
+        "help": "The environment family; the trainer sets it from env.family."})
+    max_turns: int = field(default=50, metadata={
+        "help": "Turns an episode may last (paper: 50 household, 15 shop, 4 search; FAMILY_DEFAULTS).",
+        "bound": ">= 1"})
+    history: int = field(default=2, metadata={
+        "help": "Past (observation, action) pairs in the prompt (paper: 2; 4 for search).", "bound": ">= 0"})
+    max_prompt_tokens: int = field(default=1024, metadata={
+        "help": "The student's prompt budget; history pairs are dropped first to fit it.", "bound": ">= 1"})
+    max_response_tokens: int = field(default=64, metadata={
+        "help": "Tokens a response may have at most.", "bound": ">= 1"})
+    temperature: float = field(default=1.0, metadata={
+        "help": "Sampling temperature of the rollouts, at which they are also scored; must be > 0 "
+                "(paper: 1.0; evaluation decodes at eval.temperature).", "bound": "> 0"})
+    top_p: float = field(default=1.0, metadata={
+        "help": "Nucleus sampling of the rollouts (1 = off; ppo.old_logp_from_sampler needs 1).", "bound": "(0, 1]"})
+    invalid_penalty: float = field(default=0.1, metadata={
+        "help": "Subtracted from the turn's reward on an invalid action (paper: 0.1; 0.01 for search)."})
+    penalize: str = field(default="format", metadata={
+        "help": "Which turns pay invalid_penalty: format = the response has no well-formed action block (or no "
+                "<think> when require_think), as the reference's projection functions decide; invalid = also an "
+                "action that is inadmissible, rejected by the environment, or a response cut off unfinished."})
+    privileged_placement: str = field(default="prefix", metadata={
+        "help": "Where the privileged text goes in the teacher's prompt (and in a prompt that acts with the "
+                "skills): prefix = before the chat-templated prompt (the reference), user = in the user message."})
+    mask_forced_tokens: bool = field(default=True, metadata={
+        "help": "Leave tokens that constrained decoding forced (one allowed token: no choice was made) out of every "
+                "loss term and every per-token statistic; false scores them like free tokens (log-prob 0 for all)."})
+    require_think: bool = field(default=False, metadata={
+        "help": "A response without a <think> block is invalid (the reference's household and shop projections)."})
+    show_admissible: bool = field(default=True, metadata={
+        "help": "List the admissible actions in the prompt (families that have them)."})
+    use_memory: bool = field(default=True, metadata={"help": "The household's compact memory of what was seen."})
+    skills_in_prompt: bool = field(default=False, metadata={
+        "help": "The student itself sees the skills; the trainer sets it from the arm (skill_grpo)."})
+    env_workers: int = field(default=8, metadata={
+        "help": "Threads stepping remote sessions concurrently.", "bound": ">= 1"})
+    constrained: bool = field(default=False, metadata={
+        "help": "Decode only admissible actions (families that list them)."})
+    jump_forward: bool = field(default=True, metadata={
+        "help": "Constrained decoding (transformers backend): a token the trie forces is appended without a decode "
+                "step and a run of them goes through the model in one forward; false = one token per forward "
+                "(the same samples and log-probs, for benchmarks and checks)."})
+    share_prefix: bool = field(default=True, metadata={
+        "help": "Constrained decoding (transformers backend): the prompt start that rows of a chunk share (a task's "
+                "rollouts at one turn: system prompt, task and step lines) is encoded once per group and every row "
+                "continues from its KV cache, and the prefill computes the last position's logits only; false = "
+                "every prompt whole, as before (the same samples and log-probs up to float rounding)."})
+    group_seeded: bool = field(default=False, metadata={
+        "help": "Roll out each task group under its own seed (seed, step, group): the trajectories then do not depend "
+                "on how groups are split over torchrun ranks, at the cost of lock-step batching across groups."})
+
+
+@dataclass
+class EnvConfig:
+    """Where episodes come from."""
+
+    family: str = field(default="household", metadata={"help": "The environment family: household | shop | searchqa."})
+    url: str | None = field(default=None, metadata={
+        "help": "A running env server (http://host:port); null = in-process environments."})
+    kwargs: dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "Passed to make_env (e.g. backend, difficulty)."})
+    train_split: str = field(default="train", metadata={"help": "The split training tasks are drawn from."})
+    eval_split: str = field(default="test", metadata={"help": "The split the held-out evaluation tasks come from."})
+
+
+@dataclass
+class ModelConfig:
+    """The policy."""
+
+    name_or_path: str = field(default="tiny", metadata={
+        "help": "tiny (built and warm-started locally), smollm2, a local checkpoint directory, or a hub id where "
+                "a network exists."})
+    dtype: str = field(default="float32", metadata={"help": "Weights and forward dtype: float32 | bfloat16."})
+    lora: bool = field(default=True, metadata={
+        "help": "Train a LoRA adapter (peft); the reference is the base with it disabled. false = full fine-tuning."})
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank.", "bound": ">= 1"})
+    lora_alpha: int = field(default=32, metadata={
+        "help": "LoRA alpha (the adapter is scaled by alpha / r).", "bound": "> 0"})
+    lora_dropout: float = field(default=0.0, metadata={
+        "help": "Dropout on the LoRA adapter's input.", "bound": "[0, 1)"})
+    gradient_checkpointing: bool = field(default=False, metadata={
+        "help": "Recompute activations in the backward pass: less memory, slower updates."})
+    generation_backend: str = field(default="transformers", metadata={
+        "help": "What samples the rollouts: transformers | vllm (CUDA; options under `vllm:`)."})
+    tiny_overrides: dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "TinyModelConfig fields of the tiny model (tests shrink it)."})
+
+
+@dataclass
+class VLLMConfig:
+    """The vLLM rollout engine, used when model.generation_backend is vllm (CUDA only:
+    `pip install -e '.[gpu]'`). It loads the base weights once and the policy's LoRA adapter,
+    re-exported whenever the weights changed, under a fresh id."""
+
+    gpu_memory_utilization: float = field(default=0.35, metadata={
+        "help": "GPU share vLLM takes (weights + KV cache); 0.35 leaves room for the trainer.", "bound": "(0, 1]"})
+    enable_lora: bool = field(default=True, metadata={
+        "help": "Serve the trained adapter (must stay true while training a LoRA policy)."})
+    max_lora_rank: int = field(default=0, metadata={
+        "help": "Largest adapter rank vLLM reserves for; 0 = model.lora_r.", "bound": ">= 0"})
+    dtype: str = field(default="bfloat16", metadata={
+        "help": "vLLM's weights and activations: bfloat16 | float16 | float32 | auto."})
+    max_model_len: int = field(default=0, metadata={
+        "help": "Longest prompt + response; 0 = the model's own limit.", "bound": ">= 0"})
+    enforce_eager: bool = field(default=False, metadata={"help": "No CUDA graphs: faster start, slower decoding."})
+    logprobs_mode: str = field(default="processed_logprobs", metadata={
+        "help": "Log-probs vLLM reports for sampled tokens: processed_logprobs = after the trie mask and temperature "
+                "(what was sampled); \"\" = vLLM's default (raw). Diagnostic: the trainer recomputes old_logp itself."})
+    teacher_topk: int = field(default=20, metadata={
+        "help": "teacher.engine vllm: prompt log-probs per position for constrained turns; a turn is scored in vLLM "
+                "only when all its allowed tokens are among them, else by the training-side forward.", "bound": ">= 1"})
+    engine_kwargs: dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "Passed to vllm.LLM as is (e.g. seed, max_num_seqs)."})
+
+
+@dataclass
+class WarmStartConfig:
+    """Supervised warm-start of the tiny model on expert trajectories (skipped for real models)."""
+
+    episodes: int = field(default=400, metadata={"help": "Expert episodes to imitate.", "bound": ">= 0"})
+    tokenizer_episodes: int = field(default=400, metadata={
+        "help": "Expert episodes whose text trains the tokenizer (cheap).", "bound": ">= 0"})
+    vocab_size: int = field(default=4096, metadata={"help": "The tiny model's tokenizer vocabulary.", "bound": ">= 1"})
+    privileged_fraction: float = field(default=0.5, metadata={
+        "help": "Share of examples whose prompt carries the skills.", "bound": "[0, 1]"})
+    epochs: int = field(default=2, metadata={"help": "Passes over the imitation examples.", "bound": ">= 0"})
+    lr: float = field(default=2e-3, metadata={"help": "AdamW learning rate of the warm start.", "bound": ">= 0"})
+    batch_size: int = field(default=16, metadata={"help": "Examples per warm-start update.", "bound": ">= 1"})
+    prompt_lm_weight: float = field(default=0.0, metadata={
+        "help": "Weight of a language-modelling loss on the prompt tokens (0 = imitation only): the same forward "
+                "gives a model trained from scratch far more signal per update.", "bound": ">= 0"})
+    noise: float = field(default=0.0, metadata={
+        "help": "DART-style noise: with this probability an expert episode executes a random admissible action "
+                "instead of the expert's (not imitated); the expert's recovery from the states that leads to is. "
+                "A student trained only on expert states never sees its own mistakes and compounds them.",
+                "bound": "[0, 1]"})
+    decision_repeats: int = field(default=1, metadata={
+        "help": "Repeat the examples that decide episodes this many times in the SFT data (`warmstart.is_decision`). "
+                "Household: \"go to\" turns that do not follow the memory's search frontier (appliance, target, a seen "
+                "object) and \"take\" turns, ~15% of the examples, which a tiny model got right a quarter to half of the "
+                "time. Shop: option-value clicks (~30%; a tiny model copied the right value 36% of the time).",
+                "bound": ">= 1"})
+    pretokenizer: str = field(default="qwen2", metadata={
+        "help": "How the tiny tokenizer splits text before its merges: qwen2 (Qwen2's pattern: a word carries the "
+                "character before it, \" nude\" in \"color: nude,\" but \"[nude\" in \"click[nude]\": two ids a model "
+                "trained from scratch must pair value by value) or punct_space (punctuation carries the space after it and a "
+                "word nothing but a space before it: \"nude\" in both, so copying a value from the instruction into an "
+                "action is one id to match; about as many tokens). Measured on shop-tiny: option clicks no better "
+                "(configs/shop-tiny.yaml), so every config keeps qwen2.", "added": True})
+
+
+@dataclass
+class LaunchConfig:
+    """Where `gated_train` runs the training: in its own process (the default), or as a job of `nodes` x
+    `gpus_per_node` torchrun workers (see sdar.train.distributed): a Kubeflow Trainer TrainJob
+    (sdar.launch_trainjob) or a TorchX job (sdar.launch). Secrets (MLflow, S3) reach the job's pods from
+    Kubernetes Secrets, never from this config."""
+
+    launcher: str = field(default="auto", metadata={
+        "help": "auto | inprocess | trainjob | torchx; auto = a job when nodes * gpus_per_node > 1 (trainjob with "
+                "scheduler kubernetes, torchx with local_cwd), else inprocess."})
+    scheduler: str = field(default="kubernetes", metadata={
+        "help": "kubernetes | local_cwd (TorchX on this machine); a TrainJob always runs on Kubernetes, a TorchX "
+                "job there is a Volcano Job, gang-scheduled."})
+    nodes: int = field(default=1, metadata={"help": "Nodes of the job.", "bound": ">= 1"})
+    gpus_per_node: int = field(default=0, metadata={
+        "help": "GPUs of each node, one torchrun worker per GPU; 0 = CPU workers.", "bound": ">= 0"})
+    procs_per_node: int = field(default=0, metadata={
+        "help": "torchrun workers per node; 0 = gpus_per_node (1 without GPUs).", "bound": ">= 0"})
+    cpu: int = field(default=8, metadata={"help": "CPUs per node.", "bound": ">= 1"})
+    memory_mb: int = field(default=32768, metadata={"help": "Memory per node, MB.", "bound": ">= 1"})
+    image: str = field(default="", metadata={
+        "help": "The workers' image; \"\" = $SDAR_IMAGE or the trainer image the pipeline uses."})
+    queue: str = field(default="default", metadata={"help": "Volcano queue (TorchX)."})
+    runtime: str = field(default="torch-distributed", metadata={
+        "help": "The ClusterTrainingRuntime a TrainJob references (Kubeflow Trainer's torch-distributed).",
+        "added": True})
+    kueue_queue: str = field(default="", metadata={
+        "help": "Kueue LocalQueue of a TrainJob (its kueue.x-k8s.io/queue-name label); \"\" = no label, no Kueue.",
+        "added": True})
+    namespace: str = field(default="", metadata={
+        "help": "\"\" = the namespace of the pod that launches (its service account's), else default."})
+    service_account: str = field(default="pipeline-runner", metadata={
+        "help": "The job's pods' service account: the pipeline's pipeline-runner (whose IRSA role reaches the bucket "
+                "on EKS, and which the env chart's admission policy requires of pods wearing the pipeline label); "
+                "\"\" = the namespace's default."})
+    node_selector: dict[str, str] = field(default_factory=lambda: {"eks.amazonaws.com/nodegroup": "gpu"}, metadata={
+        "help": "Node selector of GPU workers."})
+    tolerations: list[dict[str, str]] = field(
+        default_factory=lambda: [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        metadata={"help": "Tolerations of GPU workers."})
+    secrets: list[str] = field(default_factory=lambda: ["sdar-mlflow", "sdar-s3"], metadata={
+        "help": "Secrets whose keys become the pods' environment (the same ones ClusterSettings gives the pipeline)."})
+    pod_labels: dict[str, str] = field(default_factory=lambda: {"app.kubernetes.io/part-of": "sdar-pipeline"}, metadata={
+        "help": "Labels of the job's pods: ClusterSettings.pod_labels, which k8s/ NetworkPolicies admit to the env "
+                "services, MLflow and MinIO (the workers play episodes and log like the pipeline's pods)."})
+
+    def resolved_launcher(self) -> str:
+        """inprocess, trainjob (sdar.launch_trainjob) or torchx (sdar.launch): what `launcher` means here."""
+        if self.launcher not in self.LAUNCHERS:
+            raise ValueError(f"unknown launcher {self.launcher!r}; choose one of {', '.join(self.LAUNCHERS)}")
+        if self.launcher == "trainjob" and self.scheduler != "kubernetes":
+            raise ValueError(f"a TrainJob runs on Kubernetes; scheduler {self.scheduler!r} is TorchX's: "
+                             "set launch.launcher=torchx or launch.scheduler=kubernetes")
+        if self.launcher != "auto":
+            return self.launcher
+        if self.nodes * self.gpus_per_node <= 1:
+            return "inprocess"
+        return "trainjob" if self.scheduler == "kubernetes" else "torchx"
+
+    def wants_torchx(self) -> bool:
+        """Whether training runs as a TorchX job (sdar.launch)."""
+        return self.resolved_launcher() == "torchx"
+
+    def wants_trainjob(self) -> bool:
+        """Whether training runs as a Kubeflow Trainer TrainJob (sdar.launch_trainjob)."""
+        return self.resolved_launcher() == "trainjob"
+
+    LAUNCHERS = ("auto", "inprocess", "trainjob", "torchx")  # not a field: no annotation
+
+
+@dataclass
+class DistributedConfig:
+    """How torchrun's ranks share the model (one process alone: `ddp` is the plain single-process path)."""
+
+    strategy: str = field(default="ddp", metadata={
+        "help": "ddp: every rank holds the whole model and the ranks' gradients are summed in one all-reduce per "
+                "update (sdar.train.distributed); fsdp: FSDP2 (torch.distributed.fsdp.fully_shard) shards the "
+                "weights, gradients and optimizer state over the ranks, each decoder layer a unit, for LoRA and full "
+                "fine-tuning alike; checkpoints are sharded (torch.distributed.checkpoint). Under fsdp every rank "
+                "gathers the full weights for its rollouts and scoring passes (as verl's hybrid engine does) and "
+                "only the update's state stays sharded (sdar.train.fsdp).", "added": True})
+
+
+@dataclass
+class OptimConfig:
+    """The optimizer (AdamW, constant learning rate) and the guards on its steps."""
+
+    lr: float = field(default=1e-6, metadata={"help": "AdamW learning rate, constant (paper: 1e-6).", "bound": ">= 0"})
+    weight_decay: float = field(default=0.01, metadata={
+        "help": "AdamW weight decay (the reference's verl actor optimizer default).", "bound": ">= 0"})
+    grad_clip: float = field(default=1.0, metadata={
+        "help": "Gradient-norm clip of each optimizer step (paper: 1.0).", "bound": "> 0"})
+    guard_updates: bool = field(default=True, metadata={
+        "help": "After every optimizer step, check the trainable weights are finite and the policy still scores one "
+                "of the step's samples to finite log-probs; otherwise restore the weights and optimizer state of "
+                "before the step and count the update as skipped. Costs a copy of the trainable weights and their "
+                "optimizer state (small with LoRA); turn off for full fine-tuning of a model whose copy does not fit."})
+    max_skipped_update_frac: float = field(default=0.5, metadata={
+        "help": "A run in which more than this share of its updates was skipped (non-finite loss, gradient or "
+                "weights) fails with a message at its end instead of reporting success; 1.0 never fails.",
+                "bound": "[0, 1]"})
+
+
+@dataclass
+class PPOConfig:
+    """How a step's turn-samples become optimizer steps: mini- and micro-batches, epochs, old_logp."""
+
+    mini_batch_size: int = field(default=256, metadata={
+        "help": "Turn-samples per optimizer step (reference: ppo_mini_batch_size 256; 64 for shop, a family default).",
+        "bound": ">= 1"})
+    micro_batch_size: int = field(default=32, metadata={
+        "help": "Turn-samples per forward/backward inside a mini-batch (reference: ppo_micro_batch_size_per_gpu 32).",
+        "bound": ">= 1"})
+    epochs: int = field(default=1, metadata={"help": "Passes over a step's samples (paper: 1).", "bound": ">= 1"})
+    loss_normalisation: str = field(default="micro_batch", metadata={
+        "help": "micro_batch: each micro-batch's loss is aggregated (agg, e.g. token-mean) over its own tokens and "
+                "the mini-batch's gradient is the mean over its micro-batches (the reference: verl dp_actor divides "
+                "each micro-batch's loss by gradient_accumulation); mini_batch: aggregated over the whole "
+                "mini-batch's tokens."})
+    shuffle_mini_batches: bool = field(default=False, metadata={
+        "help": "Draw mini-batches in a random order; false takes them in rollout order (the reference: batch.split)."})
+    reuse_old_logp: bool = field(default=True, metadata={
+        "help": "Take old_logp of the first mini-batch's rows from the update's own first forward (the weights have "
+                "not moved yet, so it is the same number) instead of a separate scoring pass; false scores every row "
+                "first. With the reference's mini-batch (256) and a step of <= 256 turn-samples, no old_logp pass "
+                "is left."})
+    old_logp_from_sampler: bool = field(default=True, metadata={
+        "help": "Take old_logp from the sampling pass itself when the sampler is the trainer's own model (the "
+                "transformers backend's constrained sampler reports the log-prob of the distribution it drew from, "
+                "which is the trainer's score: same weights, allowed set and temperature; top_p must be 1); vLLM "
+                "and rows without sampler log-probs are scored as before. false = always score."})
+
+
+@dataclass
+class ScoringConfig:
+    """How the forwards of a step run (the no-grad scoring passes and the update's): switches that
+    change speed and memory, never the numbers beyond float rounding (tests/train/test_reference_parity.py).
+    build_runtime reads them once into the runtime's `Scorer`."""
+
+    batch_size: int = field(default=16, metadata={"help": "Sequences per no-grad scoring forward.", "bound": ">= 1"})
+    prefix_cache: bool = field(default=True, metadata={
+        "help": "The teacher and reference passes encode the prompt start a task's turn-samples share (system "
+                "prompt, task, skills in either placement) once per step and continue each turn-sample from its KV "
+                "cache (the same log-probs as the plain forward); false = a plain forward per turn-sample."})
+    dedup: bool = field(default=True, metadata={
+        "help": "The no-grad scoring passes (old_logp, reference, teacher) forward each distinct turn-sample once: "
+                "rows with the same prompt, response and allowed tokens (a task's rollouts often play the same first "
+                "turns) take that forward's log-probs (the same numbers up to float rounding); false = every row."})
+    merged_inference: bool = field(default=True, metadata={
+        "help": "With LoRA, the no-grad forwards run on plain modules without peft's per-layer wrappers: sampling, "
+                "the old_logp pass and the teacher on a copy of the adapted layers with the adapter merged in (base "
+                "+ BA, refreshed after every weight change; the same log-probs up to float rounding, ~1e-6), the "
+                "reference on the base weights themselves (shared, bit-identical). CPU only: there peft's wrappers "
+                "cost 15-20% of a small model's forward; on a GPU the copy of the adapted layers (~13 GB for a 7B "
+                "model) costs more memory than the launches it saves, and `sdar size` does not plan for it. "
+                "false = the peft module (adapter disabled for the reference)."})
+    length_buckets: bool = field(default=True, metadata={
+        "help": "Forward rows of similar length together (scoring chunks and, inside each update micro-batch, groups "
+                "of similar length: the micro-batch and its loss are unchanged, only padding goes); false = one "
+                "padded forward per micro-batch and unsorted scoring chunks."})
+    head_at_free_tokens: bool = field(default=True, metadata={
+        "help": "Every forward of a step (scoring passes and the update) runs the output head and the softmax only "
+                "at the response tokens that are not forced: a constrained step allowing just the sampled token has "
+                "log-prob 0, entropy 0 and no gradient, and no prompt position is scored (the same numbers up to "
+                "float rounding); false = the head over each forward's response span, forced tokens included."})
+
+
+@dataclass
+class TeacherConfig:
+    """The privileged-context teacher: the policy with the skills in its prompt, no gradient."""
+
+    max_prompt_tokens: int = field(default=2048, metadata={
+        "help": "The teacher's prompt budget (skills + turn).", "bound": ">= 1"})
+    for_all_arms: bool = field(default=True, metadata={
+        "help": "Score the teacher for arms that do not need it (the gap metrics)."})
+    engine: str = field(default="train", metadata={
+        "help": "train: the trainer's own forward scores the teacher; vllm: the vLLM rollout engine's prompt "
+                "log-probs (needs model.generation_backend vllm; constrained turns outside vllm.teacher_topk fall "
+                "back to the forward)."})
+
+
+@dataclass
+class EvalConfig:
+    """The held-out evaluation: during training and by `sdar eval`."""
+
+    every: int = field(default=10, metadata={
+        "help": "Steps between evaluations; 0 disables periodic evaluation.", "bound": ">= 0"})
+    tasks: int = field(default=50, metadata={"help": "Held-out tasks per evaluation.", "bound": ">= 0"})
+    task_order: str = field(default="stratified", metadata={
+        "help": "How the eval.tasks ids are taken from env.eval_split: stratified = round-robin over task types "
+                "(sdar.eval.tasks.select_tasks); first = the first N as the split lists them."})
+    task_ids: list[str] = field(default_factory=list, metadata={
+        "help": "Explicit eval tasks (then eval.tasks and eval.task_order are unused)."})
+    temperature: float = field(default=0.4, metadata={
+        "help": "Decoding temperature of evaluation (paper: 0.4; 0 = greedy).", "bound": ">= 0"})
+
+
+@dataclass
+class CheckpointConfig:
+    """Where and how often the run saves what resume needs."""
+
+    every: int = field(default=10, metadata={
+        "help": "Steps between checkpoints (and after the last step).", "bound": ">= 1"})
+    keep: int = field(default=2, metadata={"help": "Newest checkpoints kept; older ones are deleted.", "bound": ">= 1"})
+    uri: str | None = field(default=None, metadata={
+        "help": "Local dir or s3://bucket/prefix; null = <output_dir>/checkpoints."})
+    retry_s: float = field(default=600.0, metadata={
+        "help": "How long checkpoint uploads to a remote store (s3://) are retried, with backoff, before the run "
+                "stops (the checkpoints wait in <output_dir>/checkpoint-spool meanwhile, and a rerun resumes from "
+                "there).", "bound": ">= 0"})
+
