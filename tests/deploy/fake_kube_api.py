@@ -1,11 +1,11 @@
 """A Kubernetes API server for the launchers' and teardown's tests: real HTTP/1.1 on 127.0.0.1, speaking as much
 of the API as they use, so the `kubernetes` client itself builds and sends every request and reads every answer,
 the watch's chunked event stream included:
-* sdar.launch_trainjob: create, get, watch, delete of trainjobs.trainer.kubeflow.org; list pods; a pod's log;
+* sdar.launch.trainjob: create, get, watch, delete of trainjobs.trainer.kubeflow.org; list pods; a pod's log;
 * teardown (sdar.pipeline.services): TrainJobs listed by label and deleted; the env service's Deployments and
   Services listed by label (this fake holds none of those);
-* TorchX's kubernetes scheduler (sdar.launch): create of jobs.batch.volcano.sh (its server-side dry run too),
-  get of a job and of its status, replace of its status (cancel), delete; read a pod and its log.
+* TorchX's kubernetes scheduler (sdar.launch.torchx_job): create of jobs.batch.volcano.sh (its server-side dry run
+  too), get of a job and of its status, replace of its status (cancel), delete; read a pod and its log.
 
 Every request is recorded as (group, resource, verb, namespace), the way the API server authorises it (a
 GET of a collection with watch=true is the verb `watch`), for the RBAC tests. A created TrainJob then goes

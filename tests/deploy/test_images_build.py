@@ -4,7 +4,7 @@
   every capability dropped, no privilege escalation, /tmp an emptyDir (a tmpfs here), the chart's args and
   env (the operator token from its Secret); an expert episode is played against it over the wire with the
   sdar_envs client (WebSocket) and over the plain HTTP session routes, and must be the local episode exactly;
-* the trainer (its CPU variant, `<tag>-cpu`) with the training pods' restricted context (sdar.launch's user
+* the trainer (its CPU variant, `<tag>-cpu`) with the training pods' restricted context (sdar.launch.pods' user
   and writable directories) runs `sdar demo --selfcheck`;
 * the CA bundle the builds get as the secret `ca` is in no layer of either image.
 
@@ -344,9 +344,9 @@ def test_env_server_stops_within_the_grace_period(env_server):
 
 
 def test_trainer_selfcheck_in_the_training_pods_context(built, podman_env):
-    """`sdar demo --selfcheck` in the CPU trainer image with the restricted context that sdar.launch gives the
+    """`sdar demo --selfcheck` in the CPU trainer image with the restricted context that sdar.launch.pods gives the
     training pods (uid/gid 10001, read-only root, no capabilities, /tmp and /workspace/runs emptyDirs)."""
-    from sdar.launch import RUN_AS_GROUP, RUN_AS_USER, WRITABLE_DIRS
+    from sdar.launch.pods import RUN_AS_GROUP, RUN_AS_USER, WRITABLE_DIRS
 
     container = {
         "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},

@@ -375,7 +375,7 @@ def env_component_calls(tmp_path_factory):
     from kfp import dsl
     from kfp.dsl import Artifact
 
-    import sdar.launch
+    import sdar.launch.job
     from components.launch_envs import launch_envs
     from components.teardown_envs import teardown_envs
     from tests.deploy.fake_kube_api import FakeKubeApi
@@ -390,7 +390,7 @@ def env_component_calls(tmp_path_factory):
         trainjobs.__enter__()
         calls = _fake_kubernetes(mp, replicas=1)
         mp.setattr(kubernetes.client.Configuration, "_default", kubernetes.client.Configuration(host=trainjobs.url))
-        mp.setattr(sdar.launch, "SA_NAMESPACE_FILE", str(tmp / "namespace"))
+        mp.setattr(sdar.launch.job, "SA_NAMESPACE_FILE", str(tmp / "namespace"))
         endpoints = Artifact(name="endpoints", uri=str(tmp / "endpoints.json"))
         launch_envs.python_func(
             config_path=str(REPO / "configs" / "household-tiny.yaml"),
@@ -809,7 +809,7 @@ def test_network_policies_admit_the_torchx_workers_like_the_pipeline(
     # a TorchX job's workers play episodes on the run's env service, log to MLflow and publish to
     # S3 (MinIO locally): the job gated_train would submit, as its pods would be
     from sdar.config import load_config
-    from sdar.launch import dryrun
+    from sdar.launch.torchx_job import dryrun
 
     overrides = {"launch.nodes": 2, "launch.gpus_per_node": 4, "launch.namespace": PIPELINE_NS}
     config = str(REPO / "configs" / "household-tiny.yaml")
@@ -996,7 +996,7 @@ def _trainjob_worker_pods() -> list[Pod]:
     makes them from the torch-distributed runtime: the runtime patch's labels (the Trainer adds the unnamed
     container port 29500, torchrun's rendezvous, to the `node` container: tests/deploy/trainer_runtime.py)."""
     from sdar.config import load_config
-    from sdar.launch_trainjob import trainjob_for_config
+    from sdar.launch.trainjob import trainjob_for_config
 
     overrides = {"launch.nodes": 2, "launch.gpus_per_node": 4, "checkpoint.uri": "s3://b/x"}
     config = str(REPO / "configs" / "household-tiny.yaml")
@@ -1014,7 +1014,7 @@ def _trainjob_worker_pods() -> list[Pod]:
 def _torchx_worker_pods() -> list[Pod]:
     """The pods of the TorchX job gated_train would launch from KFP's namespace (2 nodes)."""
     from sdar.config import load_config
-    from sdar.launch import dryrun
+    from sdar.launch.torchx_job import dryrun
 
     overrides = {"launch.nodes": 2, "launch.gpus_per_node": 4, "launch.namespace": PIPELINE_NS}
     config = str(REPO / "configs" / "household-tiny.yaml")

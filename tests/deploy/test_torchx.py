@@ -1,4 +1,4 @@
-"""The TorchX training job (src/sdar/launch.py): `torchx run --dryrun -s kubernetes` renders the
+"""The TorchX training job (src/sdar/launch/torchx_job.py): `torchx run --dryrun -s kubernetes` renders the
 Volcano Job a cluster would get (no cluster, no Docker: --workspace "" skips the image build and
 validate_spec=False the API server's dry run); the job rebuilds exactly the launching config; and
 gated_train really launches it with the local_cwd scheduler (torchrun, 2 CPU workers)."""
@@ -27,7 +27,7 @@ CONFIG = "configs/household-tiny.yaml"
 def _torchx_dryrun(*component_args: str) -> dict:
     torchx = Path(sys.executable).parent / "torchx"
     cmd = [str(torchx), "run", "--workspace", "", "--dryrun", "-s", "kubernetes",
-           "-cfg", "queue=default,validate_spec=False", "src/sdar/launch.py:trainer", *component_args]
+           "-cfg", "queue=default,validate_spec=False", "src/sdar/launch/torchx_job.py:trainer", *component_args]
     proc = subprocess.run(cmd, check=False, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     request = proc.stdout.split("=== SCHEDULER REQUEST ===", 1)[1]
@@ -84,7 +84,7 @@ def test_the_job_rebuilds_the_launching_config_and_uses_the_pipelines_secrets():
     from sdar.pipeline.settings import ClusterSettings
     from sdar.cli import build_parser
     from sdar.config import load_config
-    from sdar.launch import dryrun, scheduler_cfg
+    from sdar.launch.torchx_job import dryrun, scheduler_cfg
     from sdar.train.cli import _overrides
 
     overrides = {"arm": "grpo_opsd", "seed": 3, "steps": 40, "rollout.max_turns": 8, "env.url": "http://envs:8000",
@@ -131,7 +131,7 @@ def test_when_training_leaves_this_process():
 
 def test_credentials_are_not_parameters_and_cluster_jobs_need_s3():
     from sdar.config import load_config
-    from sdar.launch import launch_training, trainer
+    from sdar.launch.torchx_job import launch_training, trainer
 
     with pytest.raises(ValueError, match="MLFLOW_TRACKING_URI must not be parameters"):
         trainer("--config", CONFIG, env={"MLFLOW_TRACKING_URI": "http://mlflow:5000"})
@@ -203,7 +203,8 @@ def launch_on_a_fake_cluster(tmp_path: Path, namespace: str = "kubeflow") -> dic
     fake_kube_api.py: real HTTP, the real `kubernetes` client inside TorchX's scheduler), three ways: the job
     succeeds; it fails; the step is stopped (SIGTERM) while it waits. Returns, per way, the API calls (group,
     resource, verb, namespace), what it printed, its result or error, and the Volcano Jobs it created and left."""
-    import sdar.launch
+    import sdar.launch.job
+    import sdar.launch.torchx_job
     import sdar.storage
     from sdar.config import load_config
 
@@ -228,10 +229,10 @@ def launch_on_a_fake_cluster(tmp_path: Path, namespace: str = "kubeflow") -> dic
         fake = FakeKubeApi([], volcano_phases=phases, on_event=hook, log=LOG)
         with pytest.MonkeyPatch.context() as mp, fake as api, contextlib.redirect_stdout(printed):
             point_the_client_at(mp, api.url)
-            mp.setattr(sdar.launch, "SA_NAMESPACE_FILE", str(sa_ns))
+            mp.setattr(sdar.launch.job, "SA_NAMESPACE_FILE", str(sa_ns))
             mp.setattr(sdar.storage, "open_store", lambda uri, **kw: _Store())
             try:
-                result = sdar.launch.launch_training(cfg, CONFIG, overrides, wait_interval=0)
+                result = sdar.launch.torchx_job.launch_training(cfg, CONFIG, overrides, wait_interval=0)
             except BaseException as exc:  # noqa: BLE001 - SystemExit included: it is what SIGTERM became
                 result = exc
         assert not api.unknown, api.unknown
@@ -251,7 +252,7 @@ def torchx_runs(tmp_path_factory):
 def test_launch_training_submits_the_volcano_job_it_dry_ran_in_the_launching_pods_namespace(torchx_runs):
     from kubernetes.client import ApiClient
 
-    from sdar.launch import dryrun
+    from sdar.launch.torchx_job import dryrun
 
     for way, run in torchx_runs.items():
         (job,) = run["created"]
@@ -290,7 +291,7 @@ def test_launch_training_waits_shows_the_failure_and_cancels_when_stopped(torchx
 
 def test_a_replaying_arms_workers_get_the_teachers_secret_and_no_other_arm_does():
     from sdar.config import load_config
-    from sdar.launch import dryrun
+    from sdar.launch.torchx_job import dryrun
 
     teachers = [{"name": "api", "base_url": "https://api.example/v1", "model": "m", "api_key_env": "OPENAI_API_KEY"},
                 {"name": "local", "base_url": "http://127.0.0.1:8300/v1", "model": "m"}]  # no key
@@ -317,7 +318,7 @@ def test_what_each_replica_runs_rendezvouses_at_replica_0():
     Volcano's variables, expanded by bash as in the pod, is a torchrun joining replica 0's c10d store."""
     from torch.distributed.run import parse_args
 
-    from sdar.launch import trainer
+    from sdar.launch.torchx_job import trainer
     from tests.deploy.torchx_runtime import replica_command
 
     app = trainer("--config", CONFIG, "--arm", "sdar", nnodes=2, nproc_per_node=3, image="img", rdzv_port=29611,
@@ -349,7 +350,7 @@ def test_the_jobs_pods_carry_the_pipelines_labels():
     # the workers play episodes and log to MLflow: k8s/ NetworkPolicies admit only pods with these labels
     from sdar.pipeline.settings import ClusterSettings
     from sdar.config import load_config
-    from sdar.launch import dryrun
+    from sdar.launch.torchx_job import dryrun
 
     overrides = {"launch.nodes": 2, "launch.gpus_per_node": 4}
     job = dryrun(load_config(CONFIG, overrides), CONFIG, overrides, validate_spec=False).request.resource
@@ -364,7 +365,7 @@ def _job_pods(**overrides) -> list[dict]:
     from kubernetes.client import ApiClient
 
     from sdar.config import load_config
-    from sdar.launch import dryrun
+    from sdar.launch.torchx_job import dryrun
 
     overrides = {"launch.nodes": 2, "launch.gpus_per_node": 4, **overrides}
     job = dryrun(load_config(CONFIG, overrides), CONFIG, overrides, validate_spec=False).request.resource
@@ -436,7 +437,7 @@ def test_an_output_dir_elsewhere_gets_its_own_empty_dir():
         assert extra == ({mounted} if mounted else set()), output_dir
         for path in extra:
             assert writable[path]["emptyDir"]["sizeLimit"], path
-    from sdar.launch import _pod_overlay
+    from sdar.launch.torchx_job import _pod_overlay
 
     with pytest.raises(ValueError, match="not an absolute path"):
         _pod_overlay("img", [], {}, [], {}, 1024, ["relative/dir"])

@@ -1,4 +1,4 @@
-"""The Kubeflow Trainer launcher (src/sdar/launch_trainjob.py): the TrainJob it builds, exactly, checked against
+"""The Kubeflow Trainer launcher (src/sdar/launch/trainjob.py): the TrainJob it builds, exactly, checked against
 the Trainer's published API models (kubeflow-trainer-api) and, as the pods it makes, against the Kubernetes
 schemas under the restricted profile; then launch_trainjob against a fake API server (tests/deploy/
 fake_kube_api.py: real HTTP, the real `kubernetes` client) the ways a run goes: it completes, it fails, the
@@ -37,7 +37,7 @@ def test_the_trainjob_is_exactly_this_and_fits_the_trainer_api():
 
     from sdar.cli import build_parser
     from sdar.config import load_config
-    from sdar.launch_trainjob import trainjob_for_config, trainjob_name
+    from sdar.launch.trainjob import trainjob_for_config, trainjob_name
     from sdar.train.cli import _overrides
 
     overrides = {"launch.nodes": 2, "launch.gpus_per_node": 4, "checkpoint.uri": "s3://bucket/job/sdar-seed0",
@@ -99,7 +99,8 @@ def test_the_trainjob_is_exactly_this_and_fits_the_trainer_api():
 
 def test_the_api_models_refuse_what_the_trainer_does_not_have():
     from sdar.config import load_config
-    from sdar.launch_trainjob import secret_env, trainjob_for_config, validate_trainjob
+    from sdar.launch.secrets import secret_env
+    from sdar.launch.trainjob import trainjob_for_config, validate_trainjob
 
     overrides = {"launch.nodes": 2, "launch.gpus_per_node": 2, "checkpoint.uri": "s3://b/x"}
     job = trainjob_for_config(load_config(CONFIG, overrides), CONFIG, overrides)
@@ -125,7 +126,7 @@ def test_the_api_models_refuse_what_the_trainer_does_not_have():
 
 def test_a_replaying_arms_workers_get_its_teachers_keys_and_no_other_arm_does():
     from sdar.config import load_config
-    from sdar.launch_trainjob import trainjob_for_config, validate_trainjob
+    from sdar.launch.trainjob import trainjob_for_config, validate_trainjob
 
     teachers = [{"name": "api", "base_url": "https://api.example/v1", "model": "m", "api_key_env": "OPENAI_API_KEY"},
                 {"name": "local", "base_url": "http://127.0.0.1:8300/v1", "model": "m"}]  # no key
@@ -157,7 +158,7 @@ def test_the_trainjob_merges_into_trainer_2_3s_runtime_and_its_nodes_run_torchru
     from torch.distributed.run import parse_args
 
     from sdar.config import load_config
-    from sdar.launch_trainjob import trainjob_for_config
+    from sdar.launch.trainjob import trainjob_for_config
     from tests.deploy.trainer_runtime import node_command, torch_distributed
 
     teachers = [{"name": "api", "base_url": "https://api.example/v1", "model": "m", "api_key_env": "OPENAI_API_KEY"},
@@ -223,7 +224,7 @@ def test_one_trainer_version_installed_validated_and_tested():
 
     from packaging.requirements import Requirement
 
-    from sdar.launch_trainjob import TRAINER_VERSION, check_api_models
+    from sdar.launch.trainjob import TRAINER_VERSION, check_api_models
     from tests.deploy import trainer_runtime
 
     assert trainer_runtime.TRAINER_VERSION == TRAINER_VERSION == "2.3.0"
@@ -252,7 +253,7 @@ def test_the_pods_it_makes_run_restricted_with_the_pipelines_labels(version):
     import kubernetes_validate
 
     from sdar.config import load_config
-    from sdar.launch_trainjob import trainjob_for_config
+    from sdar.launch.trainjob import trainjob_for_config
     from sdar.pipeline.settings import ClusterSettings
 
     overrides = {"launch.nodes": 2, "launch.gpus_per_node": 4, "checkpoint.uri": "s3://b/x", "tracking": False,
@@ -369,10 +370,10 @@ def launch_on_a_fake_trainer(tmp_path: Path, namespace: str = NAMESPACE) -> dict
     created and deleted, and what it told MLflow."""
     import mlflow.tracking
 
-    import sdar.launch
+    import sdar.launch.job
     import sdar.storage
     from sdar.config import load_config
-    from sdar.launch_trainjob import launch_trainjob, trainjob_name
+    from sdar.launch.trainjob import launch_trainjob, trainjob_name
     from tests.deploy.test_torchx import _Store
 
     class ArmStore(_Store):  # rank 0 logged to the arm's own MLflow run
@@ -390,7 +391,7 @@ def launch_on_a_fake_trainer(tmp_path: Path, namespace: str = NAMESPACE) -> dict
         with pytest.MonkeyPatch.context() as mp, FakeKubeApi(phases, **kw) as api, contextlib.redirect_stdout(printed), \
                 _python_sigint():
             _point_the_client_at(mp, api.url)
-            mp.setattr(sdar.launch, "SA_NAMESPACE_FILE", str(sa_ns))
+            mp.setattr(sdar.launch.job, "SA_NAMESPACE_FILE", str(sa_ns))
             mp.setattr(sdar.storage, "open_store", lambda uri, **k: ArmStore())
             mp.setattr(mlflow.tracking, "MlflowClient", _MlflowClient)
             mp.setenv("MLFLOW_TRACKING_URI", "http://mlflow.example:5000")
@@ -414,7 +415,7 @@ def runs(tmp_path_factory):
 
 
 def test_it_creates_the_trainjob_it_built_in_the_launching_pods_namespace(runs):
-    from sdar.launch_trainjob import trainjob_for_config, validate_trainjob
+    from sdar.launch.trainjob import trainjob_for_config, validate_trainjob
 
     for way, run in runs.items():
         want = trainjob_for_config(run["cfg"], CONFIG, OVERRIDES, NAMESPACE)
@@ -481,7 +482,7 @@ def test_an_earlier_attempts_trainjob_is_replaced(runs):
 
 def test_a_cluster_without_kubeflow_trainer_says_what_to_do(tmp_path, monkeypatch):
     from sdar.config import load_config
-    from sdar.launch_trainjob import launch_trainjob
+    from sdar.launch.trainjob import launch_trainjob
 
     ov = {"launch.launcher": "trainjob", "checkpoint.uri": "s3://b/x", "launch.namespace": NAMESPACE,
           "output_dir": str(tmp_path)}
@@ -566,7 +567,7 @@ def test_a_gated_train_pod_killed_without_sigterm_leaves_its_trainjob_and_teardo
 
 
 def test_teardown_on_a_cluster_without_kubeflow_trainer_finds_no_trainjobs(tmp_path, monkeypatch):
-    from sdar.launch_trainjob import delete_labelled
+    from sdar.launch.trainjob import delete_labelled
 
     with FakeKubeApi([], serves_trainjobs=False) as api:
         _point_the_client_at(monkeypatch, api.url)
@@ -579,7 +580,7 @@ def test_teardown_on_a_cluster_without_kubeflow_trainer_finds_no_trainjobs(tmp_p
 def test_compile_set_launcher_trainjob_gives_a_gated_train_that_creates_a_trainjob(tmp_path, monkeypatch):
     from kfp.dsl import Artifact, Model
 
-    import sdar.launch
+    import sdar.launch.job
     import sdar.pipeline.runner
     import sdar.storage
     from components.gated_train import gated_train
@@ -594,7 +595,7 @@ def test_compile_set_launcher_trainjob_gives_a_gated_train_that_creates_a_trainj
     # the run's gated_train, with the compiled default overrides, from a pod in kubeflow
     (tmp_path / "ns").write_text(NAMESPACE)
     monkeypatch.chdir(REPO)
-    monkeypatch.setattr(sdar.launch, "SA_NAMESPACE_FILE", str(tmp_path / "ns"))
+    monkeypatch.setattr(sdar.launch.job, "SA_NAMESPACE_FILE", str(tmp_path / "ns"))
     monkeypatch.setattr(sdar.storage, "open_store", lambda uri, **k: _Store())
     ckpt, hist = Model(name="checkpoint", uri=str(tmp_path / "ckpt")), Artifact(name="h", uri=str(tmp_path / "h.json"))
     with FakeKubeApi([{"conditions": [condition("Complete")]}]) as api:

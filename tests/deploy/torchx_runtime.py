@@ -1,5 +1,6 @@
-"""What TorchX's kubernetes scheduler and Volcano make of an AppDef (sdar.launch.trainer's): the Volcano Job, and the
-exact command and environment each replica's container runs (`replica_command`, which tests run under torchrun here).
+"""What TorchX's kubernetes scheduler and Volcano make of an AppDef (sdar.launch.torchx_job.trainer's): the Volcano
+Job, and the exact command and environment each replica's container runs (`replica_command`, which tests run under
+torchrun here).
 
 * TorchX (torchx/schedulers/kubernetes_scheduler.py `app_to_resource`, the installed torchx): one Volcano task per
   replica, named <role>-<replica>, whose pod runs `bash -c "torchrun ..."` with the macros substituted for that

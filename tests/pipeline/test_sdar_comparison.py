@@ -267,7 +267,7 @@ def test_torchx_jobs_of_the_training_step_run_the_pipelines_image(tmp_path, monk
     # multi-GPU training as a TorchX job: the step only launches and waits (--gpus 0), the job asks
     # for the GPUs (launch.gpus_per_node in the run's overrides)
     from sdar.config import load_config
-    from sdar.launch import dryrun
+    from sdar.launch.torchx_job import dryrun
 
     image = "123.dkr.ecr.example/team/sdar-trainer:7"
     spec, platform = _compile(tmp_path, "cluster", image=image, cluster=ClusterSettings(gpus=0))
@@ -275,7 +275,7 @@ def test_torchx_jobs_of_the_training_step_run_the_pipelines_image(tmp_path, monk
     assert container["image"] == image
     assert {e["name"]: e["value"] for e in container["env"]}["SDAR_IMAGE"] == image
     assert "accelerator" not in container["resources"] and "nodeSelector" not in k8s
-    # the step's environment is what sdar.launch reads: the job's pods get the same image and the GPUs
+    # the step's environment is what sdar.launch.torchx_job reads: the job's pods get the same image and the GPUs
     for e in container["env"]:
         monkeypatch.setenv(e["name"], e["value"])
     overrides = {"launch.nodes": 2, "launch.gpus_per_node": 4, "checkpoint.uri": "s3://b/ckpt"}

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sdar.config.secrets import MLFLOW_SECRET, S3_SECRET
+
 # choices checked at load (TrainConfig.validate); the code that uses them imports them from here, so
 # that reading and checking a config needs neither torch nor transformers
 PLACEMENTS = ("prefix", "user")  # rollout.privileged_placement (sdar.agent.prompts)
@@ -175,7 +177,7 @@ class WarmStartConfig:
 class LaunchConfig:
     """Where `gated_train` runs the training: in its own process (the default), or as a job of `nodes` x
     `gpus_per_node` torchrun workers (see sdar.train.distributed): a Kubeflow Trainer TrainJob
-    (sdar.launch_trainjob) or a TorchX job (sdar.launch). Secrets (MLflow, S3) reach the job's pods from
+    (sdar.launch.trainjob) or a TorchX job (sdar.launch.torchx_job). Secrets (MLflow, S3) reach the job's pods from
     Kubernetes Secrets, never from this config."""
 
     launcher: str = field(default="auto", metadata={
@@ -211,14 +213,15 @@ class LaunchConfig:
     tolerations: list[dict[str, str]] = field(
         default_factory=lambda: [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         metadata={"help": "Tolerations of GPU workers."})
-    secrets: list[str] = field(default_factory=lambda: ["sdar-mlflow", "sdar-s3"], metadata={
-        "help": "Secrets whose keys become the pods' environment (the same ones ClusterSettings gives the pipeline)."})
+    secrets: list[str] = field(default_factory=lambda: [MLFLOW_SECRET, S3_SECRET], metadata={
+        "help": "Secrets whose keys become the pods' environment (sdar.config.secrets: the same ones ClusterSettings "
+                "gives the pipeline)."})
     pod_labels: dict[str, str] = field(default_factory=lambda: {"app.kubernetes.io/part-of": "sdar-pipeline"}, metadata={
         "help": "Labels of the job's pods: ClusterSettings.pod_labels, which k8s/ NetworkPolicies admit to the env "
                 "services, MLflow and MinIO (the workers play episodes and log like the pipeline's pods)."})
 
     def resolved_launcher(self) -> str:
-        """inprocess, trainjob (sdar.launch_trainjob) or torchx (sdar.launch): what `launcher` means here."""
+        """inprocess, trainjob (sdar.launch.trainjob) or torchx (sdar.launch.torchx_job): what `launcher` means here."""
         if self.launcher not in self.LAUNCHERS:
             raise ValueError(f"unknown launcher {self.launcher!r}; choose one of {', '.join(self.LAUNCHERS)}")
         if self.launcher == "trainjob" and self.scheduler != "kubernetes":
@@ -231,11 +234,11 @@ class LaunchConfig:
         return "trainjob" if self.scheduler == "kubernetes" else "torchx"
 
     def wants_torchx(self) -> bool:
-        """Whether training runs as a TorchX job (sdar.launch)."""
+        """Whether training runs as a TorchX job (sdar.launch.torchx_job)."""
         return self.resolved_launcher() == "torchx"
 
     def wants_trainjob(self) -> bool:
-        """Whether training runs as a Kubeflow Trainer TrainJob (sdar.launch_trainjob)."""
+        """Whether training runs as a Kubeflow Trainer TrainJob (sdar.launch.trainjob)."""
         return self.resolved_launcher() == "trainjob"
 
     LAUNCHERS = ("auto", "inprocess", "trainjob", "torchx")  # not a field: no annotation

@@ -132,16 +132,16 @@ def teardown_env_service(job_id: str, state: str | None, error_message: str | No
 
 
 def _delete_trainjobs(selector: str, namespace: str, dry_run: bool, done: list[str]) -> RuntimeError | None:
-    """The run's TrainJobs (sdar.launch_trainjob.delete_labelled) in `namespace`, "" = this pod's; each line into
+    """The run's TrainJobs (sdar.launch.trainjob.delete_labelled) in `namespace`, "" = this pod's; each line into
     `done`. Returns the error of those left, for the caller to raise once the rest is torn down."""
     from sdar.config import LaunchConfig
-    from sdar.launch import job_namespace
+    from sdar.launch.job import job_namespace
 
     ns = job_namespace(LaunchConfig(namespace=namespace))
     if dry_run:
         done.append(f"would delete TrainJobs with {selector} in {ns}")
         return None
-    from sdar.launch_trainjob import delete_labelled
+    from sdar.launch.trainjob import delete_labelled
 
     try:
         done += delete_labelled(ns, selector) or [f"no TrainJob labelled {selector} in {ns}"]

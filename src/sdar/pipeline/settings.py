@@ -9,6 +9,8 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from sdar.config.secrets import MLFLOW_KEYS, MLFLOW_SECRET, S3_KEYS, S3_SECRET, TEACHER_KEYS, TEACHER_SECRET
+
 PIPELINE_NAME = "sdar-comparison"  # the DAG's name, and its entry point's in group sdar.pipelines
 DEFAULT_ARMS = ["grpo", "grpo_opsd", "sdar"]
 DEFAULT_CONFIG = "configs/household-tiny.yaml"
@@ -35,6 +37,7 @@ class ClusterSettings:
     given only to the steps that log (MLFLOW_STEPS; MLflow proxies artifacts, so none needs S3 for it).
     s3_secret / s3_keys: Secret name and {env var: secret key} for S3/MinIO, given only to the step
     that reads and writes checkpoints there (S3_STEPS: gated_train and the TorchX jobs it launches).
+    The Secrets' names and keys default to sdar.config.secrets, which the training jobs (sdar.launch) read too.
     eval_on_gpu: give the evaluation pods the same GPU settings (real models decode faster there).
     pod_labels: labels on every task's pod; k8s/ NetworkPolicies admit only pods carrying these to
     the env services, MLflow and MinIO (the chart's networkPolicy.allowedClients default too).
@@ -56,12 +59,10 @@ class ClusterSettings:
         default_factory=lambda: [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}])
     env_image: str = ""
     env_namespace: str = "sdar"
-    mlflow_secret: str = "sdar-mlflow"
-    mlflow_keys: dict[str, str] = field(default_factory=lambda: {"MLFLOW_TRACKING_URI": "MLFLOW_TRACKING_URI"})
-    s3_secret: str = "sdar-s3"
-    s3_keys: dict[str, str] = field(default_factory=lambda: {
-        "AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY",
-        "SDAR_S3_ENDPOINT_URL": "SDAR_S3_ENDPOINT_URL"})
+    mlflow_secret: str = MLFLOW_SECRET
+    mlflow_keys: dict[str, str] = field(default_factory=lambda: dict(MLFLOW_KEYS))
+    s3_secret: str = S3_SECRET
+    s3_keys: dict[str, str] = field(default_factory=lambda: dict(S3_KEYS))
     eval_on_gpu: bool = False
     pod_labels: dict[str, str] = field(default_factory=lambda: {"app.kubernetes.io/part-of": "sdar-pipeline"})
     run_as_user: int = 10001
@@ -73,8 +74,8 @@ class ClusterSettings:
     eval_memory: str = "16G"
     # the teacher pool's API keys: {env var an endpoint's api_key_env names: key in the Secret}, mounted
     # (optional: a pool of local models needs none) in the steps that call the pool (TEACHER_STEPS)
-    teacher_secret: str = "sdar-teachers"
-    teacher_keys: dict[str, str] = field(default_factory=lambda: {"OPENAI_API_KEY": "OPENAI_API_KEY"})
+    teacher_secret: str = TEACHER_SECRET
+    teacher_keys: dict[str, str] = field(default_factory=lambda: dict(TEACHER_KEYS))
 
 
 # the steps (component names) that read each Secret: MLflow for those that log runs (launch opens the

@@ -4,7 +4,8 @@ this machine with the `local_cwd` scheduler.
 
 `trainer` is a TorchX component, so the TorchX CLI can run it directly:
 
-    torchx run --workspace "" -s kubernetes -cfg queue=default,namespace=rl src/sdar/launch.py:trainer \\
+    torchx run --workspace "" -s kubernetes -cfg queue=default,namespace=rl \\
+        src/sdar/launch/torchx_job.py:trainer \\
         --nnodes 2 --nproc_per_node 4 --gpu 4 -- --config configs/household-tiny.yaml --arm sdar
 
 (`--workspace ""`: run the pushed trainer image as it is, rather than have TorchX build one from
@@ -12,9 +13,9 @@ the working directory)
 
 and `launch_training(cfg, ...)` is what the `gated_train` pipeline step calls when the config's
 `launch` section says `launcher: torchx`, or asks for more than one GPU with `scheduler: local_cwd` (on
-Kubernetes more than one GPU makes a Kubeflow Trainer TrainJob by default: sdar.launch_trainjob, which
-shares this module's command, security context and result collection). Credentials never travel as
-parameters: the pods read them from the Kubernetes Secrets named in `secrets` (envFrom), and a replaying arm's
+Kubernetes more than one GPU makes a Kubeflow Trainer TrainJob by default: sdar.launch.trainjob, with the same
+command, pods and result collection: sdar.launch.job, pods and secrets). Credentials never travel as parameters:
+the pods read them from the Kubernetes Secrets named in `secrets` (envFrom), and a replaying arm's
 from the teachers' Secret (`teacher_secret`, optional as in gated_train's own pod). The pods
 run under the restricted Pod Security profile (non-root uid 10001, no privilege escalation, no
 capabilities, RuntimeDefault seccomp, read-only root filesystem with emptyDirs for what they write).
@@ -26,43 +27,23 @@ and get, jobs/status get and update, pods get, pods/log get (k8s/base/rbac.yaml,
 
 # no `from __future__ import annotations`: TorchX reads the component's annotations as types
 import collections
-import contextlib
-import json
 import os
-import shutil
-import signal
 import sys
-import threading
-from pathlib import Path
 from typing import Any
 
 from torchx import specs
 
-from sdar.train.cli import RESULT_PREFIX
+from sdar.config.secrets import MLFLOW_SECRET, S3_SECRET
+from sdar.launch.job import collect_result, job_namespace, procs_per_node, require_s3, sigterm_raises, train_args
+from sdar.launch.pods import (container_security_context, empty_dirs, output_scratch, pod_security_context,
+                              shm_volume, writable_dirs)
+from sdar.launch.secrets import SECRET_ENV, env_from, teacher_secret_of
 
-# environment variables that hold credentials or endpoints: they come from Kubernetes Secrets
-# (or, for local_cwd, from the launching process's environment), never from a parameter
-SECRET_ENV = frozenset({
-    "MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN",
-    "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "SDAR_S3_ENDPOINT_URL",
-    "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "MLFLOW_S3_ENDPOINT_URL",
-})
 SCHEDULERS = ("kubernetes", "local_cwd")
 ROLE = "trainer"
-# the same Secrets the pipeline's ClusterSettings gives its steps (k8s/ creates them); their keys
-# are the variable names (MLFLOW_TRACKING_URI; AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, SDAR_S3_ENDPOINT_URL)
-DEFAULT_SECRETS = "sdar-mlflow,sdar-s3"
-SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-# The workers' pods run under the restricted Pod Security profile: the images' user (USER 10001:10001
-# in images/*/Dockerfile), no privilege escalation, no capabilities, the runtime's seccomp profile and
-# a read-only root filesystem. What they write goes to emptyDirs: /tmp (HOME, the Hugging Face, Triton
-# and vLLM caches, torchrun's files) and /workspace/runs (the image's WORKDIR runs/, the default
-# output root: checkpoints spool there before they reach S3).
-RUN_AS_USER = 10001
-RUN_AS_GROUP = 10001
-IMAGE_WORKDIR = "/workspace"  # images/trainer/Dockerfile's WORKDIR: relative paths start there
-WRITABLE_DIRS = {"tmp": ("/tmp", "100Gi"), "runs": ("/workspace/runs", "50Gi")}
-SCRATCH_SIZE = "50Gi"  # each extra writable directory (`scratch`), e.g. an output_dir outside those two
+# the same Secrets the pipeline's ClusterSettings gives its steps (sdar.config.secrets; k8s/ creates them); their
+# keys are the variable names (MLFLOW_TRACKING_URI; AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, SDAR_S3_ENDPOINT_URL)
+DEFAULT_SECRETS = f"{MLFLOW_SECRET},{S3_SECRET}"
 
 
 def _torchrun_component():
@@ -173,31 +154,23 @@ def _pod_overlay(image: str, secrets: list[str], node_selector: dict[str, str],
     # the container's name differs per replica, its image does not: merge on the image, leaving the
     # env and resources TorchX sets untouched (the merge replaces whole fields: the volumeMounts below
     # repeat TorchX's /dev/shm)
-    writable = dict(WRITABLE_DIRS)
-    for i, path in enumerate(scratch or []):
-        if not path.startswith("/"):
-            raise ValueError(f"scratch directory {path!r} is not an absolute path")
-        writable[f"scratch-{i}"] = (path, SCRATCH_SIZE)
+    writable = writable_dirs(scratch or [])
     mounts = {"dshm": "/dev/shm", **{name: path for name, (path, _) in writable.items()}}
     container: dict[str, Any] = {
         "image": image,
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-                            "privileged": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True},
+        "securityContext": container_security_context(),
         "volumeMounts": [{"name": name, "mountPath": path} for name, path in mounts.items()],
     }
-    env_from = [{"secretRef": {"name": s.strip()}} for s in secrets]
-    if teacher_secret:
-        env_from.append({"secretRef": {"name": teacher_secret, "optional": True}})
-    if env_from:
-        container["envFrom"] = env_from
-    volumes = [{"name": name, "emptyDir": {"sizeLimit": size}} for name, (_, size) in writable.items()]
+    refs = env_from(secrets, teacher_secret)
+    if refs:
+        container["envFrom"] = refs
+    volumes = empty_dirs(writable)
     if mem_mb > 0:
-        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{int(mem_mb)}M"}})
+        volumes.append(shm_volume(mem_mb))
     spec: dict[str, Any] = {
         JOIN("containers", on="image"): [container],
         JOIN("volumes", on="name"): volumes,
-        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_GROUP,
-                            "fsGroup": RUN_AS_GROUP, "seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": pod_security_context(),
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
     }
@@ -212,45 +185,6 @@ def _pod_overlay(image: str, secrets: list[str], node_selector: dict[str, str],
 
 
 # ---- from a TrainConfig ----------------------------------------------------------------------
-def _procs_per_node(launch) -> int:
-    return launch.procs_per_node or max(launch.gpus_per_node, 1)
-
-
-def teacher_vars(cfg) -> set[str]:
-    """The environment variables holding the API keys of the teachers a replaying arm asks (none otherwise)."""
-    if cfg.resolved_arm().replay_coef == 0.0:
-        return set()
-    return {t.api_key_env for t in cfg.replay.teachers if t.api_key_env}
-
-
-def teacher_secret_of(cfg) -> str:
-    """The Secret a replaying arm's TorchX workers read its teachers' API keys from (envFrom: each key becomes the
-    variable of its name), "" for an arm that asks no teacher for a key. A key stored under another name than
-    its variable cannot arrive that way and is refused."""
-    wanted = teacher_vars(cfg)
-    if not wanted:
-        return ""
-    from sdar.pipeline.settings import ClusterSettings
-
-    cs = ClusterSettings()
-    renamed = sorted(var for var in wanted if cs.teacher_keys.get(var) != var)
-    if renamed:
-        raise ValueError(f"the teachers' api_key_env {', '.join(renamed)} is no key of the Secret {cs.teacher_secret} "
-                         f"(ClusterSettings.teacher_keys: {cs.teacher_keys}): a TorchX job's workers read that Secret "
-                         "whole, each key as the variable of its name; store the key under the variable's name, or "
-                         "use launch.launcher=trainjob, which maps keys to variables")
-    return cs.teacher_secret
-
-
-def train_args(config_path: str, overrides: dict[str, Any]) -> list[str]:
-    """`sdar train` arguments that rebuild the same config in the job: the file plus every override
-    as --set KEY=<JSON> (JSON is YAML, which --set parses), and --publish to hand the result back."""
-    args = ["--config", str(config_path)]
-    for key, value in overrides.items():
-        args += ["--set", f"{key}={json.dumps(value)}"]
-    return args + ["--publish"]
-
-
 def app_for_config(cfg, config_path: str, overrides: dict[str, Any]) -> specs.AppDef:
     """The TorchX app that trains `cfg` (= load_config(config_path, overrides)) as its `launch` says."""
     launch = cfg.launch
@@ -263,15 +197,13 @@ def app_for_config(cfg, config_path: str, overrides: dict[str, Any]) -> specs.Ap
                            for t in launch.tolerations) if on_k8s and launch.gpus_per_node else ""
     name = f"sdar-{cfg.arm}-seed{cfg.seed}".replace("_", "-")
     # the pods' root filesystem is read-only: an output_dir outside /tmp and runs/ gets an emptyDir
-    out_dir = os.path.normpath(os.path.join(IMAGE_WORKDIR, cfg.resolved_output_dir()))
-    scratch = "" if not on_k8s or any(out_dir == d or out_dir.startswith(d + "/")
-                                      for d, _ in WRITABLE_DIRS.values()) else out_dir
+    scratch = output_scratch(cfg) if on_k8s else ""
     # on this machine the workers inherit this process's environment (credentials included); the
     # interpreter's bin/ goes first so `torchrun` is the one installed beside sdar
     env = {} if on_k8s else {"PATH": os.path.dirname(sys.executable)}
     return trainer(
         *train_args(config_path, overrides),
-        image=launch.image, nnodes=launch.nodes, nproc_per_node=_procs_per_node(launch), gpu=launch.gpus_per_node,
+        image=launch.image, nnodes=launch.nodes, nproc_per_node=procs_per_node(launch), gpu=launch.gpus_per_node,
         cpu=launch.cpu, memMB=launch.memory_mb, name=name, secrets=",".join(launch.secrets) if on_k8s else "",
         node_selector=dict(launch.node_selector) if on_k8s and launch.gpus_per_node else None,
         tolerations=tolerations, labels=dict(launch.pod_labels) if on_k8s else None, env=env, scratch=scratch,
@@ -289,37 +221,6 @@ def scheduler_cfg(cfg) -> dict[str, Any]:
     if launch.service_account:
         out["service_account"] = launch.service_account
     return out
-
-
-def job_namespace(launch) -> str:
-    """Where a job goes: launch.namespace, else the launching pod's own (its service account's), else default."""
-    if launch.namespace:
-        return launch.namespace
-    ns_file = Path(SA_NAMESPACE_FILE)
-    return ns_file.read_text().strip() if ns_file.is_file() else "default"
-
-
-def require_s3(cfg) -> None:
-    """A Kubernetes job's pods share no disk with the launching one: they hand the result back through S3."""
-    if not str(cfg.checkpoint.uri or "").startswith("s3://"):
-        raise ValueError("a Kubernetes training job hands its result back through the checkpoint store: set "
-                         "checkpoint.uri to an s3:// URI (the pipeline's checkpoint_root)")
-
-
-def collect_result(cfg, **extra: Any) -> dict[str, Any]:
-    """The summary rank 0 published to the checkpoint store (`sdar train --publish`), with the final policy
-    downloaded into <output_dir>/final of this machine; `extra` is added to it (the job's handle)."""
-    from sdar.storage import open_store
-
-    store = open_store(cfg.resolved_checkpoint_uri())
-    out = cfg.resolved_output_dir()
-    final = out / "final"
-    if final.exists():  # local_cwd: rank 0 wrote it here already; the store's copy is the same
-        shutil.rmtree(final)
-    store.get_dir(f"{RESULT_PREFIX}/final", final)
-    summary = store.read_json(f"{RESULT_PREFIX}/summary.json")
-    summary.update({"final_dir": str(final), "output_dir": str(out), **extra})
-    return summary
 
 
 def dryrun(cfg, config_path: str, overrides: dict[str, Any], validate_spec: bool = True):
@@ -351,9 +252,9 @@ def launch_training(cfg, config_path: str, overrides: dict[str, Any], wait_inter
     opts = scheduler_cfg(cfg)
     with get_runner() as runner:
         handle = runner.schedule(runner.dryrun(app, cfg.launch.scheduler, cfg=opts))
-        print(f"TorchX job {handle}: {cfg.launch.nodes} x {_procs_per_node(cfg.launch)} torchrun workers", flush=True)
+        print(f"TorchX job {handle}: {cfg.launch.nodes} x {procs_per_node(cfg.launch)} torchrun workers", flush=True)
         try:
-            with _sigterm_raises():
+            with sigterm_raises():
                 status = runner.wait(handle, wait_interval=wait_interval)
         except BaseException:
             # this step was stopped (a terminated pipeline run, Ctrl-C): stop the job too, or its
@@ -366,24 +267,6 @@ def launch_training(cfg, config_path: str, overrides: dict[str, Any], wait_inter
         where = f"the logs under {opts['log_dir']}" if "log_dir" in opts else f"`torchx log {handle}`"
         raise RuntimeError(f"TorchX job {handle} did not succeed ({status.state if status else 'gone'}); see {where}")
     return collect_result(cfg, app_handle=handle)
-
-
-@contextlib.contextmanager
-def _sigterm_raises():
-    """SIGTERM (what Kubernetes sends a pod it stops) raises SystemExit here, so cleanup runs;
-    only the main thread can set a handler, elsewhere nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def _raise(signum, frame):
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, _raise)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _cancel(runner, handle: str) -> None:

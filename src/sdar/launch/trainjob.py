@@ -1,5 +1,5 @@
 """Training as a Kubeflow Trainer TrainJob (`trainer.kubeflow.org/v1alpha1`): `torchrun -m sdar.cli train ...`
-on `nodes` x `procs_per_node` workers, the same command and config a TorchX job runs (sdar.launch), with
+on `nodes` x `procs_per_node` workers, the same command and config a TorchX job runs (sdar.launch.torchx_job), with
 Kubeflow Trainer's controller making the pods (a JobSet) from a ClusterTrainingRuntime.
 
 `launch_trainjob(cfg, ...)` is what the `gated_train` pipeline step calls when the config's `launch` section
@@ -35,10 +35,12 @@ from __future__ import annotations
 import datetime
 import hashlib
 import os
-from typing import Any, Iterable
+from typing import Any
 
-from sdar.launch import (IMAGE_WORKDIR, RUN_AS_GROUP, RUN_AS_USER, SCRATCH_SIZE, WRITABLE_DIRS, _procs_per_node,
-                         _sigterm_raises, collect_result, job_namespace, require_s3, teacher_vars, train_args)
+from sdar.launch.job import collect_result, job_namespace, procs_per_node, require_s3, sigterm_raises, train_args
+from sdar.launch.pods import (container_security_context, empty_dirs, output_scratch, pod_security_context,
+                              shm_volume, writable_dirs)
+from sdar.launch.secrets import secret_env, teacher_vars
 
 # The Kubeflow Trainer release the TrainJob is built for, validated against (its kubeflow-trainer-api models) and
 # tested on (its torch-distributed runtime and runtime-patch merge: tests/deploy/trainer_runtime.py); docs/cluster.md
@@ -73,36 +75,6 @@ def trainjob_name(cfg) -> str:
     return f"{head}-{digest}"  # the digest whole, however long the seed
 
 
-def secret_env(secrets: list[str], tracking: bool, teacher_vars: Iterable[str] = ()) -> list[dict[str, Any]]:
-    """The env entries (secretKeyRef) of the Secrets in `secrets`, key by key as the pipeline's steps get them
-    (ClusterSettings: the MLflow Secret's keys only when the run tracks), then those of the teachers' Secret that
-    `teacher_vars` names (the api_key_env of a replaying arm's teachers), optional as in gated_train's pod.
-    A TrainJob's trainer has no envFrom: a Secret other than the pipeline's has no known keys and is refused."""
-    from sdar.pipeline.settings import ClusterSettings
-
-    cs = ClusterSettings()
-    keys = {cs.mlflow_secret: cs.mlflow_keys, cs.s3_secret: cs.s3_keys, cs.teacher_secret: cs.teacher_keys}
-    wanted = {secret: dict(keys.get(secret, {})) for secret in (s.strip() for s in secrets if s.strip())}
-    unknown = [secret for secret in wanted if secret not in keys]
-    if unknown:
-        raise ValueError(f"launch.secrets names {unknown[0]!r}, whose keys a TrainJob cannot know (it has no envFrom); "
-                         f"use the pipeline's Secrets {', '.join(keys)}")
-    if not tracking:
-        wanted.pop(cs.mlflow_secret, None)
-    teacher_vars = set(teacher_vars)
-    missing = sorted(teacher_vars - set(cs.teacher_keys))
-    if missing:
-        raise ValueError(f"the teachers' api_key_env {', '.join(missing)} is no key of the Secret {cs.teacher_secret} "
-                         f"(ClusterSettings.teacher_keys: {', '.join(cs.teacher_keys)}): a TrainJob's workers could not "
-                         "read it")
-    if teacher_vars:
-        wanted[cs.teacher_secret] = {**wanted.get(cs.teacher_secret, {}),
-                                     **{var: cs.teacher_keys[var] for var in sorted(teacher_vars)}}
-    return [{"name": var, "valueFrom": {"secretKeyRef": {"name": secret, "key": key,
-                                                         **({"optional": True} if secret == cs.teacher_secret else {})}}}
-            for secret, pairs in wanted.items() for var, key in pairs.items()]
-
-
 def _resources(launch) -> dict[str, Any]:
     amounts = {"cpu": str(launch.cpu), "memory": f"{int(launch.memory_mb)}M"}
     if launch.gpus_per_node:
@@ -110,33 +82,22 @@ def _resources(launch) -> dict[str, Any]:
     return {"requests": dict(amounts), "limits": dict(amounts)}
 
 
-def _writable_dirs(cfg) -> dict[str, tuple[str, str]]:
-    """name -> (mount path, size limit) of each emptyDir: /tmp, runs/, and the output_dir when it lies elsewhere."""
-    writable = dict(WRITABLE_DIRS)
-    out_dir = os.path.normpath(os.path.join(IMAGE_WORKDIR, cfg.resolved_output_dir()))
-    if not any(out_dir == d or out_dir.startswith(d + "/") for d, _ in WRITABLE_DIRS.values()):
-        writable["scratch-0"] = (out_dir, SCRATCH_SIZE)
-    return writable
-
-
 def _pod_patch(cfg) -> dict[str, Any]:
     """The runtimePatches entry's pod template of the runtime's `node` job (what the Trainer lets a TrainJob
     patch): labels, the restricted security context, writable emptyDirs, no API token, service account, GPU
     scheduling."""
     launch = cfg.launch
-    writable = _writable_dirs(cfg)
+    # /tmp, runs/, and the output_dir when it lies elsewhere
+    writable = writable_dirs([d for d in [output_scratch(cfg)] if d])
     mounts = [{"name": name, "mountPath": path} for name, (path, _) in writable.items()]
-    volumes = [{"name": name, "emptyDir": {"sizeLimit": size}} for name, (_, size) in writable.items()]
+    volumes = empty_dirs(writable)
     mounts.append({"name": "dshm", "mountPath": "/dev/shm"})  # NCCL's and the dataloaders' shared memory
-    volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{int(launch.memory_mb)}M"}})
+    volumes.append(shm_volume(launch.memory_mb))
     mounts.append({"name": "no-api-token", "mountPath": API_TOKEN_DIR, "readOnly": True})
     volumes.append({"name": "no-api-token", "emptyDir": {"sizeLimit": "1Mi"}})
     spec: dict[str, Any] = {
-        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_GROUP,
-                            "fsGroup": RUN_AS_GROUP, "seccompProfile": {"type": "RuntimeDefault"}},
-        "containers": [{"name": NODE, "securityContext": {
-            "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "privileged": False,
-            "readOnlyRootFilesystem": True, "runAsNonRoot": True}, "volumeMounts": mounts}],
+        "securityContext": pod_security_context(),
+        "containers": [{"name": NODE, "securityContext": container_security_context(), "volumeMounts": mounts}],
         "volumes": volumes,
     }
     if launch.service_account:
@@ -158,7 +119,7 @@ def trainjob_for_config(cfg, config_path: str, overrides: dict[str, Any], namesp
     from sdar.images import trainer_image
 
     launch = cfg.launch
-    procs = _procs_per_node(launch)
+    procs = procs_per_node(launch)
     if launch.gpus_per_node and procs > launch.gpus_per_node:
         raise ValueError(f"launch.procs_per_node={procs} workers would share {launch.gpus_per_node} GPUs; "
                          "use one worker per GPU")
@@ -480,9 +441,9 @@ def launch_trainjob(cfg, config_path: str, overrides: dict[str, Any], *, api_cli
     parent = cfg.parent_run_id if cfg.tracking and os.environ.get("MLFLOW_TRACKING_URI") else None
     report = StatusLog(name, parent)
     try:
-        with _sigterm_raises():  # from the create on: a stop between it and the watch deletes the job too
+        with sigterm_raises():  # from the create on: a stop between it and the watch deletes the job too
             _create(api, namespace, job)
-            print(f"TrainJob {namespace}/{name}: {cfg.launch.nodes} x {_procs_per_node(cfg.launch)} torchrun "
+            print(f"TrainJob {namespace}/{name}: {cfg.launch.nodes} x {procs_per_node(cfg.launch)} torchrun "
                   f"workers, runtime {cfg.launch.runtime}", flush=True)
             ended, final = _watch(api, namespace, name, report, watch_timeout_s)
         if ended != "Complete":
