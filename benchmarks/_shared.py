@@ -1,0 +1,215 @@
+"""What the benchmarks share: the published model shapes they build with random weights (no download), and a
+meter of every forward of a causal LM's decoder, attributed to the phase that ran it.
+
+Not a benchmark itself (tests/benchmarks/test_smoke.py runs it through the benchmarks that import it).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+
+# The published configs (config.json of Qwen/Qwen2.5-0.5B-Instruct and Qwen/Qwen2.5-1.5B-Instruct), written out so
+# that no download is needed; the weights are random. The tokenizer is the one sdar.models.qwen builds offline.
+QWEN25_SHAPES: dict[str, dict] = {
+    "qwen2.5-0.5b": {
+        "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+        "num_key_value_heads": 2, "max_position_embeddings": 32768, "max_window_layers": 21, "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6, "sliding_window": 32768, "use_sliding_window": False, "tie_word_embeddings": True,
+        "vocab_size": 151936, "hidden_act": "silu", "initializer_range": 0.02, "attention_dropout": 0.0,
+        "bos_token_id": 151643, "eos_token_id": 151645,
+    },
+    "qwen2.5-1.5b": {
+        "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
+        "num_key_value_heads": 2, "max_position_embeddings": 32768, "max_window_layers": 21, "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6, "sliding_window": 32768, "use_sliding_window": False, "tie_word_embeddings": True,
+        "vocab_size": 151936, "hidden_act": "silu", "initializer_range": 0.02, "attention_dropout": 0.0,
+        "bos_token_id": 151643, "eos_token_id": 151645,
+    },
+}
+SHAPES = ("tiny", *QWEN25_SHAPES)  # tiny: the config's own model (its warm start)
+
+
+def random_policy(shape: str, model_cfg, *, layers: int | None = None, device: str = "cpu", seed: int = 0):
+    """An `sdar.models.Policy` of a published shape with random weights, the Qwen2.5 tokenizer and `model_cfg`'s
+    training settings (a TrainConfig's `model` section: dtype, LoRA or full fine-tuning). layers: keep only the
+    first N decoder layers (a CPU-sized model of the same width and vocabulary)."""
+    import copy
+
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from sdar.models import ModelSpec, Policy
+    from sdar.models.policy import _prepare_tokenizer
+    from sdar.models.qwen import load_qwen_tokenizer
+
+    if shape not in QWEN25_SHAPES:
+        raise ValueError(f"unknown model shape {shape!r}; choose one of {', '.join(SHAPES)}")
+    fields = dict(QWEN25_SHAPES[shape])
+    if layers is not None:
+        if not 1 <= layers <= fields["num_hidden_layers"]:
+            raise ValueError(f"--layers must be 1..{fields['num_hidden_layers']} for {shape}, got {layers}")
+        fields["num_hidden_layers"] = layers
+        fields["max_window_layers"] = min(fields["max_window_layers"], layers)
+    tok = _prepare_tokenizer(load_qwen_tokenizer())
+    spec = ModelSpec(name_or_path=f"random:{shape}", dtype=model_cfg.dtype, lora=model_cfg.lora, lora_r=model_cfg.lora_r,
+                     lora_alpha=model_cfg.lora_alpha, lora_dropout=model_cfg.lora_dropout,
+                     gradient_checkpointing=model_cfg.gradient_checkpointing)
+    config = Qwen2Config(**fields, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(seed)
+    with torch.device(device):  # initialised where it runs: a 1.5B model's init on the host takes minutes
+        model = Qwen2ForCausalLM(config).to(spec.torch_dtype)
+    if spec.gradient_checkpointing:
+        from sdar.models.policy import _enable_checkpointing
+
+        _enable_checkpointing(model)
+    if not spec.lora:
+        reference = copy.deepcopy(model).eval().requires_grad_(False)
+        return Policy(model, tok, spec, reference_model=reference)
+    from peft import LoraConfig, get_peft_model
+
+    lora = LoraConfig(r=spec.lora_r, lora_alpha=spec.lora_alpha, lora_dropout=spec.lora_dropout,
+                      target_modules=list(spec.lora_target_modules), bias="none", task_type="CAUSAL_LM")
+    return Policy(get_peft_model(model, lora), tok, spec)
+
+
+@dataclass
+class PhaseFigures:
+    """One phase's forwards of the decoder. positions: input positions forwarded (rows x width, padding included);
+    real: the positions the attention mask marks as tokens; model_s: seconds inside the decoder and the output head
+    (the device synchronised at each call's start and end); decode_steps: forwards on a KV cache (the sampler's
+    steps)."""
+
+    seconds: float = 0.0
+    forwards: int = 0
+    positions: int = 0
+    real: int = 0
+    model_s: float = 0.0
+    decode_steps: int = 0
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.positions / self.forwards if self.forwards else 0.0
+
+    @property
+    def padding(self) -> float:
+        return 1.0 - self.real / self.positions if self.positions else 0.0
+
+    @property
+    def host_s(self) -> float:
+        """The phase's seconds outside the model: Python, tokenizing, environments, sampling, the softmax over the
+        vocabulary, the loss, the optimizer."""
+        return max(self.seconds - self.model_s, 0.0)
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "tokens_per_forward": self.tokens_per_forward, "padding": self.padding,
+                "host_s": self.host_s}
+
+
+def decoder_types(model) -> set[type]:
+    """The classes of the decoder stacks inside `model` (Qwen2Model, LlamaModel, ...): a transformers model with a
+    list of layers and token embeddings. Every copy the trainer makes (a merged adapter, the plain reference) has
+    the same class."""
+    import torch
+    from transformers import PreTrainedModel
+
+    return {type(m) for m in model.modules() if isinstance(m, PreTrainedModel)
+            and isinstance(getattr(m, "layers", None), torch.nn.ModuleList) and hasattr(m, "embed_tokens")}
+
+
+class ForwardMeter:
+    """Counts every forward of a decoder of `types`, whichever module object runs it and whichever function calls
+    it, through global module hooks (torch.nn.modules.module.register_module_forward_*_hook): nothing in the
+    trainer is patched, so moving its functions around cannot break the count. The output head (a linear layer
+    onto `vocab` logits) is timed as model time too. `with meter.phase("rollout"):` attributes the forwards and
+    the seconds inside the block to that phase; forwards outside any phase go to "other"."""
+
+    def __init__(self, types: set[type], vocab: int) -> None:
+        import torch
+
+        if not types:
+            raise ValueError("no decoder class to meter: the model has no transformers decoder stack")
+        self.types, self.vocab, self.linear = tuple(types), vocab, torch.nn.Linear
+        self.figures: dict[str, PhaseFigures] = defaultdict(PhaseFigures)
+        self.current = "other"
+        self._started: dict[int, float] = {}
+        self._handles: list = []
+
+    @classmethod
+    def of(cls, model) -> ForwardMeter:
+        """A meter of `model`'s decoder class and output head (a transformers causal LM, peft-wrapped or not)."""
+        return cls(decoder_types(model), int(model.get_output_embeddings().out_features))
+
+    def __enter__(self) -> ForwardMeter:
+        from torch.nn.modules.module import (
+            register_module_forward_hook,
+            register_module_forward_pre_hook,
+        )
+
+        self._handles = [register_module_forward_pre_hook(self._pre),
+                         register_module_forward_hook(self._post, with_kwargs=True, always_call=True)]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def reset(self) -> None:
+        self.figures = defaultdict(PhaseFigures)
+
+    def phase(self, name: str):
+        meter = self
+
+        class _Phase:
+            def __enter__(self):
+                self.before, meter.current = meter.current, name
+                _sync()
+                self.t0 = time.perf_counter()
+
+            def __exit__(self, *exc):
+                _sync()
+                meter.figures[name].seconds += time.perf_counter() - self.t0
+                meter.current = self.before
+
+        return _Phase()
+
+    def _timed(self, module) -> bool:
+        return isinstance(module, self.types) or (isinstance(module, self.linear) and module.out_features == self.vocab)
+
+    def _pre(self, module, args) -> None:
+        if self._timed(module):
+            _sync()
+            self._started[id(module)] = time.perf_counter()
+
+    def _post(self, module, args, kwargs, output) -> None:
+        if not self._timed(module) or id(module) not in self._started:
+            return
+        _sync()
+        f = self.figures[self.current]
+        f.model_s += time.perf_counter() - self._started.pop(id(module))
+        if not isinstance(module, self.types):
+            return  # the output head: time only
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is None:  # inputs_embeds [B, T, H]
+            ids = kwargs["inputs_embeds"][..., 0]
+        rows, width = ids.shape[0], ids.shape[-1]
+        mask = kwargs.get("attention_mask")
+        real = int(mask[:, -width:].sum()) if mask is not None and getattr(mask, "dim", lambda: 0)() == 2 else rows * width
+        # on a KV cache: the mask covers more positions than the input (whatever the cache's argument is called:
+        # past_key_values, or cache from transformers 5.24 on)
+        past = kwargs.get("cache", kwargs.get("past_key_values"))
+        cached = (mask is not None and mask.shape[-1] > width) or (
+            past is not None and (past.get_seq_length() if hasattr(past, "get_seq_length") else 1) > 0)
+        f.forwards += 1
+        f.positions += rows * width
+        f.real += real
+        f.decode_steps += int(cached)
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()

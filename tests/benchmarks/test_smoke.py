@@ -1,0 +1,172 @@
+"""Every benchmark in benchmarks/ runs at its smoke size and prints well-formed figures: one test per benchmark, each
+running it as a person would (a subprocess from the repository root) and parsing what it prints. The figures' form
+is checked, never their values. benchmarks/gpu_suite.sh is rehearsed in tests/benchmarks/test_gpu_suite.py, which
+runs bench_train_step.py at its smoke size on every shape (tiny with the speed-ups on and off and the raw limits),
+and bench_reliability.py runs section by section in tests/reliability/test_bench_reliability.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCHMARKS = ROOT / "benchmarks"
+# the benchmarks whose smoke run lives in another test file
+ELSEWHERE = {"gpu_suite.sh": "tests/benchmarks/test_gpu_suite.py", "bench_train_step.py": "tests/benchmarks/test_gpu_suite.py",
+             "bench_reliability.py": "tests/reliability/test_bench_reliability.py"}
+# the training tests' miniature of household-tiny (tests/train/conftest.py): its warm start is cached once for all
+SMALL = ["--set", "tasks_per_step=1", "--set", "group_size=2", "--set", "ppo.mini_batch_size=8",
+         "--set", "scoring.batch_size=16", "--set", "teacher.max_prompt_tokens=1536", "--set", "rollout.max_turns=3",
+         "--set", "rollout.max_prompt_tokens=1024", "--set", "rollout.max_response_tokens=12",
+         "--set", "rollout.env_workers=2", "--set", "warmstart.episodes=24", "--set", "warmstart.tokenizer_episodes=120",
+         "--set", "warmstart.epochs=1", "--set", "model.tiny_overrides={hidden_size: 64, intermediate_size: 128, "
+         "num_hidden_layers: 2, num_attention_heads: 2, num_key_value_heads: 1}"]
+NUMBER = re.compile(r"^[-+]?[\d,]*\.?\d+(?:e[-+]?\d+)?$")
+
+
+def bench(script: str, *args: str, timeout_s: float = 300, env: dict | None = None) -> str:
+    """Run benchmarks/<script> with `args`; its stdout, after checking that it exited 0."""
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / script), *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout_s, env={**os.environ, "COLUMNS": "220", **(env or {})})
+    assert proc.returncode == 0, f"rc {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return proc.stdout
+
+
+def number(cell: str) -> float:
+    """A printed figure as a float: 1,234.5 / 52.5% / 1.05x / **0.48** / 0.48 s; an error when it is none."""
+    text = cell.strip().strip("*").removesuffix(" s").removesuffix("x").removesuffix("%").strip()
+    assert NUMBER.match(text), f"not a figure: {cell!r}"
+    return float(text.replace(",", ""))
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """The cells of every data row of the tables in `text`: rich's (│ ... │) and markdown's (| ... |), without
+    their header and rule rows."""
+    rows = []
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        s = line.strip()
+        if s.startswith("│"):
+            rows.append([c.strip() for c in s.strip("│").split("│")])
+        elif s.startswith("|") and not re.fullmatch(r"[|:\- ]+", s):
+            following = lines[i + 1].strip() if i + 1 < len(lines) else ""
+            if not re.fullmatch(r"\|[|:\- ]+", following):  # a markdown header is followed by its rule
+                rows.append([c.strip() for c in s.strip("|").split("|")])
+    return rows
+
+
+def test_every_benchmark_has_a_smoke_run():
+    files = {p.name for p in BENCHMARKS.iterdir() if p.suffix in (".py", ".sh") and not p.name.startswith("_")}
+    tested = {name for name in files if f"test_{Path(name).stem}" in globals()}
+    assert files - tested - set(ELSEWHERE) == set(), "a benchmark without a smoke test: add test_<its name> here"
+    for name, where in ELSEWHERE.items():
+        assert name in (ROOT / where).read_text() or name in (BENCHMARKS / "gpu_suite.sh").read_text(), \
+            f"{where} no longer runs {name}"
+
+
+def test_table_rows_and_number_parse_what_the_benchmarks_print():
+    text = "┃ arm ┃ ms ┃\n│ grpo │ 1,234.5 │\n\n| a | b |\n|---|--:|\n| x | **0.48** |\n| y | 52.5% |"
+    assert table_rows(text) == [["grpo", "1,234.5"], ["x", "**0.48**"], ["y", "52.5%"]]
+    assert [number(c) for c in ("1,234.5", "**0.48**", "52.5%", "1.05x", "0.3 s")] == [1234.5, 0.48, 52.5, 1.05, 0.3]
+    with pytest.raises(AssertionError):
+        number("n/a")
+
+
+def test_bench_loss():
+    out = bench("bench_loss.py", "--batch", "4", "--seq", "32", "--vocab", "256", "--repeats", "1")
+    rows = {r[0]: r for r in table_rows(out)}
+    assert set(rows) == {"grpo", "grpo_opsd", "sdar"}
+    for r in rows.values():
+        assert len(r) == 5 and all(number(c) >= 0 for c in r[1:])
+    assert re.search(r"SDAR/GRPO overhead ratio of the loss computation alone: \d+\.\d\dx", out)
+
+
+def test_bench_model_update():
+    out = bench("bench_model_update.py", "--batch", "2", "--seq", "32", "--repeats", "1", "--vocab", "300")
+    figure = r"(lora|full)\s+params [\d.]+M \(trainable [\d.]+M\): min [\d.]+ s, median [\d.]+ s per update, " \
+             r"\d+ tokens/s; CPU [\d.]+ s per thread"
+    assert {m.group(1) for m in re.finditer(figure, out)} == {"lora", "full"}
+
+
+def test_bench_scoring_head(tmp_path):
+    out = bench("bench_scoring_head.py", "--models", "tiny", "--rows", "4", "--batch-size", "4", "--repeats", "1",
+                "--json", str(tmp_path / "head.json"))
+    assert re.search(r"tiny \(vocab \d+ x width \d+\), 4 rows, \d+% forced: score [\d.]+ s .* \([\d.]+x\); "
+                     r"update [\d.]+ / [\d.]+ s \([\d.]+x\)", out)
+    fig = json.loads((tmp_path / "head.json").read_text())["tiny"]
+    assert all(fig[k] > 0 for k in ("score/on", "score/off", "update/on", "update/off"))
+
+
+def test_bench_warmstart_sft(tmp_path):
+    out = bench("bench_warmstart_sft.py", *SMALL, "--time-updates", "2", "--json", str(tmp_path / "sft.json"))
+    assert re.search(r"\d+ examples, \d+ updates of \d+ \(\d+ epochs\)", out)
+    assert re.search(r"ceilings at the same seconds per position: bucketing or packing [\d.]+x, .* [\d.]+x", out)
+    fig = json.loads((tmp_path / "sft.json").read_text())
+    assert fig["padded_positions"] >= fig["real_tokens"] >= fig["trie_positions"] > 0 and fig["s_per_update"] > 0
+
+
+def test_bench_warmstart(tmp_path):
+    out = bench("bench_warmstart.py", *SMALL, "--set", "eval.tasks=4", "--probe-episodes", "4",
+                "--json", str(tmp_path / "ws.json"))
+    assert re.search(r"student [\d.]+  teacher [\d.]+  \([-+][\d.]+ points\)  gap [-+][\d.]+  on 4 held-out tasks", out)
+    fig = json.loads((tmp_path / "ws.json").read_text())
+    assert 0 <= fig["student_success"] <= 1 and fig["greedy_accuracy"]["student"][1] > 0
+
+
+def test_bench_env_load():
+    out = bench("bench_env_load.py", "--families", "household", "--sessions", "4", "--steps", "10", "--duration", "5")
+    (row,) = [r for r in table_rows(out) if r[0] == "household"]
+    assert len(row) == 11 and all(number(c) >= 0 for c in row[1:])
+    assert "OK: no session lost, no cross-talk" in out
+
+
+def test_bench_alfworld():
+    out = bench("bench_alfworld.py", "--smoke")
+    data = os.environ.get("SDAR_ALFWORLD_DATA")
+    if not (data and Path(data).exists()):
+        assert out.startswith("skipped: no ALFWorld games"), out
+        return
+    assert re.search(r"win rate\s+\d/1 = [\d.]+", out) and re.search(r"wall\s+[\d.]+ s \([\d.]+ games/min\)", out)
+
+
+def test_bench_vllm(tmp_path):
+    out = bench("bench_vllm.py", "--dry", "--out", str(tmp_path / "vllm.json"))
+    rows = {r[0]: r for r in table_rows(out)}
+    assert all(number(c) >= 0 for c in rows["transformers"][1:])
+    assert number(rows["teacher_train_s"][1]) > 0
+    report = json.loads((tmp_path / "vllm.json").read_text())
+    if report["skipped"]:  # no vLLM or no GPU here: it says so
+        assert "vllm: skipped (" in out and "vllm" not in rows
+    else:
+        assert all(number(c) >= 0 for c in rows["vllm"][1:])
+
+
+def check_train_step_figures(out: str, arms: set[str], modes: set[str]) -> None:
+    """bench_train_step.py's tables: per arm and mode the three phases (and sdar's teacher pass) with seconds,
+    forwards, tokens per forward, padding, host seconds and, for the rollout, host seconds per decode step; the step;
+    SDAR/GRPO per phase when both arms ran."""
+    assert re.search(r"^model \S+ \(.*[\d.]+M parameters, [\d.]+M trainable, \w+ on \w+", out, re.MULTILINE), out[:300]
+    phases = [r for r in table_rows(out) if len(r) == 9]
+    seen = {(r[0], r[1], r[2]) for r in phases}
+    for arm in arms:
+        for mode in modes:
+            for phase in ("rollout", "score", "update", "**step**"):
+                assert (arm, mode, phase) in seen, (arm, mode, phase)
+    for r in phases:
+        assert number(r[3]) >= 0 and number(r[4]) == int(number(r[4]))
+        if r[2] == "**step**":
+            continue
+        assert number(r[5]) >= 0 and 0 <= number(r[6]) <= 100 and number(r[7]) >= 0
+        if r[2] == "rollout":
+            assert number(r[4]) > 0 and number(r[8]) > 0  # decode steps ran, each with its host seconds
+    if {"grpo", "sdar"} <= arms:
+        ratios = {r[0]: r[1:] for r in table_rows(out) if len(r) == 1 + len(modes)}
+        for phase in ("rollout seconds", "score seconds", "update seconds", "**step**"):
+            assert all(number(c) > 0 for c in ratios[phase])
+        assert re.search(r"SDAR/GRPO, speed-ups on: [\d.]+x per step; forwards \d+ against \d+", out)
