@@ -2,13 +2,16 @@
 training stack, the pipeline stack, tracking, OpenEnv), print its range, the newest release on the package
 index pip uses, the newest release the range allows, and what is installed.
 
-    python tools/check_pins.py            # a table; exit 1 when an installed version is below the newest allowed
+    python tools/check_pins.py            # a table; exit 0 whatever it finds (a report)
     python tools/check_pins.py --json     # the same rows as JSON
+    python tools/check_pins.py --strict   # exit 1 when a row needs action: behind, newer outside, index unreachable
 
 `make test` on a fresh clone installs the newest allowed versions, so CI runs against them by construction;
 what this adds is the view past the ranges: a release newer than a range's upper bound shows as `newer
-outside` and is the cue to widen the range (and run the tests). Releases known not to install from this index
-are listed in HELD with the reason. Needs pip and the index; nothing is installed.
+outside` and is the cue to widen the range (and run the tests); `behind` means this environment is older than
+its ranges allow (reinstall). A new upstream release changes what this prints, never whether a build passes:
+only --strict turns such rows into a failure. Releases known not to install from this index are listed in HELD
+with the reason. Needs pip and the index; nothing is installed.
 """
 
 from __future__ import annotations
@@ -42,7 +45,12 @@ class Row:
     newest: str
     newest_allowed: str
     installed: str
-    status: str  # current | behind | newer outside | held | not installed
+    status: str  # current | behind | newer outside | held | not installed | index unreachable
+
+    @property
+    def needs_action(self) -> bool:
+        """What --strict fails on: this environment below its ranges, a release past a range, no answer from the index."""
+        return self.status in ("behind", "newer outside", "index unreachable")
 
 
 def ranges(pyproject: Path = ROOT / "pyproject.toml") -> dict[str, str]:
@@ -76,15 +84,23 @@ def index_versions(package: str) -> list[Version]:
     return sorted(out, reverse=True)
 
 
+def _installed(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return ""
+
+
 def check(package: str, spec: str) -> Row:
     from packaging.specifiers import SpecifierSet
 
-    versions = index_versions(package)
-    allowed = [v for v in versions if v in SpecifierSet(spec)]
     try:
-        installed = metadata.version(package)
-    except metadata.PackageNotFoundError:
-        installed = ""
+        versions = index_versions(package)
+    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+        print(f"{package}: {exc}", file=sys.stderr)
+        return Row(package, spec, "-", "-", _installed(package), "index unreachable")
+    allowed = [v for v in versions if v in SpecifierSet(spec)]
+    installed = _installed(package)
     newest, best = versions[0], (allowed[0] if allowed else None)
     local = Version(installed).release if installed else None  # 2.13.0+cpu counts as 2.13.0
     if not installed:
@@ -101,6 +117,8 @@ def check(package: str, spec: str) -> Row:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    ap.add_argument("--strict", action="store_true",
+                    help="exit 1 when a row needs action (behind, newer outside, index unreachable); default: exit 0")
     ap.add_argument("packages", nargs="*", help=f"a subset of {', '.join(WATCHED)}")
     args = ap.parse_args(argv)
     wanted = ranges()
@@ -112,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in rows:
             why = f"  ({HELD[(r.package, r.newest)]})" if r.status == "held" else ""
             print(f"{r.package:22} {r.range:14} {r.newest:10} {r.newest_allowed:10} {r.installed:14} {r.status}{why}")
-    return 1 if any(r.status == "behind" for r in rows) else 0
+    return 1 if args.strict and any(r.needs_action for r in rows) else 0
 
 
 if __name__ == "__main__":
