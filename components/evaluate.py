@@ -1,6 +1,6 @@
 """KFP component evaluate: a policy's held-out success rate (sdar.pipeline.steps.evaluate_policy)."""
 
-from typing import NamedTuple, Optional
+from typing import List, NamedTuple, Optional
 
 from kfp import dsl
 from kfp.dsl import Artifact, Input, Metrics, Model, Output
@@ -20,6 +20,7 @@ def evaluate(
     label: str = "",
     arm: str = "grpo",
     seed: int = 0,
+    seeds: List[int] = [],
     run_id: str = "",
     family: str = "",
     model: str = "",
@@ -32,18 +33,17 @@ def evaluate(
     tracking_uri: str = "",
     output_root: str = "runs/kfp",
 ) -> NamedTuple("EvalOutputs", [("success", float), ("ci_low", float), ("ci_high", float)]):
-    """Success rate of `checkpoint` (None: the config's warm-started model, the baseline) on the fixed held-out
-    tasks, the same for every arm and seed, per task type with a 95% Wilson interval: KFP Metrics, the JSON
-    `result`, and the numbers in the arm's MLflow run `run_id` (else the parent run, under `<label>/`).
-    Parameters: sdar.pipeline.steps.evaluate_policy (`experiment` is not used: the run ids say where to log)."""
+    """Success rate of `checkpoint` (None: the warm start of each of `seeds`, the baseline) on the fixed held-out tasks,
+    the same for every arm and seed, per task type with a 95% Wilson interval: KFP Metrics, the JSON `result`, and the
+    numbers in the arm's MLflow run `run_id` (else the parent run, under `<label>/`). Parameters:
+    sdar.pipeline.steps.evaluate_policy (`experiment` is not used: the run ids say where to log)."""
     from collections import namedtuple
 
     from sdar.pipeline.steps import evaluate_policy
-
     out = evaluate_policy(
         config_path, overrides, job_id, result.path, checkpoint=checkpoint.path if checkpoint is not None else "",
-        endpoints=endpoints.path if endpoints is not None else "", label=label, arm=arm, seed=seed, run_id=run_id,
-        family=family, model=model, eval_tasks=eval_tasks, episodes_per_task=episodes_per_task,
+        endpoints=endpoints.path if endpoints is not None else "", label=label, arm=arm, seed=seed, seeds=seeds,
+        run_id=run_id, family=family, model=model, eval_tasks=eval_tasks, episodes_per_task=episodes_per_task,
         temperature=temperature, greedy=greedy, tracking=tracking, tracking_uri=tracking_uri, output_root=output_root)
     for name, value in out["metrics"].items():
         metrics.log_metric(name, value)

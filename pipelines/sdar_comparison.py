@@ -97,7 +97,8 @@ def build_pipeline(target: str = "local", image: str | None = None, cluster: Clu
             endpoints = launch.outputs["endpoints"]
             evals = {"model": model, "eval_tasks": eval_tasks, "episodes_per_task": episodes_per_task,
                      "temperature": eval_temperature, "greedy": greedy, "job_id": job_id}
-            baseline = c.evaluate(label="baseline", arm="grpo", seed=0, endpoints=endpoints,
+            # the warm start of every seed (it depends on the seed): each arm is compared with its own seed's
+            baseline = c.evaluate(label="baseline", arm="grpo", seed=0, seeds=seeds, endpoints=endpoints,
                                   **common, **evals, **track)
             # arms and seeds arrive as one flat list of {arm, seed}: the local runner mis-binds an outer
             # loop's item inside a nested ParallelFor, so there is a single loop
@@ -109,7 +110,7 @@ def build_pipeline(target: str = "local", image: str | None = None, cluster: Clu
                                      endpoints=endpoints, job_id=job_id, model=model, output_root=output_root,
                                      **common, **newest)
                     if r == 0:
-                        roll.after(baseline)  # the warm start is built once, by the baseline, before the arms share it
+                        roll.after(baseline)  # the warm starts are built once, by the baseline, before the arms share them
                     replay = c.teacher_replay(trajectories=roll.outputs["trajectories"], arm=run.arm,
                                               teacher_pool=teacher_pool, job_id=job_id, model=model,
                                               output_root=output_root, **common, **newest)

@@ -336,13 +336,20 @@ class Tracker:
             tags = dict(self.tags)
             if self.parent_run_id:
                 try:
-                    client.get_run(self.parent_run_id)
+                    parent = client.get_run(self.parent_run_id)
                 except MlflowException as exc:
                     raise LookupError(
                         f"parent run {self.parent_run_id} not found in {self.tracking_uri}; "
                         "create the parent with Tracker(...) first and pass its run_id"
                     ) from exc
                 tags[PARENT_TAG] = self.parent_run_id
+                # the pipeline job's id goes down to every run of the job: the comparison's view selects them by it
+                if parent.data.tags.get(PIPELINE_JOB_TAG):
+                    tags.setdefault(PIPELINE_JOB_TAG, parent.data.tags[PIPELINE_JOB_TAG])
+            if tags.get("arm"):  # an arm's run has the arm's colour in MLflow, the colour of the report's plot
+                from sdar.mlflow_view import RUN_COLOR_TAG, arm_color
+
+                tags.setdefault(RUN_COLOR_TAG, arm_color(tags["arm"]))
             run = client.create_run(self.experiment_id, tags=tags, run_name=self.run_name)
             self.run_name = run.info.run_name
         self.run_id = run.info.run_id
@@ -598,8 +605,28 @@ def kfp_mlflow_run(mode: str | None = None) -> KfpMlflowRun | None:
                            "server config or the kfp-launcher ConfigMap)?")
     client = _client(uri)
     run = client.get_run(task)
-    root = run.data.tags.get(PARENT_TAG) or task  # a task run always has KFP's pipeline run as parent
-    return KfpMlflowRun(task, root, client.get_experiment(run.info.experiment_id).name, uri)
+    return KfpMlflowRun(task, pipeline_root_run(client, task), client.get_experiment(run.info.experiment_id).name, uri)
+
+
+# KFP's API server tags the pipeline run's MLflow run with the KFP run id (backend/src/apiserver/plugins/mlflow/util.go)
+KFP_RUN_TAG = "kfp.pipeline_run_id"
+
+
+def pipeline_root_run(client, run_id: str, max_depth: int = 32) -> str:
+    """The run at the top of `run_id`'s parent chain: KFP's pipeline run, however deep KFP nests a task's run. KFP's
+    API server opens the pipeline run (tagged kfp.pipeline_run_id) and its drivers nest a run under it per DAG
+    (the exit handler's, a ParallelFor's) and per task (backend/src/v2/driver/dag.go, container.go): a task inside
+    the exit handler and a loop is three levels down. The walk stops at a run without a parent, or at KFP's
+    pipeline run."""
+    seen = [run_id]
+    for _ in range(max_depth):
+        tags = client.get_run(seen[-1]).data.tags
+        parent = tags.get(PARENT_TAG)
+        if not parent or tags.get(KFP_RUN_TAG) or parent in seen:
+            return seen[-1]
+        seen.append(parent)
+    raise RuntimeError(f"run {run_id} has more than {max_depth} ancestors ({' <- '.join(seen[:4])} ...): not the "
+                       "layout of KFP's MLflow integration; set SDAR_KFP_MLFLOW=off to open sdar's own parent run")
 
 
 def open_pipeline_run(experiment: str, job_id: str, family: str, *, tracking_uri: str = "",
@@ -607,9 +634,12 @@ def open_pipeline_run(experiment: str, job_id: str, family: str, *, tracking_uri
                       params: Mapping[str, Any] | None = None) -> tuple[str, str]:
     """The pipeline's MLflow parent run, tagged with its job id: `parent_run_id` resumed, KFP's own pipeline run
     when its MLflow integration opened one (`kfp_mlflow_run`: then no second parent run is made, and KFP closes
-    it), or a new run named `run_name` (default comparison-<job id>) with `params`. Left RUNNING on purpose:
+    it), or a new run named `run_name` (default comparison-<job id>) with `params`. Its experiment gets the job's
+    view (sdar.mlflow_view.publish_view: the URL `sdar ui` prints opens it). Left RUNNING on purpose:
     close_pipeline_runs ends it with the pipeline's final state. Returns (run id, tracking URI); the run's
     experiment is `pipeline_run_experiment(run id, uri)` (KFP's may differ from `experiment`)."""
+    from sdar.mlflow_view import publish_view
+
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(output_root)
     tags = {PIPELINE_JOB_TAG: job_id, "sdar.kind": "pipeline", "family": family}
     kfp = None if parent_run_id else kfp_mlflow_run()
@@ -620,6 +650,7 @@ def open_pipeline_run(experiment: str, job_id: str, family: str, *, tracking_uri
         for k, v in dict(params or {}).items():
             with contextlib.suppress(Exception):  # KFP may have logged a parameter of that name already
                 client.log_param(kfp.root_run_id, f"sdar.{k}", str(v)[:6000])
+        publish_view(kfp.tracking_uri, client.get_run(kfp.root_run_id).info.experiment_id, job_id)
         return kfp.root_run_id, kfp.tracking_uri
     if parent_run_id:
         tracker = Tracker(experiment, resume_run_id=parent_run_id, tracking_uri=uri, tags=tags).start()
@@ -627,6 +658,7 @@ def open_pipeline_run(experiment: str, job_id: str, family: str, *, tracking_uri
         tracker = Tracker(experiment, run_name=run_name or f"comparison-{job_id[:8]}", tracking_uri=uri,
                           tags=tags).start()
         tracker.log_params(dict(params or {}))
+    publish_view(tracker.tracking_uri, tracker.experiment_id, job_id)
     return tracker.run_id, tracker.tracking_uri
 
 

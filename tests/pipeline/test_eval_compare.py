@@ -64,7 +64,7 @@ def test_results_table_has_a_row_per_arm_the_baseline_and_bolds_the_best(runs):
     baseline = _eval("grpo", 0, 4, 20, {"clean": (2, 10), "heat": (2, 10)})
     table = results_table(summarize(runs), baseline)
     lines = table.strip().splitlines()
-    assert lines[0].startswith("| arm | seeds | success (95% CI) | vs warm start | clean | heat |")
+    assert lines[0].startswith("| arm | seeds | success (95% CI) | vs own warm start (paired, 95% CI) | clean | heat |")
     assert len(lines) == 2 + 1 + 3  # header, rule, baseline, three arms
     assert lines[2].startswith("| warm start (no RL) | - | 0.200 [")
     sdar = next(line for line in lines if line.startswith("| sdar "))

@@ -10,6 +10,7 @@ import pytest
 
 from sdar.pipeline.runner import run_local
 from sdar.pipeline.settings import RunSettings
+from tests.comparison_store import check_view
 from tests.train.conftest import SMALL
 
 
@@ -62,8 +63,9 @@ def test_quick_pipeline_produces_the_comparison_and_mlflow_runs(tmp_path, monkey
     assert res["status"] == "SUCCEEDED", res["error"]
 
     # the comparison: a row per arm plus the warm start, the plot, the pooled numbers
-    table = res["table"]
+    table, computed = res["table"].split("\n## What each arm computed per step")
     assert table.count("\n| ") == 1 + 1 + len(arms)  # header (after the title), baseline, arms
+    assert computed.count("\n| ") == 1 + len(arms) * s.steps  # header, a row per arm and step
     assert "| warm start (no RL) |" in table and all(f"| {a} | 0 |" in table for a in arms)
     assert Path(res["plot"]).read_bytes()[:4] == b"\x89PNG"
     summaries = {a["arm"]: a for a in res["summaries"]}
@@ -81,7 +83,10 @@ def test_quick_pipeline_produces_the_comparison_and_mlflow_runs(tmp_path, monkey
     assert parent.data.metrics["baseline/success"] == pytest.approx(comparison["baseline"]["success"])
     assert {f.path for f in client.list_artifacts(parent.info.run_id, "comparison")} == {
         "comparison/comparison.md", "comparison/comparison.png", "comparison/comparison.json"}
-    assert sorted(res["child_runs"]) == sorted(f"{a}-seed0" for a in arms)
+    assert sorted(res["child_runs"]) == sorted([f"{a}-seed0" for a in arms] + ["warm-start-seed0"])
+    # the comparison's MLflow view: the shape the browser test (tests/integration/test_mlflow_ui.py) opens
+    check_view(res["tracking_uri"], res["job_id"], arms, [0])
+    assert res["view_url"].endswith("compareRunsMode=CHART") and "workflowType=machine_learning" in res["view_url"]
     for arm in arms:
         child = client.get_run(res["child_runs"][f"{arm}-seed0"])
         assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id

@@ -64,6 +64,7 @@ class ArmSummary:
     seed_success: per-seed success rates (their spread shows seed variance).
     train_success_first / _last: rollout success in the first and last training steps (mean over seeds).
     gap_last / gate_last: teacher-student gap and SDAR gate at the last step (mean over seeds).
+    vs_warm_start: `paired_vs_warm_start` (NaNs without the episodes' outcomes).
     """
 
     arm: str
@@ -79,6 +80,8 @@ class ArmSummary:
     gap_last: float = math.nan
     gate_last: float = math.nan
     run_ids: list[str] = field(default_factory=list)
+    # held-out success minus the own seed's warm start, paired by seed, task and sampling draw: (mean, low, high)
+    vs_warm_start: tuple[float, float, float] = (math.nan, math.nan, math.nan)
 
 
 def _mean(xs: list[float]) -> float:
@@ -93,8 +96,46 @@ def _gap(row: dict[str, Any]) -> float:
     return math.nan
 
 
-def summarize(runs: list[ArmRun]) -> list[ArmSummary]:
-    """One summary per arm, in the order arms first appear in `runs`."""
+def warm_start_of(baseline: dict[str, Any] | None, seed: int) -> dict[str, Any] | None:
+    """The evaluation of seed `seed`'s warm start in the baseline step's result (its `by_seed`), else the result
+    itself when it is that seed's (an older single-seed result); None when the seed's warm start was not evaluated."""
+    if not baseline:
+        return None
+    own = (baseline.get("by_seed") or {}).get(str(seed))
+    if own is not None:
+        return own
+    return baseline if int(baseline.get("seed", -1)) == seed and not baseline.get("by_seed") else None
+
+
+def paired_vs_warm_start(runs: list[ArmRun], baseline: dict[str, Any] | None) -> tuple[float, float, float]:
+    """Held-out success of `runs` (one arm, any seeds) minus each one's own seed's warm start, paired by episode:
+    rows are (seed, sampling repeat), columns tasks, and every cell pairs the arm's and the warm start's episode of
+    one task at one sampling draw (common random numbers). Mean and bootstrap 95% interval resampling rows and
+    tasks (sdar.study.analysis.paired_difference); NaNs when an evaluation lacks its episodes' outcomes."""
+    import numpy as np
+
+    from sdar.study.analysis import paired_difference
+
+    arm_rows, base_rows = [], []
+    for r in runs:
+        base = warm_start_of(baseline, r.seed)
+        if base is None or "outcomes" not in base or "outcomes" not in r.evaluation:
+            return (math.nan, math.nan, math.nan)
+        tasks = list(dict.fromkeys(t for t, _, _ in base["outcomes"]))
+        mine = {(t, k): w for t, k, w in r.evaluation["outcomes"]}
+        theirs = {(t, k): w for t, k, w in base["outcomes"]}
+        if set(mine) != set(theirs):
+            raise ValueError(f"{r.arm}/seed {r.seed} and its warm start played different episodes; evaluate both with "
+                             "the same eval_tasks and episodes_per_task")
+        for k in sorted({k for _, k in mine}):
+            arm_rows.append([mine[(t, k)] for t in tasks])
+            base_rows.append([theirs[(t, k)] for t in tasks])
+    return paired_difference(np.array(arm_rows, dtype=float), np.array(base_rows, dtype=float))
+
+
+def summarize(runs: list[ArmRun], baseline: dict[str, Any] | None = None) -> list[ArmSummary]:
+    """One summary per arm, in the order arms first appear in `runs`; with the baseline step's result, each arm's
+    paired difference from its seeds' warm starts."""
     by_arm: dict[str, list[ArmRun]] = defaultdict(list)
     for r in runs:
         by_arm[r.arm].append(r)
@@ -117,7 +158,7 @@ def summarize(runs: list[ArmRun]) -> list[ArmSummary]:
             train_success_last=_mean([float(h[-1].get("success", math.nan)) for h in hist]),
             gap_last=_mean([_gap(h[-1]) for h in hist]),
             gate_last=_mean([float(h[-1].get(GATE_KEY, math.nan)) for h in hist]),
-            run_ids=[r.run_id for r in rs if r.run_id],
+            run_ids=[r.run_id for r in rs if r.run_id], vs_warm_start=paired_vs_warm_start(rs, baseline),
         ))
     return out
 
@@ -128,9 +169,12 @@ def _fmt(x: float, spec: str = ".3f") -> str:
 
 def results_table(summaries: list[ArmSummary], baseline: dict[str, Any] | None = None) -> str:
     """A markdown table: one row per arm (and the warm-started policy first when `baseline`, an
-    `EvalResult.to_dict()`, is given); the best held-out success is in bold unless tied."""
+    `EvalResult.to_dict()`, is given); the best held-out success is in bold unless tied. "vs own warm start" is the
+    paired difference with its bootstrap interval where the evaluations kept their episodes, else the plain
+    difference from the baseline row."""
     types = sorted({t for s in summaries for t in s.per_type} | set((baseline or {}).get("per_type", {})))
-    head = ["arm", "seeds", "success (95% CI)", "vs warm start", *types, "train success first -> last",
+    head = ["arm", "seeds", "success (95% CI)", "vs own warm start (paired, 95% CI)", *types,
+            "train success first -> last",
             "gap last", "gate last", "steps"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
     base = float(baseline["success"]) if baseline else None
@@ -146,7 +190,9 @@ def results_table(summaries: list[ArmSummary], baseline: dict[str, Any] | None =
         succ = f"{s.success:.3f} [{s.ci95[0]:.3f}, {s.ci95[1]:.3f}] (n={s.n})"
         if unique_best and s.success == best:  # a tie has no winner to point at
             succ = f"**{succ}**"
-        delta = "-" if base is None else f"{s.success - base:+.3f}"
+        lo, hi = s.vs_warm_start[1:]
+        delta = ("-" if base is None else f"{s.success - base:+.3f}") if math.isnan(s.vs_warm_start[0]) else \
+            f"{s.vs_warm_start[0]:+.3f} [{lo:+.3f}, {hi:+.3f}]"
         row = [s.arm, ",".join(map(str, s.seeds)), succ, delta]
         row += [_fmt(s.per_type.get(t, math.nan)) for t in types]
         row += [f"{_fmt(s.train_success_first)} -> {_fmt(s.train_success_last)}", _fmt(s.gap_last, "+.3f"),
@@ -166,6 +212,40 @@ def _curve(runs: list[ArmRun], key_fn) -> tuple[list[int], list[float], list[flo
     steps = sorted(by_step)
     return (steps, [_mean(by_step[s]) for s in steps], [min(by_step[s]) for s in steps],
             [max(by_step[s]) for s in steps])
+
+
+def computed(runs: list[ArmRun]) -> dict[str, list[dict[str, float]]]:
+    """What each arm computed per step (mean over its seeds): its teacher-student gap, SDAR gate and distillation
+    weight (the registered arm's lambda x the gate: 0 for GRPO, lambda x 0.5 for the naive arm), so the arms
+    differ visibly even where a few steps cannot separate their success."""
+    from sdar.algos import get_arm
+
+    by_arm: dict[str, list[ArmRun]] = defaultdict(list)
+    for r in runs:
+        by_arm[r.arm].append(r)
+    out: dict[str, list[dict[str, float]]] = {}
+    for arm, rs in by_arm.items():
+        try:
+            lam = get_arm(arm).sdar_coef
+        except (KeyError, ValueError):
+            lam = math.nan
+        steps, gaps, _, _ = _curve(rs, _gap)
+        gates = dict(zip(*_curve(rs, lambda row: float(row.get(GATE_KEY, math.nan)))[:2]))
+        success = dict(zip(*_curve(rs, lambda row: float(row.get("success", math.nan)))[:2]))
+        out[arm] = [{"step": st, "success": success.get(st, math.nan), "gap": gap, "gate": gates.get(st, math.nan),
+                     "distill_weight": lam * gates.get(st, math.nan)} for st, gap in zip(steps, gaps)]
+    return out
+
+
+def computed_table(runs: list[ArmRun]) -> str:
+    """`computed` as markdown: a row per arm and step."""
+    lines = ["## What each arm computed per step (mean over seeds)", "",
+             "| arm | step | training success | gap | gate | distillation weight |", "|---|---:|---:|---:|---:|---:|"]
+    for arm, rows in computed(runs).items():
+        for row in rows:
+            lines.append(f"| {arm} | {row['step']} | {_fmt(row['success'])} | {_fmt(row['gap'], '+.4f')} | "
+                         f"{_fmt(row['gate'], '.4f')} | {_fmt(row['distill_weight'], '.5f')} |")
+    return "\n".join(lines) + "\n"
 
 
 def _smooth(ys: list[float], window: int) -> list[float]:
@@ -189,11 +269,12 @@ def plot_comparison(runs: list[ArmRun], path: str | Path, baseline: dict[str, An
     by_arm: dict[str, list[ArmRun]] = defaultdict(list)
     for r in runs:
         by_arm[r.arm].append(r)
+    from sdar.mlflow_view import WARM_START, arm_color
+
     fig, (ax_s, ax_g) = plt.subplots(1, 2, figsize=(12, 4.5))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     last_step = 0
     for i, (arm, rs) in enumerate(by_arm.items()):
-        c = colors[i % len(colors)]
+        c = arm_color(arm)  # the arm's colour in MLflow too
         steps, mean, lo, hi = _curve(rs, lambda row: float(row.get("success", math.nan)))
         if steps:
             window = max(1, len(steps) // 10)
@@ -214,7 +295,7 @@ def plot_comparison(runs: list[ArmRun], path: str | Path, baseline: dict[str, An
             if len(rs) > 1:
                 ax_g.fill_between(gsteps, glo, ghi, color=c, alpha=0.15)
     if baseline is not None:
-        ax_s.axhline(float(baseline["success"]), color="grey", linestyle="--",
+        ax_s.axhline(float(baseline["success"]), color=arm_color(WARM_START), linestyle="--",
                      label=f"warm start {float(baseline['success']):.2f}")
     ax_s.set(xlabel="training step", ylabel="success rate", title="success rate", ylim=(-0.02, 1.02))
     ax_g.axhline(0.0, color="grey", linewidth=0.8)
@@ -247,7 +328,9 @@ class Comparison:
         for s in self.summaries:
             out.update({f"{s.arm}/success": s.success, f"{s.arm}/success_ci_low": s.ci95[0],
                         f"{s.arm}/success_ci_high": s.ci95[1], f"{s.arm}/episodes": float(s.n)})
-            for k, v in (("gap_last", s.gap_last), ("gate_last", s.gate_last), ("train_success_last", s.train_success_last)):
+            for k, v in (("gap_last", s.gap_last), ("gate_last", s.gate_last), ("train_success_last", s.train_success_last),
+                         ("vs_warm_start", s.vs_warm_start[0]), ("vs_warm_start_ci_low", s.vs_warm_start[1]),
+                         ("vs_warm_start_ci_high", s.vs_warm_start[2])):
                 if not math.isnan(v):
                     out[f"{s.arm}/{k}"] = v
         return out
@@ -260,12 +343,12 @@ def write_comparison(runs: list[ArmRun], out_dir: str | Path, baseline: dict[str
         raise ValueError("no arm results to compare; every arm failed or the arm list was empty")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    summaries = summarize(runs)
+    summaries = summarize(runs, baseline)
     table = results_table(summaries, baseline)
     header = f"# {title}\n\n" if title else ""
-    (out / "comparison.md").write_text(header + table)
+    (out / "comparison.md").write_text(header + table + "\n" + computed_table(runs))
     plot = plot_comparison(runs, out / "comparison.png", baseline, title)
-    data = {"title": title, "baseline": baseline, "arms": [asdict(s) for s in summaries],
+    data = {"title": title, "baseline": baseline, "arms": [asdict(s) for s in summaries], "computed": computed(runs),
             "runs": [{"arm": r.arm, "seed": r.seed, "run_id": r.run_id, "evaluation": r.evaluation} for r in runs]}
     (out / "comparison.json").write_text(json.dumps(data, indent=1, default=str))
     return Comparison(table, summaries, out / "comparison.md", plot, out / "comparison.json")
@@ -302,9 +385,63 @@ def log_to_run(run_id: str, metrics: dict[str, float], *, files: dict[str, Path]
             client.log_artifact(run_id, str(dst), artifact_path)
 
 
-def log_comparison(comparison: Comparison, *, parent_run_id: str, tracking_uri: str | None = None) -> None:
+def log_comparison(comparison: Comparison, *, parent_run_id: str, tracking_uri: str | None = None,
+                   runs: list[ArmRun] | None = None, baseline: dict[str, Any] | None = None) -> None:
     """Attach the table, plot and JSON to the pipeline's MLflow parent run (under comparison/),
-    with per-arm metrics (`compare/<arm>/success`, ...)."""
+    with per-arm metrics (`compare/<arm>/success`, ...); with the arm runs (and the baseline step's result), log
+    the view's metrics into every run the comparison's MLflow view shows (`log_view_metrics`) and save the view
+    on the parent's experiment again (sdar.mlflow_view.publish_view: the same view, whoever wrote it first)."""
     log_to_run(parent_run_id, {f"compare/{k}": v for k, v in comparison.metrics().items()},
                files={p.name: p for p in (comparison.table_path, comparison.plot_path, comparison.json_path)},
                artifact_path="comparison", tracking_uri=tracking_uri)
+    if runs is not None:
+        log_view_metrics(runs, baseline, tracking_uri=tracking_uri)
+    from mlflow.tracking import MlflowClient
+
+    from sdar.mlflow_view import JOB_TAG, publish_view
+    from sdar.tracking import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(tracking_uri)
+    parent = MlflowClient(tracking_uri=uri).get_run(parent_run_id)
+    if parent.data.tags.get(JOB_TAG):
+        publish_view(uri, parent.info.experiment_id, parent.data.tags[JOB_TAG])
+
+
+def log_view_metrics(runs: list[ArmRun], baseline: dict[str, Any] | None, *, tracking_uri: str | None = None) -> int:
+    """The comparison view's metrics (sdar.mlflow_view.CHARTS) in each arm run and each seed's warm-start run:
+    held-out success (and an arm's paired difference from its own warm start) at step 0, and per step the
+    training success, gap, gate and distillation weight (`computed`, per seed). Returns the runs written."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from sdar.mlflow_view import DISTILL_WEIGHT, GAP, GATE, HELD_OUT, TRAIN_SUCCESS, VS_WARM_START
+    from sdar.tracking import resolve_tracking_uri
+
+    client = MlflowClient(tracking_uri=resolve_tracking_uri(tracking_uri))
+
+    def exists(run_id: str | None) -> bool:
+        if not run_id:
+            return False
+        try:
+            client.get_run(run_id)
+            return True
+        except MlflowException:
+            print(f"note: run {run_id} is not in {client.tracking_uri}; the comparison's view will not show it")
+            return False
+
+    written = 0
+    for ws in ((baseline or {}).get("by_seed") or {}).values():
+        if exists(ws.get("run_id")):
+            log_to_run(ws["run_id"], {HELD_OUT: float(ws["success"])}, tracking_uri=tracking_uri)
+            written += 1
+    for r in runs:
+        if not exists(r.run_id):
+            continue
+        diff = paired_vs_warm_start([r], baseline)[0]
+        log_to_run(r.run_id, {HELD_OUT: float(r.evaluation["success"]), VS_WARM_START: diff},
+                   tracking_uri=tracking_uri)
+        for row in computed([r]).get(r.arm, []):
+            log_to_run(r.run_id, {TRAIN_SUCCESS: row["success"], GAP: row["gap"], GATE: row["gate"],
+                                  DISTILL_WEIGHT: row["distill_weight"]}, tracking_uri=tracking_uri, step=row["step"])
+        written += 1
+    return written

@@ -179,7 +179,39 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"submitted run {run_id} to {args.host} (experiment {args.experiment!r})")
+    _print_view(run_id, args.mlflow_url, args.mlflow_experiment or arguments.get("experiment"))
     return 0
+
+
+def _print_view(job: str, mlflow_url: str | None, experiment: str | None) -> None:
+    """The submitted run's comparison view in MLflow: saved on the MLflow server now (the run's launch step saves
+    the same one), so the printed URL opens it as soon as the first arm logs; without a server URL, how to get it."""
+    import os
+
+    from sdar.pipeline.settings import DEFAULT_EXPERIMENT
+
+    url = mlflow_url or (os.environ.get("MLFLOW_TRACKING_URI", "") if os.environ.get(
+        "MLFLOW_TRACKING_URI", "").startswith(("http://", "https://")) else "")
+    if not url:
+        print(f"the comparison in MLflow: sdar ui --tracking-uri MLFLOW_URL --job {job}  (prints its URL; or pass "
+              "--mlflow-url to sdar submit)")
+        return
+    from mlflow.tracking import MlflowClient
+
+    from sdar.mlflow_view import publish_view, view_url
+
+    name = experiment or DEFAULT_EXPERIMENT
+    client = MlflowClient(tracking_uri=url)
+    try:
+        exp = client.get_experiment_by_name(name)
+        exp_id = exp.experiment_id if exp is not None else client.create_experiment(name)
+        publish_view(url, exp_id, job)
+    except Exception as exc:  # noqa: BLE001 - the run is submitted; only the URL is missing
+        print(f"could not save the comparison's view on {url} ({type(exc).__name__}: {str(exc)[:200]}); once the "
+              f"run has started: sdar ui --tracking-uri {url} --job {job}")
+        return
+    print(f"the comparison in MLflow (experiment {name!r}; with KFP's MLflow integration on, pass its experiment as "
+          f"--mlflow-experiment):\n  {view_url(url, exp_id, job)}")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -245,4 +277,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--set", action="append", type=parse_set, metavar="KEY=VALUE",
                    help="a config override of this run, added to --arg overrides (else to the compiled "
                         "default), e.g. --set launch.nodes=2; " + SET_HELP)
+    s.add_argument("--mlflow-url", default=None,
+                   help="the MLflow server the run logs to (default: MLFLOW_TRACKING_URI when it is http(s)): save the "
+                        "comparison's view there and print its URL")
+    s.add_argument("--mlflow-experiment", default=None,
+                   help="the MLflow experiment the run's runs land in (default: the pipeline's `experiment` argument, "
+                        "sdar-comparison; with KFP's MLflow integration, the experiment KFP chose, e.g. KFP-Default)")
     s.set_defaults(func=_cmd_submit)

@@ -133,7 +133,8 @@ def run_local(settings: RunSettings | None = None, *, quick: bool = False, root:
     quiet: no live table, a line per task start and end only (what a log file or CI wants).
     verbose: stream the runner's and components' full logs to the terminal instead.
     parallelism: arms trained at once (default LOCAL_PARALLELISM = 2, the runner's cap; 1 = one at a time).
-    Returns {table, plot, report_dir, parent_run_id, child_runs, tracking_uri, seconds, status, summaries}.
+    Returns {table, plot, report_dir, parent_run_id, child_runs, tracking_uri, seconds, status, summaries, job_id,
+    ui_command, view_url}: `ui_command` serves the store on 127.0.0.1:5000, where `view_url` opens the comparison.
     """
     from kfp import local
     from rich.console import Console
@@ -239,11 +240,29 @@ def _local_result(experiment: str, parent_run_id: str, uri: str, error: str | No
                               "parent_run_id": parent_run_id, "tracking_uri": uri, "experiment": experiment,
                               "child_runs": {r.run_name: r.run_id for r in children}, "report_dir": str(report_dir),
                               "table": None, "plot": None, "summaries": []}
+    result.update(_view(uri, parent_run_id, log_dir.parents[1]))
     if (report_dir / "comparison.md").is_file():
         result["table"] = (report_dir / "comparison.md").read_text()
         result["plot"] = str(report_dir / "comparison.png")
         result["summaries"] = json.loads((report_dir / "comparison.json").read_text())["arms"]
     return result
+
+
+def _view(uri: str, parent_run_id: str, root: Path, port: int = 5000) -> dict[str, str]:
+    """The comparison's MLflow view of this run: the `sdar ui` command that serves the store and the URL it opens."""
+    from mlflow.tracking import MlflowClient
+
+    from sdar.mlflow_view import JOB_TAG, publish_view, view_url
+
+    parent = MlflowClient(tracking_uri=uri).get_run(parent_run_id)
+    job = parent.data.tags.get(JOB_TAG) or parent_run_id  # no job tag: launch_envs never ran
+    publish_view(uri, parent.info.experiment_id, job)
+    default_root = Path("runs/kfp-local").resolve() == root
+    command = "sdar ui" + ("" if default_root else f" --root {root}") + (f" --job {job}" if job else "")
+    if not uri.startswith("sqlite:///") or Path(uri[len("sqlite:///"):]).resolve() != root / "mlflow.db":
+        command = f"sdar ui --tracking-uri {uri} --job {job}"
+    return {"job_id": job, "ui_command": command, "view_url": view_url(f"http://127.0.0.1:{port}",
+                                                                       parent.info.experiment_id, job)}
 
 
 def _print_summary(console, result: dict[str, Any], uri: str) -> None:
@@ -270,7 +289,7 @@ def _print_summary(console, result: dict[str, Any], uri: str) -> None:
         console.print(f"[red]pipeline failed[/red] after {result['seconds']:.0f} s: {result['error']}")
     else:
         console.print(f"[green]pipeline finished[/green] in {result['seconds']:.0f} s")
-    console.print(f"MLflow: parent run {result['parent_run_id']} with {len(result['child_runs'])} arm run(s) in "
-                  f"experiment {result['experiment']!r}; to see them side by side run")
-    console.print(f"  mlflow ui --backend-store-uri {uri}", soft_wrap=True)
-    console.print("and open http://127.0.0.1:5000 (select the arm runs, then Compare)")
+    console.print(f"MLflow: parent run {result['parent_run_id']} with {len(result['child_runs'])} run(s) in "
+                  f"experiment {result['experiment']!r}. The arms side by side: `{result['ui_command']}` starts the "
+                  "MLflow UI on this store, then open", soft_wrap=True)
+    console.print(f"  {result['view_url']}", soft_wrap=True, markup=False, highlight=False)

@@ -1,0 +1,97 @@
+"""The comparison's MLflow view (issue 38, points 2 and 3): saved on the tracking server, it shows the warm start
+and every arm and seed of one pipeline job flat, in fixed colours, locally and with KFP's MLflow integration, whose
+run layout is built here as KFP's backend builds it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+from kfp.dsl import Artifact
+
+from tests.comparison_store import build_comparison_store, check_view
+
+CONFIG = str(Path(__file__).resolve().parents[1] / "configs" / "household-tiny.yaml")
+
+
+def test_the_view_is_saved_on_the_server_and_named_by_the_url(mlflow_uri):
+    from mlflow.tracking import MlflowClient
+
+    from sdar.mlflow_view import VIEW_TAG_PREFIX, arm_color, view_key, view_state, view_url
+
+    build_comparison_store(mlflow_uri, "job-1", ["grpo", "grpo_opsd", "sdar"], [0, 1])
+    shown = check_view(mlflow_uri, "job-1", ["grpo", "grpo_opsd", "sdar"], [0, 1])
+    exp_id = shown[0].info.experiment_id
+    saved = json.loads(MlflowClient(mlflow_uri).get_experiment(exp_id).tags[VIEW_TAG_PREFIX + view_key("job-1")])
+    assert saved == view_state("job-1") and saved["runsHiddenMode"] == "SHOW_ALL"
+    assert [c["metricKey"] for c in saved["compareRunCharts"]][:2] == ["held-out success",
+                                                                       "held-out success - own warm start"]
+    query = parse_qs(urlsplit(view_url("http://127.0.0.1:5000", exp_id, "job-1")).fragment.split("?", 1)[1])
+    assert query == {"workflowType": ["machine_learning"], "viewStateShareKey": [view_key("job-1")],
+                     "compareRunsMode": ["CHART"]}
+    # an arm's colour is the report plot's colour; distinct for the main arms and the warm start
+    assert len({arm_color(a) for a in ("grpo", "grpo_opsd", "sdar", "warm-start")}) == 4
+    # the paired difference of sdar (wins 4 of 6) from its warm start (2 of 6), logged into its run
+    sdar = next(r for r in shown if r.info.run_name == "sdar-seed0")
+    assert abs(sdar.data.metrics["held-out success - own warm start"] - 2 / 6) < 1e-9
+
+
+def test_with_kfps_mlflow_integration_the_arms_sit_side_by_side_in_kfps_experiment(tmp_path, mlflow_uri, monkeypatch):
+    """KFP's layout, from its backend (kubeflow/pipelines): the API server opens the pipeline run, tagged
+    kfp.pipeline_run_id and mlflow.kfp.idempotencyKey (backend/src/apiserver/plugins/mlflow/handler.go
+    OnBeforeRunCreation, util.go BuildKFPTags); each driver nests a run under its parent DAG's run, one per sub-DAG
+    (the exit handler, a ParallelFor; backend/src/v2/driver/dag.go) and one per task (container.go), and the task's
+    container gets MLFLOW_RUN_ID = its own run (backend/src/v2/common/plugins/mlflow/handler.go
+    RetrieveUserContainerEnvVars). launch_envs runs three levels down, the arms' training inside the loop."""
+    from mlflow.tracking import MlflowClient
+
+    from components.launch_envs import launch_envs
+    from sdar.tracking import PARENT_TAG
+
+    client = MlflowClient(tracking_uri=mlflow_uri)
+    kfp_run = "7b1c6a0e-5f0d-4a55-9d7e-2f4f3c1d9a11"  # the KFP run id: the pipeline's job id
+    exp = client.create_experiment("KFP-Default")
+    root = client.create_run(exp, run_name="sdar comparison", tags={
+        "kfp.pipeline_run_id": kfp_run, "kfp.pipeline_run_url": f"http://kfp/#/runs/details/{kfp_run}",
+        "mlflow.kfp.idempotencyKey": kfp_run}).info.run_id
+
+    def nested(name: str, parent: str) -> str:
+        return client.create_run(exp, run_name=name, tags={PARENT_TAG: parent}).info.run_id
+
+    exit_dag = nested("exit-handler-1", root)
+    launch_task, loop_dag = nested("launch-envs", exit_dag), nested("for-loop-2", exit_dag)
+    train_task, teardown_task = nested("gated-train", loop_dag), nested("teardown-envs", root)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_ID", exp)
+    monkeypatch.setenv("MLFLOW_RUN_ID", launch_task)
+    endpoints = Artifact(name="endpoints", uri=str(tmp_path / "endpoints.json"))
+    launch_envs.python_func(config_path=CONFIG, overrides="{}", job_id=kfp_run, endpoints=endpoints, target="cluster",
+                            namespace="team-a", experiment="sdar-comparison", tracking_uri=mlflow_uri, dry_run=True)
+    info = json.loads(Path(endpoints.path).read_text())
+    assert info["parent_run_id"] == root and info["experiment"] == "KFP-Default"
+    monkeypatch.setenv("MLFLOW_RUN_ID", train_task)  # the training step's own task run, two levels below the root
+    build_comparison_store(mlflow_uri, kfp_run, ["grpo", "sdar"], [0], info=info)
+    shown = check_view(mlflow_uri, kfp_run, ["grpo", "sdar"], [0])
+    assert {r.info.experiment_id for r in shown} == {exp}
+    assert {r.data.tags[PARENT_TAG] for r in shown} == {root}
+    assert teardown_task not in {r.info.run_id for r in shown}  # KFP's own task runs stay out of the view
+    assert client.get_experiment_by_name("sdar-comparison") is None
+
+
+def test_sdar_ui_prints_the_url_of_the_newest_comparison_in_a_root(tmp_path, capsys):
+    from sdar.cli import main
+    from sdar.tracking import prepare_sqlite_store
+
+    uri = prepare_sqlite_store(tmp_path / "mlflow.db")
+    build_comparison_store(uri, "job-old", ["grpo"], [0])
+    build_comparison_store(uri, "job-new", ["sdar"], [0])
+    assert main(["ui", "--root", str(tmp_path), "--no-serve", "--port", "5123"]) == 0
+    url = capsys.readouterr().out.strip()
+    assert url.startswith("http://127.0.0.1:5123/#/experiments/") and "viewStateShareKey=sdar-job-new" in url
+    assert main(["ui", "--root", str(tmp_path), "--no-serve", "--job", "job-old"]) == 0
+    assert "viewStateShareKey=sdar-job-old" in capsys.readouterr().out
+    import pytest
+
+    with pytest.raises(SystemExit, match="no MLflow store at .*run `sdar run --local --quick` first"):
+        main(["ui", "--root", str(tmp_path / "nothing"), "--no-serve"])
