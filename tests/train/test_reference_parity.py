@@ -229,7 +229,7 @@ def test_the_gradient_is_the_normalised_sum_of_micro_batch_losses(tiny_ckpt, tmp
     trainer.optimizer.zero_grad(set_to_none=True)
     tokens = sum(t for _, t, _ in parts)
     for _, t, args in parts:
-        total, _ = real(trainer, *args)
+        total, _ = real(trainer, *args[:-1], 1.0)  # the micro-batch's loss unweighted (its last argument: the weight)
         w = 1.0 / len(parts) if normalisation == "micro_batch" else t / tokens
         (total * w).backward()
     for n, p in trainer.model.named_parameters():

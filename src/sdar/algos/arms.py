@@ -154,7 +154,8 @@ register_loss_term(LossTerm("replay_dpo", "replay_coef", ("dpo_chosen_logp", "dp
                             optional=True))
 
 
-def compose_loss(arm: ArmConfig | str, batch: LossBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def compose_loss(arm: ArmConfig | str, batch: LossBatch, scales: dict[str, float] | None = None
+                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The total loss of `batch` under `arm`, and every component under its own name.
 
     Every registered `LossTerm` in order: `total += sign * weight * value` when its weight is not 0
@@ -163,6 +164,8 @@ def compose_loss(arm: ArmConfig | str, batch: LossBatch) -> tuple[torch.Tensor, 
     `loss/sdar`, `loss/hint_jsd`, `loss/replay_dpo`, plus `pg/*`, `sdar/*` and `replay/*` statistics.
     All metrics are detached scalars. A term whose weight is 0 is not added (so a NaN in an unused
     input cannot leak into the total).
+    scales: term name -> a factor on that term in the total (a data-parallel rank's share of the term's own
+    denominator: `sdar.train.distributed.RowSplit.share`); the metrics stay unscaled.
     """
     if isinstance(arm, str):
         arm = get_arm(arm)
@@ -184,6 +187,15 @@ def compose_loss(arm: ArmConfig | str, batch: LossBatch) -> tuple[torch.Tensor, 
         if term.stats:
             metrics.update({f"{term.stats}/{k}": v for k, v in stats.items()})
         if w != 0.0:
-            total = total + term.sign * w * value
+            total = total + term.sign * w * (value if scales is None else scales.get(term.name, 1.0) * value)
     metrics["loss/total"] = total.detach()
     return total, metrics
+
+
+def metric_term(key: str) -> str | None:
+    """The loss term a metric of `compose_loss` belongs to (`loss/<name>`, or its statistics `<stats>/...`); None for
+    `loss/total` and names no term has."""
+    head, _, rest = key.partition("/")
+    if head == "loss":
+        return rest if rest in LOSS_TERMS else None
+    return next((t.name for t in LOSS_TERMS.values() if t.stats == head), None)

@@ -40,6 +40,15 @@ def _cmd_train(args: argparse.Namespace) -> int:
     except TrainingFailed as exc:
         console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
         return 3
+    except Exception as exc:
+        why = distributed.explain_failure(exc)
+        if why is None:
+            raise
+        # a dead or stuck rank: say which rank waited where, then end (torchrun stops the other local ranks)
+        from rich.markup import escape
+
+        console.print(f"[red]error:[/red] {escape(why)}", soft_wrap=True, highlight=False)
+        return 4
     ctx = distributed.init_from_env()  # the trainer's process group (rank 0 of 1 when alone)
     if args.publish and ctx.is_main:
         _publish(cfg, summary)

@@ -143,6 +143,7 @@ class ReplayChannel:
 
         pairs, stats = build_pairs(trajs, self.pool, self.builder, self.family, min_agree=self.cfg.min_agree)
         self._replayed += len(trajs)
+        stats["replay/trajectories"] = float(len(trajs))
         # the pool's cumulative cost at this replay's end, over the trajectories replayed by then
         stats["replay/cost_per_trajectory_usd"] = stats.get("replay/cost_usd", 0.0) / self._replayed
         return tokenise_pairs(pairs, trajs, self.tokenizer, self.family, self.constrained), stats
@@ -158,6 +159,25 @@ class ReplayChannel:
             return None
         pairs, self.last_stats = self._queue.pop(0).result()
         return pairs
+
+    def pending(self) -> list[tuple[PairSet, dict[str, float]]]:
+        """The replays whose pairs no step has taken yet, waiting for any still running: what a checkpoint keeps, so
+        that a resumed run takes them where the straight run would."""
+        return [f.result() for f in self._queue]
+
+    def restore(self, entries: list[tuple[PairSet, dict[str, float]]]) -> None:
+        """Queue replays a checkpoint kept (`pending`), ahead of any new one."""
+        done = []
+        for entry in entries:
+            f: Future = Future()
+            f.set_result(entry)
+            done.append(f)
+        self._queue = done + self._queue
+
+    @property
+    def replayed(self) -> int:
+        """Trajectories replayed so far (the denominator of replay/cost_per_trajectory_usd)."""
+        return self._replayed
 
     def metrics(self) -> dict[str, float]:
         """Accounting for MLflow: the pool's cumulative calls, tokens, cost and latency, and the turns, agreement

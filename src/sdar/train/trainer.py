@@ -26,6 +26,7 @@ import torch
 
 from sdar.agent.rollout import Trajectory, TurnBatch, episode_reward, rollout, turn_rewards
 from sdar.algos import LossBatch, compose_loss, grpo_advantages
+from sdar.algos.arms import LOSS_TERMS, metric_term
 from sdar.config import TrainConfig
 from sdar.models.scoring import ScoredBatch, _pick, free_token_mask
 from sdar.train import distributed
@@ -141,6 +142,12 @@ class Trainer:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("the policy has no trainable parameters; enable LoRA or full fine-tuning")
+        if cfg.tasks_per_step < self.dist.world_size:  # refused at start, not at the first step's rollout
+            from sdar.config import ConfigError
+
+            raise ConfigError(f"tasks_per_step={cfg.tasks_per_step} task groups cannot be split over {self.dist.world_size} "
+                             f"ranks (each rolls out whole groups, at least one): raise tasks_per_step to >= "
+                             f"{self.dist.world_size} or start fewer ranks")
         distributed.broadcast_params(self.params, self.dist)
         if self.fsdp:  # each rank keeps 1/N of every weight from here on (sdar.train.fsdp)
             from sdar.train import fsdp
@@ -263,9 +270,15 @@ class Trainer:
         t0, cfg, arm, batch = time.perf_counter(), self.cfg, self.arm, r.batch
         # the tokens that carry a choice: every loss term and per-token statistic is over these
         free = free_token_mask(batch.allowed, batch.response_mask(), forced_free=not self.rollout_cfg.mask_forced_tokens)
+        hint_prompts = self._hint_prompts(batch)
+        pairs = self._due_pairs()
         # mini-batches are drawn over every rank's rows (alone: this process's), so N ranks make the same updates on
-        # the same samples as one process; each rank scores only its own rows
-        split = distributed.split_rows([int(x) for x in free.sum(dim=1).tolist()], self.dist)
+        # the same samples as one process; each rank scores only its own rows. The hint channel's tokens and the
+        # DPO pairs are counted over the ranks too: each of those terms is weighted by its own share
+        tokens = [int(x) for x in free.sum(dim=1).tolist()]
+        split = distributed.split_rows(tokens, self.dist, hint_tokens=[t if i in hint_prompts else 0
+                                                                       for i, t in enumerate(tokens)],
+                                       pairs=len(pairs) if pairs is not None else 0)
         gen = torch.Generator().manual_seed(_step_seed(cfg.seed, step))
         orders = [torch.randperm(split.n, generator=gen).tolist() if cfg.ppo.shuffle_mini_batches else list(range(split.n))
                   for _ in range(cfg.ppo.epochs)]
@@ -279,9 +292,8 @@ class Trainer:
         teacher = None
         if arm.needs_teacher or cfg.teacher.for_all_arms:
             teacher = self.teacher.score(self.policy.inference_model(), batch)
-        pairs = self._due_pairs()
-        return StepBatch(r, free, old, ref, teacher, split, orders, reuse, self._hint_prompts(batch), pairs,
-                         self._pair_slots(pairs, split, orders[0]), time.perf_counter() - t0)
+        return StepBatch(r, free, old, ref, teacher, split, orders, reuse, hint_prompts, pairs,
+                         self._pair_slots(split, orders[0]), time.perf_counter() - t0)
 
     def _old_logp(self, batch: TurnBatch, split, first_order: list[int]) -> tuple[ScoredBatch, set[int]]:
         """old_logp [B, T], and the rows left for the update's first forward to fill (the first mini-batch's: the
@@ -312,18 +324,30 @@ class Trainer:
         return {i: hint_prompt_ids(self.tokenizer, batch.prompts[i], render_hint(family, t.hint_template_key, t.error_args))
                 for i, t in enumerate(flat) if t.hint_template_key}
 
-    def _pair_slots(self, pairs, split, first_order: list[int]) -> dict[int, list[int]]:
-        """Channel 3: pair p rides in micro-batch p mod M of every epoch (M micro-batches per epoch)."""
-        if pairs is None:
+    def _pair_slots(self, split, first_order: list[int]) -> dict[int, list[int]]:
+        """Channel 3: the step's pair g (its global index over the ranks, `RowSplit.pair_offset`) rides in micro-batch
+        g mod M of every epoch (M micro-batches per epoch); this rank's pairs by micro-batch, as local indices."""
+        if not split.n_pairs:
             return {}
-        cfg = self.cfg
-        n_micro = sum(len(micro_batches(split, first_order[s : s + cfg.ppo.mini_batch_size], cfg.ppo.micro_batch_size,
-                                        self.arm.aggregation, self.arm.normalisation(cfg.ppo.loss_normalisation)))
-                      for s in range(0, split.n, cfg.ppo.mini_batch_size))
+        n_micro = max(self._micro_batches_per_epoch(split, first_order), 1)
         slots: dict[int, list[int]] = {}
-        for p in range(len(pairs)):
-            slots.setdefault(p % max(n_micro, 1), []).append(p)
+        for p in range(split.pairs[split.rank]):
+            slots.setdefault((split.pair_offset + p) % n_micro, []).append(p)
         return slots
+
+    def _slot_pairs(self, split, first_order: list[int]) -> dict[int, int]:
+        """Micro-batch index -> how many of the step's pairs (every rank's) ride in it."""
+        n_micro = max(self._micro_batches_per_epoch(split, first_order), 1)
+        counts: dict[int, int] = {}
+        for g in range(split.n_pairs):
+            counts[g % n_micro] = counts.get(g % n_micro, 0) + 1
+        return counts
+
+    def _micro_batches_per_epoch(self, split, order: list[int]) -> int:
+        cfg = self.cfg
+        return sum(len(micro_batches(split, order[s : s + cfg.ppo.mini_batch_size], cfg.ppo.micro_batch_size,
+                                     self.arm.aggregation, self.arm.normalisation(cfg.ppo.loss_normalisation)))
+                   for s in range(0, split.n, cfg.ppo.mini_batch_size))
 
     def update_phase(self, step: int, b: StepBatch) -> UpdateResult:
         """The optimizer steps of this step: ppo.epochs passes over the step's rows, a mini-batch each."""
@@ -354,28 +378,37 @@ class Trainer:
 
     def _accumulate(self, b: StepBatch, rows: list[int]) -> tuple[dict[str, float], bool]:
         """The gradients of mini-batch `rows`, micro-batch by micro-batch (this rank's share of each), and its
-        weighted metrics; False when a micro-batch's loss was not finite (the update is then skipped)."""
-        finite, metrics, present = True, {}, {}
-        parts = micro_batches(b.split, rows, self.cfg.ppo.micro_batch_size, self.arm.aggregation,
-                              self.arm.normalisation(self.cfg.ppo.loss_normalisation))
+        weighted metrics; False when a micro-batch's loss was not finite (the update is then skipped).
+
+        Each loss term is weighted by this rank's share of its own denominator: the policy's terms by the rank's
+        part of the micro-batch's policy tokens, the hint channel by its part of the hint tokens, the replay DPO by
+        its part of the micro-batch's pairs; summed over the ranks, the weighted losses are one process's. The
+        metrics carry, per name, the weight they were summed with (`PRESENT`), for `_finish_metrics`."""
+        finite, metrics = True, {}
+        cfg, arm, split = self.cfg, self.arm, b.split
+        normalisation = arm.normalisation(cfg.ppo.loss_normalisation)
+        parts = micro_batches(split, rows, cfg.ppo.micro_batch_size, arm.aggregation, normalisation)
+        slot_pairs = self._slot_pairs(split, b.orders[0]) if split.n_pairs else {}
         for part, weight in parts:
-            mb = b.split.local(part)
+            mb = split.local(part)
+            pair_idx = b.slots.get(b.micro_index, [])
+            base = 1.0 / len(parts) if normalisation == "micro_batch" else split.fraction(part, rows, arm.aggregation)
+            scales = {}
+            if sum(split.hint_tokens[i] for i in part):  # error sites in this micro-batch, on some rank
+                scales["hint_jsd"] = base * split.share(part, arm.aggregation, counts="hint_tokens")
+            if slot_pairs.get(b.micro_index):  # pairs ride in this micro-batch, on some rank
+                scales["replay_dpo"] = base * len(pair_idx) / slot_pairs[b.micro_index]
             # a rank with no rows of this micro-batch still forms its (empty) loss: every rank then reports the
             # same metric names to sync_update, whose all-reduce needs equal sizes
-            total, part_metrics = self._micro_loss(b, mb, b.slots.get(b.micro_index, []))
+            total, part_metrics = self._micro_loss(b, mb, pair_idx, scales, weight)
             b.micro_index += 1
             if not bool(torch.isfinite(total)):
                 finite = False  # the update is skipped; the other micro-batches still report metrics
-            elif mb and finite:
-                (total * weight).backward()
-            for k, v in part_metrics.items():
-                metrics[k] = metrics.get(k, 0.0) + weight * float(v)
-                present[k] = present.get(k, 0.0) + weight
-        # a term only some micro-batches carry (replay pairs): its statistics are means over those
-        whole = sum(w for _, w in parts)
-        for k, w in present.items():
-            if 0.0 < w < whole:
-                metrics[k] *= whole / w
+            elif (mb or pair_idx) and finite and total.requires_grad:
+                total.backward()
+            for k, (v, w) in part_metrics.items():  # (the weighted value, the weight it carries)
+                metrics[k] = metrics.get(k, 0.0) + v
+                metrics[PRESENT + k] = metrics.get(PRESENT + k, 0.0) + w
         if b.reuse:  # a micro-batch never ran (non-finite loss): score its rows now, unmoved
             rest = sorted(b.reuse)
             got = self.scorer.score(self.model, _pick(b.prompts, rest), _pick(b.responses, rest), _pick(b.allowed, rest))
@@ -392,6 +425,7 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
         # metrics are already weighted: summed over ranks they are the mini-batch's
         finite, metrics = distributed.sync_update([] if self.fsdp else self.params, metrics, 1.0, finite, self.dist)
+        metrics = _finish_metrics(metrics)
         why = None if finite else "non-finite loss, update skipped"
         gn = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.grad_clip) if finite else None
         if gn is not None and self.fsdp:
@@ -446,8 +480,10 @@ class Trainer:
         if self.replay is not None:
             out.update(self.replay.metrics())
             out["replay/pairs_in_loss"] = float(len(b.pairs) if b.pairs is not None else 0)
-        counts = {"trajectories": len(trajs), "turns": len(turns), "tokens": float(b.old.mask.sum()),
+        counts = {"trajectories": len(trajs), "turns": len(turns), "rows": n, "tokens": float(b.old.mask.sum()),
                   "free_tokens": float(choice.sum()), "teacher_turns": self.teacher.scored_turns}
+        if self.replay is not None:  # what the replay this step took counted (its means are over these)
+            counts.update({**_replay_counts(out), "replay_trajectories_total": float(self.replay.replayed)})
         return distributed.reduce_step_metrics(out, counts, self.dist)
 
     def _sampler_rows(self, batch: TurnBatch) -> dict[int, list[float]]:
@@ -496,9 +532,11 @@ class Trainer:
 
         return all(bool(torch.isfinite(local(p.detach())).all()) for p in self.params)
 
-    def _micro_loss(self, b: StepBatch, mb: list[int], pair_idx=()):
+    def _micro_loss(self, b: StepBatch, mb: list[int], pair_idx, scales: dict[str, float], weight: float):
         """The arm's composed loss on local rows `mb` (one forward with grad), over their free tokens, plus
-        the DPO term on the replay pairs `pair_idx` of this step when this micro-batch carries some."""
+        the DPO term on the replay pairs `pair_idx` of this step when this micro-batch carries some, each term
+        weighted for this rank: the policy's terms by `weight`, the terms named in `scales` by theirs. Returns the
+        weighted loss and each metric with the weight it counts with."""
         cur = self.scorer.with_grad(self.model, _pick(b.prompts, mb), _pick(b.responses, mb), _pick(b.allowed, mb),
                                     groups=_pick(b.groups, mb))
         T = cur.logp.shape[1]
@@ -524,7 +562,16 @@ class Trainer:
                                         _pick(getattr(pairs, f"{side}_allowed"), sel), grad=True)
                 setattr(batch, f"dpo_{side}_logp", lp)
                 setattr(batch, f"dpo_ref_{side}_logp", getattr(pairs, f"ref_{side}")[torch.tensor(sel)].to(lp.device))
-        return compose_loss(self.arm, batch)
+        if all(v == weight for v in scales.values()):  # every term weighted alike (always alone): one product
+            total, metrics = compose_loss(self.arm, batch)
+            return total * weight, {k: (weight * float(v), weight) for k, v in metrics.items()}
+        total, metrics = compose_loss(self.arm, batch, scales={**{t: weight for t in LOSS_TERMS}, **scales})
+        out = {}
+        for k, v in metrics.items():
+            w = weight if k == "loss/total" else scales.get(metric_term(k), weight)
+            # loss/total comes weighted term by term already; its presence counts as the policy's
+            out[k] = (float(v) if k == "loss/total" else w * float(v), w)
+        return total, out
 
     def _due_pairs(self):
         """This step's DPO pairs (the previous step's replay, plus pairs handed in for the first step), with
@@ -534,9 +581,11 @@ class Trainer:
         pairs = self.replay.take()
         if self._given_pairs is not None:
             given, self._given_pairs = self._given_pairs, None
-            if pairs is not None:
+            if not self.dist.is_main:  # the pairs handed in join the step once: rank 0 brings them (first, as alone)
+                given = None
+            elif pairs is not None:
                 given.extend(pairs)
-            pairs = given
+            pairs = given if given is not None else pairs
         if pairs is None or not len(pairs):
             return None
         with self.policy.reference() as ref_model:
@@ -587,6 +636,7 @@ class Trainer:
 
         # unreachable with optim.guard_updates; a bad checkpoint would poison resume
         finite = distributed.all_true(self._finite_weights(), self.dist) if self.fsdp else self._finite_weights()
+        replay_pending = self._replay_pending()  # a collective: every rank's pairs not yet in a loss
         if not self.dist.is_main and not self.fsdp:  # the replicas hold the same weights; one writer
             return
         if not finite:
@@ -611,11 +661,40 @@ class Trainer:
                 "history": self.history,
                 "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
                 "arm": self.arm.name, "config": self.cfg.to_dict(), "skills_seen": self.teacher.skills_seen,
+                "replay_pending": replay_pending,
             }, Path(tmp) / STATE_FILE)
             write_checkpoint(self.spool or self.store, step, tmp, keep_last=self.cfg.checkpoint.keep)
         if self.spool is not None:
             self._pending = step  # an older pending step is superseded: resume wants the newest
             self.flush_checkpoints(wait=False)
+
+    def _replay_pending(self) -> list[dict[str, Any]] | None:
+        """Channel 3's replays not yet in a loss (lag 1: the last step's), every rank's pairs in rank order (the
+        single-process order) with each rank's statistics; None for arms without the channel."""
+        if self.replay is None:
+            return None
+        mine = [(pairs.to_records(), stats) for pairs, stats in self.replay.pending()]
+        ranks = distributed.all_gather(mine, self.dist)
+        return [{"records": [r for rank in ranks for r in rank[e][0]], "stats": [rank[e][1] for rank in ranks]}
+                for e in range(len(mine))]
+
+    def _restore_replay(self, pending: list[dict[str, Any]] | None) -> None:
+        """Queue the checkpoint's pending replays, each rank a contiguous block of their pairs (at any number of
+        ranks: blocks in rank order are the saved order); rank 0 reports their statistics, combined over the ranks
+        that wrote them."""
+        if self.replay is None or not pending:
+            return
+        from sdar.train.replay import PairSet
+
+        entries = []
+        for entry in pending:
+            block = distributed.contiguous_block(len(entry["records"]), self.dist)
+            stats = {}
+            if self.dist.is_main:
+                stats = distributed.combine_metrics([(st, _replay_counts(st)) for st in entry["stats"]])
+                stats.pop("replay/cost_per_trajectory_usd", None)  # of the pools that wrote it: the new pool's is due
+            entries.append((PairSet.from_records([entry["records"][i] for i in block]), stats))
+        self.replay.restore(entries)
 
     @contextlib.contextmanager
     def _checkpoint_dir(self, step: int):
@@ -760,6 +839,9 @@ class Trainer:
         self.attempted_updates = state.get("attempted_updates", 0)
         self.history = state.get("history", [])
         self.teacher.skills_seen = state.get("skills_seen", {})
+        self._restore_replay(state.get("replay_pending"))
+        if self.step > 0:
+            self._given_pairs = None  # they joined the first step's loss, before the checkpoint
         self.console.print(f"resumed from {store.uri_for(rel)} at step {self.step}")
         return True
 
@@ -959,6 +1041,29 @@ def micro_batches(split, rows: list[int], size: int, agg: str, normalisation: st
     if normalisation == "micro_batch":
         return [(part, split.share(part, agg) / len(parts)) for part in parts]
     return [(part, split.share(part, agg, within=rows)) for part in parts]
+
+
+def _replay_counts(stats: dict[str, float]) -> dict[str, float]:
+    """What a replay's rates are means over (`distributed.WEIGHTED_BY`), from its own statistics."""
+    turns = float(stats.get("replay/turns", 0.0))
+    return {"replay_turns": turns, "replay_agreed": float(stats.get("replay/agreement_rate", 0.0)) * turns,
+            "replay_trajectories": float(stats.get("replay/trajectories", 0.0))}
+
+
+PRESENT = "present:"  # a mini-batch metric's companion: the summed weight of the micro-batches (and ranks) that had it
+
+
+def _finish_metrics(summed: dict[str, float]) -> dict[str, float]:
+    """The mini-batch's metrics from their weighted sums over micro-batches and ranks: a term only some micro-batches
+    carry (replay pairs) is a mean over those (its sum scaled by the whole weight over the weight it had)."""
+    whole = summed.get(PRESENT + "loss/total", 0.0)
+    out = {}
+    for k, v in summed.items():
+        if k.startswith(PRESENT):
+            continue
+        had = summed.get(PRESENT + k, whole)
+        out[k] = v * (whole / had) if 0.0 < had < whole else v
+    return out
 
 
 def _tracked(metrics: dict[str, float]) -> dict[str, float]:

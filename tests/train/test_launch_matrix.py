@@ -1,0 +1,325 @@
+"""The shapes the operators run, run here: the exact command and environment each launcher gives its pods (Kubeflow
+Trainer 2.3's torch-distributed runtime: `torchrun -m sdar.cli train ...` with the torch plugin's PET_* variables;
+TorchX's dist.ddp component: `bash -c "torchrun --rdzv_backend c10d ..."` with its macros substituted), executed
+under torchrun with gloo at 1, 2 and 3 ranks, for ddp and fsdp, LoRA and full fine-tuning, and each arm family
+(grpo; sdar; sdar_composer, which adds the hint and replay channels). Every cell trains step 0 at one rank count,
+checkpoints, and resumes step 1 at another (to a local directory or through S3), so each cell is also a resume
+across rank counts; its losses and final weights must equal a one-process run of both steps on the same global
+batch: losses to 1e-4 relative (1e-6 absolute), the same counts, and weights to 1% of one optimizer step (optim.lr):
+summation order differs between rank counts, and Adam's normalisation lifts a rounding difference in a near-zero
+gradient element towards a whole step, so no tighter bound holds on every machine.
+
+The cells cover the factors pairwise (every rank count with every strategy, with LoRA and full fine-tuning, with
+each arm family and each launcher; every launcher with every strategy, tuning and arm), and the resumes
+2 -> 1, 1 -> 3, 3 -> 2 under ddp and under fsdp, and ddp -> fsdp. What runs here differs from a cluster only in
+where the ranks meet (127.0.0.1 and a free port instead of the rank-0 pod's DNS name and port 29500) and in the
+credentials (this machine's environment, where the pods read Kubernetes Secrets).
+
+Also: a rank killed mid-step (SIGKILL) ends the job non-zero naming it, and a restart resumes where the straight run
+would be; a rendezvous that cannot complete ends within SDAR_DIST_TIMEOUT_S naming the rank, backend and address;
+a global batch that cannot be split over the ranks is refused at start naming the numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from .test_distributed import RUN
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = "configs/household-tiny.yaml"
+COMPARED = ("loss/total", "loss/pg", "loss/kl", "loss/entropy", "loss/sdar", "loss/hint_jsd", "loss/replay_dpo",
+            "pg/clipfrac", "pg/ratio_mean", "sdar/gate_mean", "sdar/gap_mean", "grad_norm", "teacher/gap_all_tokens")
+EXACT = ("reward", "success", "episode_length", "invalid_action_rate", "turn_samples", "updates", "hint/error_sites",
+         "replay/pairs_in_loss")
+TIMEOUT_S = 60  # SDAR_DIST_TIMEOUT_S of every launch: a rank that waits longer fails the test, never hangs it
+
+
+@dataclass(frozen=True)
+class Cell:
+    arm: str
+    lora: bool
+    first: tuple[str, int]  # (strategy, ranks) of step 0
+    then: tuple[str, int]  # of step 1, resumed from step 0's checkpoint
+    launcher: str  # trainjob | torchx
+    store: str  # local | s3
+
+    @property
+    def id(self) -> str:
+        (s1, n1), (s2, n2) = self.first, self.then
+        how = s1 if s1 == s2 else f"{s1}-to-{s2}"
+        return f"{self.arm}-{'lora' if self.lora else 'full'}-{how}-{n1}to{n2}-{self.launcher}-{self.store}"
+
+
+CELLS = [
+    Cell("grpo", True, ("ddp", 2), ("ddp", 1), "trainjob", "local"),
+    Cell("grpo", False, ("fsdp", 1), ("fsdp", 3), "torchx", "s3"),
+    Cell("sdar", True, ("fsdp", 3), ("fsdp", 2), "trainjob", "s3"),
+    Cell("sdar", False, ("ddp", 1), ("ddp", 3), "torchx", "local"),
+    Cell("sdar_composer", True, ("ddp", 3), ("ddp", 2), "torchx", "s3"),
+    Cell("sdar_composer", False, ("fsdp", 2), ("fsdp", 1), "trainjob", "local"),
+    Cell("sdar", True, ("ddp", 2), ("fsdp", 3), "trainjob", "s3"),
+]
+
+
+def test_the_cells_cover_every_pair_of_factors():
+    """The pairwise design holds: this test fails when a cell is taken out that a pair needs."""
+    seen = set()
+    for c in CELLS:
+        for strategy, ranks in (c.first, c.then):
+            level = {"ranks": ranks, "strategy": strategy, "tuning": c.lora, "arm": c.arm, "launcher": c.launcher}
+            seen |= {(a, level[a], b, level[b]) for a in level for b in level if a < b}
+    levels = {"ranks": [1, 2, 3], "strategy": ["ddp", "fsdp"], "tuning": [True, False],
+              "arm": ["grpo", "sdar", "sdar_composer"], "launcher": ["trainjob", "torchx"]}
+    missing = [(a, x, b, y) for a in levels for b in levels if a < b for x in levels[a] for y in levels[b]
+               if (a, x, b, y) not in seen]
+    assert not missing, missing
+    resumes = {(c.first[0], c.first[1], c.then[0], c.then[1]) for c in CELLS}
+    for strategy in ("ddp", "fsdp"):
+        for n1, n2 in ((2, 1), (1, 3), (3, 2)):
+            assert (strategy, n1, strategy, n2) in resumes
+    assert any(c.first[0] == "ddp" and c.then[0] == "fsdp" for c in CELLS)
+    assert {c.store for c in CELLS} == {"local", "s3"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _overrides(cell_arm: str, lora: bool, steps: int, out: Path, strategy: str, uri: str | None) -> dict:
+    o = {**RUN, "arm": cell_arm, "model.lora": lora, "steps": steps, "tracking": False, "output_dir": str(out),
+         "distributed.strategy": strategy}
+    if uri:
+        o["checkpoint.uri"] = uri
+    return o
+
+
+def pod_command(launcher: str, overrides: dict, ranks: int) -> tuple[list[str], dict[str, str]]:
+    """(argv, env) of the single node's container, as the launcher makes it for `ranks` workers, meeting on this
+    machine: the TrainJob's node 0 (Kubeflow Trainer 2.3, tests/deploy/trainer_runtime.py) or TorchX's replica 0
+    (tests/deploy/torchx_runtime.py)."""
+    from sdar.config import load_config
+
+    cfg = load_config(CONFIG, {**overrides, "launch.nodes": 1, "launch.procs_per_node": ranks,
+                               "launch.gpus_per_node": 0, "launch.scheduler": "kubernetes"})
+    port = _free_port()
+    if launcher == "trainjob":
+        from sdar.launch.trainjob import trainjob_for_config
+        from tests.deploy.trainer_runtime import node_command
+
+        return node_command(trainjob_for_config(cfg, CONFIG, overrides), 0, master_addr="127.0.0.1", master_port=port)
+    from sdar.launch.torchx_job import app_for_config
+    from tests.deploy.torchx_runtime import replica_command
+
+    argv, env = replica_command(app_for_config(cfg, CONFIG, overrides), 0, rank0_host="127.0.0.1")
+    # the rendezvous port: TorchX's default (29500) would collide with another job on this machine
+    return [a.replace(":29500 ", f":{port} ") for a in argv], env
+
+
+def _env(pod_env: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")}
+    env.update(pod_env)
+    # the image's torchrun is the interpreter's; gloo on these CPUs, one thread per rank
+    env.update({"PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}", "SDAR_DIST_BACKEND": "gloo",
+                "OMP_NUM_THREADS": "1", "SDAR_DIST_TIMEOUT_S": str(TIMEOUT_S), "PYTHONPATH": str(REPO)})
+    return env
+
+
+def launch(launcher: str, overrides: dict, ranks: int, timeout: float = 600, env: dict | None = None
+           ) -> subprocess.CompletedProcess:
+    argv, pod_env = pod_command(launcher, overrides, ranks)
+    proc = subprocess.run(argv, cwd=REPO, env={**_env(pod_env), **(env or {})}, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, f"{' '.join(argv)[:400]}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def references(tiny_ckpt, tmp_path_factory):
+    """One process, two steps, per (arm, LoRA): built when a cell first asks."""
+    from sdar.config import load_config
+    from sdar.train import Trainer
+
+    root, done = tmp_path_factory.mktemp("one-process"), {}
+
+    def get(arm: str, lora: bool) -> Path:
+        if (arm, lora) not in done:
+            out = root / f"{arm}-{lora}"
+            Trainer(load_config(CONFIG, _overrides(arm, lora, 2, out, "ddp", None))).run()
+            done[arm, lora] = out
+        return done[arm, lora]
+
+    return get
+
+
+def _weights(out: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted((out / "final").glob("*.safetensors"))
+    assert files, f"no final weights in {out / 'final'}"
+    return {k: v for f in files for k, v in load_file(f).items()}
+
+
+def assert_same_run(one: Path, many: Path, label: str) -> list[str]:
+    """The run in `many` made the same updates as the one-process run in `one`; returns the compared figures."""
+    h1, h2 = (json.loads((d / "history.json").read_text()) for d in (one, many))
+    assert [h["step"] for h in h1] == [h["step"] for h in h2] == [0, 1], label
+    report = []
+    for a, b in zip(h1, h2):
+        assert a["updates"] >= 2 and abs(a["loss/pg"]) > 1e-4 and a["grad_norm"] > 0, (label, a)
+        for key in EXACT:
+            if key in a:
+                assert b.get(key) == a[key], (label, a["step"], key, a[key], b.get(key))
+        for key in COMPARED:
+            if key in a:
+                report.append(f"{label} step {a['step']} {key}: {a[key]:.8f} vs {b[key]:.8f}")
+                assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (label, a["step"], key)
+    wa, wb = _weights(one), _weights(many)
+    assert wa.keys() == wb.keys() and wa
+    diff = max(float((wa[k].float() - wb[k].float()).abs().max()) for k in wa)
+    report.append(f"{label}: largest weight difference {diff:.3e} (bound: 1% of a step, {0.01 * RUN['optim.lr']:.0e})")
+    assert diff <= 0.01 * RUN["optim.lr"], (label, diff)
+    return report
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cell", CELLS, ids=[c.id for c in CELLS])
+def test_each_launcher_at_each_rank_count_trains_as_one_process(cell, references, tmp_path, request):
+    uri = None
+    if cell.store == "s3":
+        bucket = request.getfixturevalue("s3_server").make_bucket()
+        uri = f"s3://{bucket}/run"
+    out = tmp_path / "run"
+    (s1, n1), (s2, n2) = cell.first, cell.then
+    tracked = cell == CELLS[0]  # one cell tracks: rank 0 alone writes MLflow, and the resume continues its run
+    env, extra = {}, {}
+    if tracked:
+        from sdar.tracking import prepare_sqlite_store
+
+        env["MLFLOW_TRACKING_URI"] = prepare_sqlite_store(tmp_path / "mlflow.db")
+        extra["tracking"] = True
+    launch(cell.launcher, {**_overrides(cell.arm, cell.lora, 1, out, s1, uri), **extra}, n1, env=env)
+    from sdar.storage import latest_checkpoint, open_store
+
+    store = open_store(uri or str(out / "checkpoints"))
+    step, rel = latest_checkpoint(store)
+    assert step == 1
+    if s1 == "fsdp":  # every rank's shard of the checkpoint reached the store
+        names = {k.rsplit("/", 1)[-1] for k in store.list(f"{rel}/shards")}
+        assert {f"__{r}_0.distcp" for r in range(n1)} | {".metadata"} <= names, names
+    launch(cell.launcher, {**_overrides(cell.arm, cell.lora, 2, out, s2, uri), **extra}, n2, env=env)
+    one = references(cell.arm, cell.lora)
+    if tracked:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+        runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+        assert len(runs) == 1 and runs[0].data.tags["arm"] == cell.arm, [r.info.run_id for r in runs]
+        assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "loss/total")] == [0, 1]
+    report = assert_same_run(one, out, cell.id)
+    if cell.arm == "sdar_composer":  # the hint and replay channels were in the loss, at both rank counts
+        h = json.loads((one / "history.json").read_text())
+        assert h[0]["loss/hint_jsd"] > 0 and h[1]["loss/hint_jsd"] > 0
+        assert h[1]["replay/pairs_in_loss"] > 0 and h[1]["loss/replay_dpo"] > 0
+    print("\n".join(report))
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def _rank_of(pid: int) -> int | None:
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for item in env:
+        if item.startswith(b"RANK="):
+            return int(item[5:])
+    return None
+
+
+@pytest.mark.slow
+def test_a_rank_killed_mid_step_ends_the_job_and_a_restart_resumes(references, tmp_path):
+    """Node loss: rank 1 of 2 gets SIGKILL during step 1 (after step 0's checkpoint). The job exits non-zero within
+    the timeout, torchrun naming the dead rank; the same command again (the TrainJob's restart) resumes from the
+    checkpoint and ends where the straight run does."""
+    out = tmp_path / "run"
+    overrides = _overrides("grpo", True, 2, out, "ddp", None)
+    argv, pod_env = pod_command("trainjob", overrides, 2)
+    proc = subprocess.Popen(argv, cwd=REPO, env=_env(pod_env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    from sdar.storage import LATEST_MARKER
+
+    marker = out / "checkpoints" / LATEST_MARKER  # the default store, <output_dir>/checkpoints
+    killed, deadline = None, time.monotonic() + 300
+    try:
+        while killed is None and time.monotonic() < deadline and proc.poll() is None:
+            if marker.is_file():
+                for agent in _children(proc.pid):
+                    for worker in [agent, *_children(agent)]:
+                        if _rank_of(worker) == 1:
+                            os.kill(worker, signal.SIGKILL)
+                            killed = time.monotonic()
+                            break
+            time.sleep(0.01)
+        assert killed is not None, "rank 1 was never seen after the first checkpoint"
+        log, _ = proc.communicate(timeout=TIMEOUT_S + 30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    waited = time.monotonic() - killed
+    assert proc.returncode != 0, log[-3000:]
+    assert waited < TIMEOUT_S, waited
+    assert "rank: 1" in log and "Signal 9 (SIGKILL)" in log, log[-3000:]
+    assert not (out / "final").exists() or not any((out / "final").iterdir())
+    restart = launch("trainjob", overrides, 2)  # the restart
+    assert "resumed from" in restart.stderr and "at step 1" in restart.stderr, restart.stderr[-3000:]
+    report = assert_same_run(references("grpo", True), out, "killed-and-restarted")
+    print(f"the job ended {waited:.1f} s after rank 1 was killed\n" + "\n".join(report))
+
+
+def test_a_rendezvous_that_cannot_complete_ends_naming_rank_backend_and_address(tiny_ckpt, tmp_path):
+    """Rank 0 of a world of 2 whose rank 1 never comes: no silent wait, an error within SDAR_DIST_TIMEOUT_S."""
+    port = _free_port()
+    env = _env({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port)})
+    env["SDAR_DIST_TIMEOUT_S"] = "5"
+    args = [sys.executable, "-m", "sdar.cli", "train", "--config", CONFIG]
+    for key, value in _overrides("grpo", True, 1, tmp_path / "run", "ddp", None).items():
+        args += ["--set", f"{key}={json.dumps(value)}"]
+    t0 = time.monotonic()
+    proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - t0
+    assert proc.returncode != 0
+    text = " ".join(proc.stderr.split())
+    assert f"rank 0 of 2 (gloo) could not join the process group at 127.0.0.1:{port} within 5 s" in text, text[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert took < 60, took
+
+
+def test_a_batch_that_cannot_be_split_over_the_ranks_is_refused_at_start(tiny_ckpt, tmp_path):
+    """2 task groups over 3 ranks: refused before any rollout, naming both numbers."""
+    overrides = {**_overrides("grpo", True, 1, tmp_path / "run", "ddp", None), "tasks_per_step": 2}
+    argv, pod_env = pod_command("trainjob", overrides, 3)
+    proc = subprocess.run(argv, cwd=REPO, env=_env(pod_env), capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    text = " ".join((proc.stdout + proc.stderr).split())
+    assert "tasks_per_step=2 task groups cannot be split over 3 ranks" in text, text[-3000:]
+    assert "sdar/train/trainer.py" not in text, text[-3000:]  # a message, not our traceback (torchrun prints its own)
+    assert not (tmp_path / "run" / "checkpoints").exists()
