@@ -468,17 +468,17 @@ def train_arm(arm: str, seed: int, config_path: str, overrides: str, job_id: str
 
 def _train(config_path: str, ov: dict[str, Any], job_labels: dict[str, str]) -> dict[str, Any]:
     """Train with the config and overrides here, or as the job the config's launch section asks for: a
-    Kubeflow Trainer TrainJob labelled `job_labels` (sdar.launch_trainjob) or a TorchX job (sdar.launch)."""
+    Kubeflow Trainer TrainJob labelled `job_labels` (sdar.launch.trainjob) or a TorchX job (sdar.launch.torchx_job)."""
     from sdar.config import load_config
 
     cfg = load_config(config_path, ov)
     launcher = cfg.launch.resolved_launcher()
     if launcher == "trainjob":
-        from sdar.launch_trainjob import launch_trainjob
+        from sdar.launch.trainjob import launch_trainjob
 
         return launch_trainjob(cfg, config_path, ov, labels=job_labels)
     if launcher == "torchx":
-        from sdar.launch import launch_training
+        from sdar.launch.torchx_job import launch_training
 
         return launch_training(cfg, config_path, ov)
     from sdar.train import train
