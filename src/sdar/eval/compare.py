@@ -111,10 +111,10 @@ def paired_vs_warm_start(runs: list[ArmRun], baseline: dict[str, Any] | None) ->
     """Held-out success of `runs` (one arm, any seeds) minus each one's own seed's warm start, paired by episode:
     rows are (seed, sampling repeat), columns tasks, and every cell pairs the arm's and the warm start's episode of
     one task at one sampling draw (common random numbers). Mean and bootstrap 95% interval resampling rows and
-    tasks (sdar.study.analysis.paired_difference); NaNs when an evaluation lacks its episodes' outcomes."""
+    tasks (sdar.eval.stats.paired_difference); NaNs when an evaluation lacks its episodes' outcomes."""
     import numpy as np
 
-    from sdar.study.analysis import paired_difference
+    from sdar.eval.stats import paired_difference
 
     arm_rows, base_rows = [], []
     for r in runs:

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from sdar.eval.stats import BOOTSTRAP, bootstrap_mean, paired_difference
+
 PAPER_NAIVE_GAP = (-0.13, -0.21)  # the paper's naive GRPO+OPSD teacher-student gap, early -> late (ALGORITHM.md)
 CURVES = (  # (history key, panel title): the per-step figures, one line per arm, a band over seeds
     ("success", "rollout success (train tasks)"),
@@ -27,7 +29,6 @@ CURVES = (  # (history key, panel title): the per-step figures, one line per arm
     ("loss/entropy", "policy entropy (free tokens)"),
     ("invalid_action_rate", "invalid action rate (turns)"),
 )
-BOOTSTRAP = 2000
 
 
 @dataclass
@@ -83,27 +84,6 @@ def common_tasks(records: list[dict[str, Any]]) -> list[str]:
             raise ValueError("evaluations of one family played different held-out tasks; a study's runs must share "
                              "eval_tasks and env.eval_split (run them again with one config per family)")
     return first
-
-
-def bootstrap_mean(m: np.ndarray, n: int = BOOTSTRAP, seed: int = 0) -> tuple[float, float, float]:
-    """Mean of the [seeds, tasks] matrix `m` and its 95% percentile interval, resampling seeds and tasks."""
-    if m.size == 0:
-        return (math.nan, math.nan, math.nan)
-    rng = np.random.default_rng(seed)
-    s, t = m.shape
-    rows = rng.integers(0, s, size=(n, s))
-    cols = rng.integers(0, t, size=(n, t))
-    # mean over the resampled rows and columns: (1/st) * sum_i sum_j m[rows_i, cols_j]
-    stats = np.array([m[np.ix_(r, c)].mean() for r, c in zip(rows, cols)])
-    lo, hi = np.percentile(stats, [2.5, 97.5])
-    return float(m.mean()), float(lo), float(hi)
-
-
-def paired_difference(a: np.ndarray, b: np.ndarray, n: int = BOOTSTRAP, seed: int = 0) -> tuple[float, float, float]:
-    """Mean of a - b ([seeds, tasks], paired by seed and task) with its bootstrap 95% interval."""
-    if a.shape != b.shape:
-        raise ValueError(f"paired outcomes must have one shape, got {a.shape} and {b.shape}")
-    return bootstrap_mean(a - b, n, seed)
 
 
 def _fmt(x: float, digits: int = 3) -> str:
