@@ -36,9 +36,10 @@ def _import_openenv_core() -> None:
 
 _import_openenv_core()
 
-from openenv.core.env_server.types import Action, Observation, ResetRequest, State  # noqa: E402
+from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, ResetRequest, State  # noqa: E402
 from pydantic import BaseModel, ConfigDict, Field  # noqa: E402
 
+from sdar_envs import __version__  # noqa: E402
 from sdar_envs.base import METADATA_KEYS, EnvStep  # noqa: E402
 
 # metadata keys that get their own observation field; any other key a family adds rides in `extra`
@@ -160,4 +161,13 @@ def step_from_payload(payload: dict[str, Any]) -> EnvStep:
         reward=0.0 if reward is None else float(reward),
         done=bool(payload.get("done", False)),
         metadata=metadata,
+    )
+
+
+def family_metadata(family: str) -> EnvironmentMetadata:
+    """What GET /metadata (and a session's environment) says of a family's server."""
+    return EnvironmentMetadata(
+        name=f"sdar-{family}",
+        description=f"sdar {family} text environment (actions: {{'message': str}}; reset: task_id, seed)",
+        version=__version__,
     )

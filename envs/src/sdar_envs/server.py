@@ -57,6 +57,10 @@ environment, and ours have no task provider (GET /tasks?split= lists task ids in
 POST /sessions/{id}/reset {"task_id", "seed"}, POST /sessions/{id}/step {"action": {"message"}},
 GET /sessions/{id}/state [?t=], DELETE /sessions/{id}, GET /info, GET /tasks?split=, POST /mcp
 (openenv/session/create and openenv/session/close only: these environments have no MCP tools).
+
+This module holds each session's environment (`SdarEnvironment`), the session table (`SdarEnvServer`: sessions,
+owners, tokens, the reaper) and the app around them; what a client speaks to it (the routes, /mcp and the WebSocket
+protocol) is `sdar_envs.server_routes`, the errors it answers `sdar_envs.server_errors`.
 """
 
 from __future__ import annotations
@@ -81,7 +85,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 # first, so that openenv is imported without its Gradio web UI (see openenv_models)
 from sdar_envs.openenv_models import (
@@ -90,29 +94,16 @@ from sdar_envs.openenv_models import (
     SdarResetRequest,
     SdarState,
     SdarStepRequest,
+    family_metadata,
     observation_from_step,
 )
 
 # isort: split
-from fastapi import FastAPI, HTTPException, Request, WebSocket, WebSocketDisconnect
-from fastapi.responses import JSONResponse
-from openenv.core.env_server.exceptions import EnvironmentFactoryError, SessionCapacityError
+from fastapi import FastAPI, HTTPException, WebSocketDisconnect
 from openenv.core.env_server.http_server import HTTPEnvServer
 from openenv.core.env_server.interfaces import Environment
-from openenv.core.env_server.mcp_types import JsonRpcErrorCode, JsonRpcRequest, JsonRpcResponse
-from openenv.core.env_server.serialization import serialize_observation
-from openenv.core.env_server.types import (
-    ConcurrencyConfig,
-    EnvironmentMetadata,
-    ServerMode,
-    WSErrorCode,
-    WSErrorResponse,
-    WSObservationResponse,
-    WSResetMessage,
-    WSStateMessage,
-    WSStateResponse,
-    WSStepMessage,
-)
+from openenv.core.env_server.mcp_types import JsonRpcRequest
+from openenv.core.env_server.types import ConcurrencyConfig, EnvironmentMetadata, ServerMode
 from pydantic import BaseModel, ValidationError
 
 from sdar_envs import __version__
@@ -124,85 +115,29 @@ from sdar_envs.server_config import (
     add_serve_arguments,
     options_from_args,
 )
+from sdar_envs.server_errors import (
+    ActionTooLongError,
+    EnvRequestError,
+    EpisodeStateError,
+    RequestValidationFailed,
+    ResetError,
+    SessionAuthError,
+    SessionForbiddenError,
+    SessionGoneError,
+    StepNotFoundError,
+    TooManySessionsError,
+    UnknownTaskError,
+)
 from sdar_envs.server_limits import (
     MAX_TASK_ID_CHARS,
-    BadJSON,
     ConnectionLimits,
     ProbeListener,
     RequestGuard,
     guarded_protocols,
-    loads_guarded,
 )
+from sdar_envs.server_routes import RESET_EXAMPLE, STEP_EXAMPLE, add_session_routes
 
 log = logging.getLogger(__name__)
-
-
-# ---- errors a client can cause; each maps to one HTTP status --------------------------------
-class EnvRequestError(Exception):
-    """A request the environment refused; `status` is its HTTP status, `kind` a short name."""
-
-    status = 400
-    kind = "bad_request"
-
-
-class UnknownTaskError(EnvRequestError):
-    status = 404
-    kind = "unknown_task"
-
-
-class ResetError(EnvRequestError):
-    status = 400
-    kind = "bad_reset"
-
-
-class ActionTooLongError(EnvRequestError):
-    status = 413
-    kind = "action_too_long"
-
-
-class EpisodeStateError(EnvRequestError):
-    status = 409
-    kind = "episode_state"
-
-
-class StepNotFoundError(EnvRequestError):
-    status = 404
-    kind = "unknown_step"
-
-
-class SessionGoneError(EnvRequestError):
-    status = 410
-    kind = "session_gone"
-
-
-class SessionAuthError(EnvRequestError):
-    """No token where one is needed (401, with a WWW-Authenticate challenge)."""
-
-    status = 401
-    kind = "unauthorized"
-    headers: ClassVar[dict[str, str]] = {"WWW-Authenticate": 'Bearer realm="sdar-env"'}
-
-
-class SessionForbiddenError(EnvRequestError):
-    status = 403
-    kind = "forbidden"
-
-
-class TooManySessionsError(EnvRequestError):
-    status = 429
-    kind = "too_many_sessions"
-
-
-class RequestValidationFailed(EnvRequestError):
-    """A body or message whose values do not fit its model (422); `errors` are pydantic's, without the input."""
-
-    status = 422
-    kind = "invalid_request"
-
-    def __init__(self, what: str, exc: ValidationError) -> None:
-        self.errors = exc.errors(include_url=False, include_context=False, include_input=False)
-        shown = "; ".join(f"{'.'.join(str(part) for part in e['loc']) or 'body'}: {e['msg']}" for e in self.errors[:5])
-        super().__init__(f"invalid {what} data ({shown})")
 
 
 def build_text_env(family: str, env_kwargs: dict[str, Any] | None = None) -> TextEnv:
@@ -345,14 +280,6 @@ class SdarEnvironment(Environment[SdarAction, SdarObservation, SdarState]):
             raise SessionGoneError(self._gone)
 
 
-def family_metadata(family: str) -> EnvironmentMetadata:
-    return EnvironmentMetadata(
-        name=f"sdar-{family}",
-        description=f"sdar {family} text environment (actions: {{'message': str}}; reset: task_id, seed)",
-        version=__version__,
-    )
-
-
 @dataclass
 class SessionOwner:
     """Who may use a session: its kind ("http" or "ws"), the client address that opened it, its token."""
@@ -362,29 +289,12 @@ class SessionOwner:
     token: str
 
 
-def client_address(scope: Any) -> str:
-    client = scope.get("client")
-    return str(client[0]) if client else "unknown"
-
-
-def bearer_token(request: Request) -> str | None:
-    scheme, _, value = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer":
-        return None
-    return value.strip() or None
-
-
 def same_token(given: str, expected: str) -> bool:
     return hmac.compare_digest(given.encode("utf-8", "replace"), expected.encode("utf-8"))
 
 
 # ---- the server -----------------------------------------------------------------------------
 _MISSING = object()
-_WS_EXAMPLE = '{"type": "step", "data": {"message": "look"}}'
-RESET_EXAMPLE = '{"task_id": "...", "seed": 0}'
-STEP_EXAMPLE = '{"action": {"message": "look"}}'
-# a reclaimed WebSocket session's connection is closed with this code ("going away") and the reason
-WS_RECLAIMED_CLOSE_CODE = 1001
 
 
 class SdarEnvServer(HTTPEnvServer):
@@ -481,6 +391,22 @@ class SdarEnvServer(HTTPEnvServer):
         while len(self._expired) > 10_000:
             self._expired.popitem(last=False)
 
+    def expired_reason(self, sid: str) -> str | None:
+        """Why the reaper reclaimed `sid` (None if it did not, or has forgotten)."""
+        return self._expired[sid][0] if sid in self._expired else None
+
+    def reclaim_signal(self, sid: str) -> asyncio.Event:
+        """An event the reaper sets when it reclaims `sid`: a WebSocket's connection waits on it beside its client
+        (until drop_reclaim_signal)."""
+        self._ws_reclaimed[sid] = event = asyncio.Event()
+        return event
+
+    def drop_reclaim_signal(self, sid: str) -> None:
+        self._ws_reclaimed.pop(sid, None)
+
+    async def close_session(self, sid: str) -> None:
+        await self._destroy_session(sid)
+
     # -- ownership -------------------------------------------------------------------------------
     async def open_session(self, client: str, kind: str) -> tuple[str, SdarEnvironment, str]:
         """A new session owned by `client` (an address) over `kind` ("http" or "ws"), and its token."""
@@ -506,7 +432,7 @@ class SdarEnvServer(HTTPEnvServer):
     def is_operator(self, token: str | None) -> bool:
         return bool(token and self._operator_token and same_token(token, self._operator_token))
 
-    def _authorize(self, token: str | None, sid: str, action: str) -> SdarEnvironment:
+    def authorize(self, token: str | None, sid: str, action: str) -> SdarEnvironment:
         """The session's env if `token` may `action` ("read", "play" or "close") on it.
 
         Without a token nothing is said about the id (401 whether it is live, reclaimed or unknown). A
@@ -535,7 +461,20 @@ class SdarEnvServer(HTTPEnvServer):
             return env
         raise SessionForbiddenError(f"that token does not open session {sid}")
 
-    # -- helpers for our routes ------------------------------------------------------------------
+    def every_session(self, token: str) -> list[dict[str, Any]]:
+        """Every session with its kind and client, for the operator's token (403 to any other)."""
+        if not self.is_operator(token):
+            raise SessionForbiddenError(
+                "that is not this server's operator token"
+                + ("" if self._operator_token else f" (none is set: start the server with {OPERATOR_TOKEN_ENV})")
+            )
+        return [
+            {**info.model_dump(), "kind": self._owners[sid].kind, "client": self._owners[sid].client}
+            for sid, info in list(self._session_info.items())
+            if sid in self._owners
+        ]
+
+    # -- the session calls the routes make (sdar_envs.server_routes) --------------------------------
     def _session_env(self, sid: str) -> SdarEnvironment:
         env = self._sessions.get(sid, _MISSING)
         if env is _MISSING:
@@ -568,34 +507,13 @@ class SdarEnvServer(HTTPEnvServer):
         except ValidationError as exc:
             raise RequestValidationFailed(what, exc) from None
 
-    async def _reset(self, sid: str, env: SdarEnvironment, data: Any) -> SdarObservation:
+    async def reset_session(self, sid: str, env: SdarEnvironment, data: Any) -> SdarObservation:
         req = self._validated(SdarResetRequest, data, "reset", RESET_EXAMPLE)
         return await self._call(sid, functools.partial(env.reset, task_id=req.task_id, seed=req.seed, episode_id=req.episode_id))
 
-    async def _step(self, sid: str, env: SdarEnvironment, body: Any) -> SdarObservation:
+    async def step_session(self, sid: str, env: SdarEnvironment, body: Any) -> SdarObservation:
         req = self._validated(SdarStepRequest, body, "step", STEP_EXAMPLE)
         return await self._call(sid, functools.partial(env.step, req.action), step=True)
-
-    async def _json_body(self, request: Request, example: str) -> dict[str, Any]:
-        body = await request.body()  # RequestGuard has read it within max_body_bytes and body_timeout_s
-        if len(body) > self.options.max_body_bytes:
-            raise ActionTooLongError(f"request body has {len(body)} bytes, over this server's limit of {self.options.max_body_bytes}")
-        if not body.strip():
-            return {}
-        try:
-            data = loads_guarded(body)
-        except BadJSON as exc:
-            raise EnvRequestError(f"{exc}; send a JSON object like {example}") from None
-        if not isinstance(data, dict):
-            raise EnvRequestError(f"the body must be a JSON object like {example}, got {type(data).__name__}")
-        return data
-
-    def _capacity_error(self, exc: SessionCapacityError) -> HTTPException:
-        return HTTPException(
-            503,
-            f"server is at capacity ({exc.active_sessions}/{exc.max_sessions} sessions); close sessions "
-            "(DELETE /sessions/{id}, or close WebSockets) or restart with a larger --max-sessions",
-        )
 
     def info(self) -> dict[str, Any]:
         o = self.options
@@ -632,6 +550,10 @@ class SdarEnvServer(HTTPEnvServer):
             "connections": {**self.connections.figures(), "yours": self.connections.held_by(client)},
         }
 
+    async def task_ids(self, split: str) -> list[str]:
+        """The task ids of `split`, listed by the probe environment in the server's executor."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self.probe.task_ids, split)
+
     async def close_all(self) -> None:
         for sid in list(self._sessions):
             await self._destroy_session(sid)
@@ -639,255 +561,6 @@ class SdarEnvServer(HTTPEnvServer):
             self.probe.close()
         except Exception as exc:
             log.warning("closing the probe env failed: %s", exc)
-
-    # -- the WebSocket session -----------------------------------------------------------------------
-    @staticmethod
-    def _ws_error(message: str, code: str, **extra: Any) -> str:
-        return WSErrorResponse(data={"message": message, "code": code, **extra}).model_dump_json()
-
-    async def serve_websocket(self, websocket: WebSocket) -> None:
-        """One session per connection, in OpenEnv's message protocol, plus {"type": "session"} (its
-        id and token). A frame the server cannot use gets an error message; the session goes on."""
-        await websocket.accept()
-        try:
-            sid, env, token = await self.open_session(client_address(websocket.scope), "ws")
-        except (SessionCapacityError, TooManySessionsError, EnvironmentFactoryError) as exc:
-            if isinstance(exc, SessionCapacityError):
-                reply = self._ws_error(
-                    str(exc), WSErrorCode.CAPACITY_REACHED, active_sessions=exc.active_sessions, max_sessions=exc.max_sessions
-                )
-            elif isinstance(exc, TooManySessionsError):
-                reply = self._ws_error(str(exc), "TOO_MANY_SESSIONS")
-            else:
-                reply = self._ws_error(f"could not build a {self.options.family} environment: {exc.__cause__ or exc}", WSErrorCode.FACTORY_ERROR)
-            with contextlib.suppress(Exception):
-                await websocket.send_text(reply)
-                await websocket.close()
-            return
-        disconnected = reclaimed = False
-        self._ws_reclaimed[sid] = gone = asyncio.Event()
-        gone_wait = asyncio.ensure_future(gone.wait())
-        try:
-            while True:
-                receive = asyncio.ensure_future(websocket.receive())
-                await asyncio.wait({receive, gone_wait}, return_when=asyncio.FIRST_COMPLETED)
-                if not receive.done():  # reclaimed while waiting for the client
-                    receive.cancel()
-                    with contextlib.suppress(BaseException):
-                        await receive
-                    reclaimed = True
-                    break
-                message = receive.result()
-                if message["type"] == "websocket.disconnect":
-                    disconnected = True
-                    break
-                reply = await self._ws_reply(sid, env, token, message)
-                if reply is None:
-                    break
-                await websocket.send_text(reply)
-        except WebSocketDisconnect:
-            disconnected = True
-        finally:
-            gone_wait.cancel()
-            self._ws_reclaimed.pop(sid, None)
-            await self._destroy_session(sid)
-            if reclaimed:  # say why (a client reads it as the answer to its next message), then close
-                why = self._expired.get(sid, ("this session was reclaimed; reconnect", b""))[0]
-                with contextlib.suppress(Exception):
-                    await websocket.send_text(self._ws_error(why, "SESSION_EXPIRED", error=SessionGoneError.kind))
-                    await websocket.close(WS_RECLAIMED_CLOSE_CODE, f"session idle over {self.options.session_ttl_s:g} s, reclaimed; reconnect")
-            elif not disconnected:
-                with contextlib.suppress(Exception):
-                    await websocket.close()
-
-    async def _ws_reply(self, sid: str, env: SdarEnvironment, token: str, message: dict[str, Any]) -> str | None:
-        text = message.get("text")
-        if text is None:
-            return self._ws_error(f"binary frames are not understood; send JSON text like {_WS_EXAMPLE}", WSErrorCode.INVALID_JSON)
-        try:
-            data = loads_guarded(text)
-        except BadJSON as exc:
-            return self._ws_error(f"Invalid JSON: {exc}; send a message like {_WS_EXAMPLE}", WSErrorCode.INVALID_JSON)
-        if not isinstance(data, dict):
-            return self._ws_error(
-                f"a message is a JSON object like {_WS_EXAMPLE}, got {type(data).__name__}", WSErrorCode.VALIDATION_ERROR
-            )
-        kind = data.get("type")
-        try:
-            if kind == "reset":
-                obs = await self._reset(sid, env, WSResetMessage.model_validate(data).data)
-                return WSObservationResponse(data=serialize_observation(obs)).model_dump_json()
-            if kind == "step":
-                obs = await self._step(sid, env, {"action": WSStepMessage.model_validate(data).data})
-                return WSObservationResponse(data=serialize_observation(obs)).model_dump_json()
-            if kind == "state":
-                WSStateMessage.model_validate(data)
-                return WSStateResponse(data=env.state.model_dump()).model_dump_json()
-            if kind == "close":
-                return None
-            if kind == "session":
-                return json.dumps({"type": "session", "data": {"session_id": sid, "session_token": token}})
-            if kind == "mcp":
-                return self._ws_error("this environment has no MCP tools; send reset, step and state messages", WSErrorCode.UNKNOWN_TYPE)
-            shown = kind if isinstance(kind, str) and len(kind) <= 40 else type(kind).__name__
-            return self._ws_error(
-                f"Unknown message type: {shown!r}; send reset, step, state, session or close", WSErrorCode.UNKNOWN_TYPE
-            )
-        except ValidationError as exc:
-            errors = exc.errors(include_url=False, include_context=False, include_input=False)
-            return self._ws_error("Invalid message", WSErrorCode.VALIDATION_ERROR, errors=errors)
-        except RequestValidationFailed as exc:
-            return self._ws_error(str(exc), WSErrorCode.VALIDATION_ERROR, errors=exc.errors)
-        except EnvRequestError as exc:
-            code = WSErrorCode.VALIDATION_ERROR if type(exc) is EnvRequestError else WSErrorCode.EXECUTION_ERROR
-            return self._ws_error(str(exc), code, error=exc.kind)
-        except Exception as exc:
-            log.warning("session %s: %s failed: %r", sid, kind, exc)
-            return self._ws_error(str(exc), WSErrorCode.EXECUTION_ERROR)
-
-    # -- POST /mcp: OpenEnv's session lifecycle methods, with tokens ---------------------------------
-    async def mcp(self, request: Request) -> JSONResponse:
-        def answer(status: int, rpc: JsonRpcResponse) -> JSONResponse:
-            return JSONResponse(rpc.model_dump(), status_code=status)
-
-        data = await self._json_body(request, '{"jsonrpc": "2.0", "method": "openenv/session/create", "id": 1}')
-        try:
-            rpc = JsonRpcRequest.model_validate(data)
-        except ValidationError as exc:
-            errors = exc.errors(include_url=False, include_context=False, include_input=False)
-            return answer(400, JsonRpcResponse.error_response(JsonRpcErrorCode.INVALID_REQUEST, f"Invalid request: {errors}"))
-        rid, params = rpc.id, rpc.params
-        if rpc.method == "openenv/session/create":
-            try:
-                sid, _env, token = await self.open_session(client_address(request.scope), "http")
-            except TooManySessionsError as exc:
-                return answer(429, JsonRpcResponse.error_response(JsonRpcErrorCode.SERVER_ERROR, str(exc), request_id=rid))
-            except SessionCapacityError as exc:
-                return answer(503, JsonRpcResponse.error_response(JsonRpcErrorCode.SERVER_ERROR, str(exc), request_id=rid))
-            return answer(200, JsonRpcResponse.success({"session_id": sid, "session_token": token}, request_id=rid))
-        if rpc.method == "openenv/session/close":
-            sid = params.get("session_id")
-            if not isinstance(sid, str) or not sid:
-                return answer(400, JsonRpcResponse.error_response(JsonRpcErrorCode.INVALID_PARAMS, "params need 'session_id'", request_id=rid))
-            given = params.get("session_token")
-            token = given if isinstance(given, str) and given else bearer_token(request)
-            try:
-                self._authorize(token, sid, "close")
-            except (EnvRequestError, HTTPException) as exc:
-                status = exc.status if isinstance(exc, EnvRequestError) else exc.status_code
-                detail = str(exc) if isinstance(exc, EnvRequestError) else str(exc.detail)
-                return answer(status, JsonRpcResponse.error_response(JsonRpcErrorCode.INVALID_PARAMS, detail, request_id=rid))
-            await self._destroy_session(sid)
-            return answer(200, JsonRpcResponse.success({"session_id": sid, "closed": True}, request_id=rid))
-        if rpc.method in ("tools/list", "tools/call"):
-            message = f"the {self.options.family} environment has no MCP tools; play it over /ws or /sessions"
-            return answer(404, JsonRpcResponse.error_response(JsonRpcErrorCode.METHOD_NOT_FOUND, message, request_id=rid))
-        return answer(
-            404,
-            JsonRpcResponse.error_response(
-                JsonRpcErrorCode.METHOD_NOT_FOUND,
-                f"Method not found: {rpc.method[:80]!r}; this server has openenv/session/create and openenv/session/close",
-                request_id=rid,
-            ),
-        )
-
-    # -- routes ------------------------------------------------------------------------------------
-    def add_session_routes(self, app: FastAPI) -> None:
-        """Stateful HTTP sessions, state(t), /info, /tasks, and our /ws, /mcp and /metadata."""
-
-        @app.exception_handler(EnvRequestError)
-        async def _env_error(_request: Request, exc: EnvRequestError) -> JSONResponse:
-            if isinstance(exc, RequestValidationFailed):  # FastAPI's shape: the errors, each with its loc
-                return JSONResponse({"detail": exc.errors, "error": exc.kind, "message": str(exc)}, status_code=exc.status)
-            return JSONResponse({"detail": str(exc), "error": exc.kind}, status_code=exc.status, headers=getattr(exc, "headers", None))
-
-        @app.websocket("/ws")
-        async def websocket_session(websocket: WebSocket) -> None:
-            await self.serve_websocket(websocket)
-
-        @app.post("/mcp", tags=["Sessions"], summary="JSON-RPC: openenv/session/create, openenv/session/close")
-        async def mcp(request: Request) -> JSONResponse:
-            return await self.mcp(request)
-
-        @app.get("/metadata", response_model=EnvironmentMetadata, tags=["Environment Info"], summary="Environment metadata")
-        async def metadata() -> EnvironmentMetadata:
-            return family_metadata(self.options.family)
-
-        @app.get("/info", tags=["Environment Info"], summary="Family, limits and session counts")
-        async def info() -> dict[str, Any]:
-            return self.info()
-
-        @app.get("/tasks", tags=["Environment Info"], summary="Task ids of a split")
-        async def tasks(split: str = "test") -> dict[str, Any]:
-            try:
-                ids = await asyncio.get_running_loop().run_in_executor(self._executor, self.probe.task_ids, split)
-            except NotImplementedError as exc:
-                raise HTTPException(404, f"family {self.options.family!r} has no fixed task list ({exc}); reset with a seed instead") from None
-            except (KeyError, ValueError) as exc:
-                raise HTTPException(400, f"cannot list split {split[:100]!r}: {exc.args[0] if exc.args else exc}") from None
-            return {"family": self.options.family, "split": split, "task_ids": list(ids)}
-
-        self._add_session_table_routes(app)
-
-    def _add_session_table_routes(self, app: FastAPI) -> None:
-        """GET and POST /sessions, and the routes of one session: reset, step, state(t), close."""
-
-        @app.get("/sessions", tags=["Sessions"], summary="Session counts; every session with the operator token")
-        async def list_sessions(request: Request) -> dict[str, Any]:
-            out = self.session_counts(client_address(request.scope))
-            token = bearer_token(request)
-            if token is None:
-                return out
-            if not self.is_operator(token):
-                raise SessionForbiddenError(
-                    "that is not this server's operator token"
-                    + ("" if self._operator_token else f" (none is set: start the server with {OPERATOR_TOKEN_ENV})")
-                )
-            out["sessions"] = [
-                {**info.model_dump(), "kind": self._owners[sid].kind, "client": self._owners[sid].client}
-                for sid, info in list(self._session_info.items())
-                if sid in self._owners
-            ]
-            return out
-
-        @app.post("/sessions", status_code=201, tags=["Sessions"], summary="Open a session; keep its session_token")
-        async def create_session(request: Request) -> dict[str, Any]:
-            await self._json_body(request, "{}")  # nothing to configure yet; a bad body is still refused
-            try:
-                sid, _env, token = await self.open_session(client_address(request.scope), "http")
-            except SessionCapacityError as exc:
-                raise self._capacity_error(exc) from None
-            except EnvironmentFactoryError as exc:
-                raise HTTPException(500, f"could not build a {self.options.family} environment: {exc.__cause__ or exc}") from None
-            return {"session_id": sid, "session_token": token, "family": self.options.family}
-
-        @app.post("/sessions/{sid}/reset", tags=["Sessions"], summary="Start an episode: {task_id, seed}")
-        async def reset(sid: str, request: Request) -> dict[str, Any]:
-            env = self._authorize(bearer_token(request), sid, "play")
-            return serialize_observation(await self._reset(sid, env, await self._json_body(request, RESET_EXAMPLE)))
-
-        @app.post("/sessions/{sid}/step", tags=["Sessions"], summary='Act: {"action": {"message": str}}')
-        async def step(sid: str, request: Request) -> dict[str, Any]:
-            env = self._authorize(bearer_token(request), sid, "play")
-            return serialize_observation(await self._step(sid, env, await self._json_body(request, STEP_EXAMPLE)))
-
-        @app.get("/sessions/{sid}/state", tags=["Sessions"], summary="State, or the exact observation of step t")
-        async def state(sid: str, request: Request, t: int | None = None) -> dict[str, Any]:
-            env = self._authorize(bearer_token(request), sid, "read")
-            if t is None:
-                return env.state.model_dump()
-            return serialize_observation(env.observation_at(t))
-
-        @app.delete("/sessions/{sid}", tags=["Sessions"], summary="Close a session and its environment")
-        async def close(sid: str, request: Request) -> dict[str, Any]:
-            self._authorize(bearer_token(request), sid, "close")
-            await self._destroy_session(sid)
-            return {"session_id": sid, "closed": True}
-
-        async def _shutdown() -> None:
-            await self.close_all()
-
-        app.router.on_shutdown.append(_shutdown)
 
 
 class _QuietWebSocketClose:
@@ -944,7 +617,7 @@ def create_env_app(options: ServerOptions, operator_token: str | None = None) ->
     server.register_routes(app, mode=ServerMode.PRODUCTION)
     dropped = _REPLACED_ROUTES | _UNSERVED_ROUTES
     app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) not in dropped]
-    server.add_session_routes(app)
+    add_session_routes(app, server)
     publish_request_bodies(app, {("/sessions/{sid}/reset", "post"): (SdarResetRequest, False),
                                  ("/sessions/{sid}/step", "post"): (SdarStepRequest, True),
                                  ("/mcp", "post"): (JsonRpcRequest, True)})  # fmt: skip

@@ -3,7 +3,7 @@
 Thousands of steps per second in pure Python, a gold-path expert that searches by location priors,
 and a problem structure that exports a generated room to the real engine. `SimHousehold` (here) is
 the backend; the problems and their generator are in sim_problem, the game and `diagnose` in
-sim_game, and their public names are importable from here too.
+sim_game, its gold policy in sim_expert, and their public names are importable from here too.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """One episode of a sim problem: the state, ALFWorld-worded transitions, admissible actions, the
-gold policy, and why an action that is not admissible failed (`diagnose`)."""
+gold policy (its search in sim_expert), and why an action that is not admissible failed (`diagnose`)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from sdar_envs.household.catalog import (
     CLEANABLE,
     COOLABLE,
     HEATABLE,
-    LOCATION_PRIORS,
     NOT_PICKUPABLE,
     RECEPTACLE_OBJECTS,
     SHARP,
     SLICEABLE,
     TOGGLEABLE,
 )
+from sdar_envs.household.sim_expert import GoldPolicy
 
 if TYPE_CHECKING:
     from sdar_envs.household.sim_problem import SimProblem
@@ -29,7 +29,7 @@ _VERB_FEEDBACK = {"heat": W.HEATED, "clean": W.CLEANED, "cool": W.COOLED}
 # ---- the game ---------------------------------------------------------------------------------
 class SimGame:
     """One episode of a `SimProblem`: state, ALFWorld-worded transitions, admissible actions,
-    and the gold policy."""
+    and the gold policy (`expert_action`, played by sim_expert.GoldPolicy)."""
 
     def __init__(self, problem: SimProblem) -> None:
         self.problem = problem
@@ -52,7 +52,7 @@ class SimGame:
         intro_order = sorted(
             range(len(recs)), key=lambda i: (self.rtype[i], -int(self.rname[i].rsplit(" ", 1)[1]))
         )
-        self._goto = [f"go to {n}" for n in self.rname]
+        self.goto = [f"go to {n}" for n in self.rname]  # the action that goes to each receptacle
         look = W.LOOK_ROOM.format(items=W.join_items([self.rname[i] for i in intro_order]))
         self.intro = W.INTRO.format(look=look, task=W.TASK_LINE.format(task=problem.task_text))
         # state
@@ -100,7 +100,7 @@ class SimGame:
             return self._admissible
         acts = ["help", "inventory", "look"]
         loc, held = self.loc, self.held
-        acts += [g for i, g in enumerate(self._goto) if i != loc]
+        acts += [g for i, g in enumerate(self.goto) if i != loc]
         if held is not None:
             acts.append(f"examine {self.oname[held]}")
         if loc is not None:
@@ -228,7 +228,7 @@ class SimGame:
         raise AssertionError(f"unhandled admissible action {text!r}")
 
     # ---- goal -------------------------------------------------------------------------------
-    def _has_state(self, o: int) -> bool:
+    def has_goal_state(self, o: int) -> bool:
         s = self.goal.state
         if s is None:
             return True
@@ -245,179 +245,19 @@ class SimGame:
         for r, here in enumerate(self.contents):
             if self.rtype[r] != g.receptacle_type:
                 continue
-            n = sum(1 for o in here if self.otype[o] == g.object_type and self._has_state(o))
+            n = sum(1 for o in here if self.otype[o] == g.object_type and self.has_goal_state(o))
             if n >= g.count:
                 return True
         return False
 
     # ---- gold policy ------------------------------------------------------------------------
-    def _go_or_open(self, r: int) -> str | None:
-        """The step that makes receptacle r reachable and visible, or None when it already is."""
-        if self.loc != r:
-            return self._goto[r]
-        if not self._visible(r):
-            return f"open {self.rname[r]}"
-        return None
-
-    def _search(self, otype: str, skip_type: str | None) -> str:
-        """Next step of a search for `otype`: the likeliest unseen receptacle by location prior.
-
-        The uninformed expert knows neither the priors nor which receptacle types can hold
-        what: it goes through the unseen receptacles in listing order (type, then number),
-        the order of the agent memory's "Not visited" line, so its choice is a rule a small
-        model can read off the prompt while the skills text carries what it lacks.
-        """
-        if not self.use_priors:
-            known = self.known_order.get(otype, [])
-            unseen = sorted(
-                (r for r in self.rorder if not self.observed[r]),
-                key=lambda r: known.index(self.rtype[r]) if self.rtype[r] in known else len(known),
-            )
-            if not unseen:
-                return "look"
-            step = self._go_or_open(unseen[0])
-            return step if step is not None else "look"
-        prior = LOCATION_PRIORS.get(otype, {})
-        best, best_key = None, None
-        for r in self.rorder:
-            if (
-                self.observed[r]
-                or otype not in CAN_CONTAIN[self.rtype[r]]
-                or self.rtype[r] == skip_type
-            ):
-                continue
-            key = -prior.get(self.rtype[r], 0.0)
-            if best_key is None or key < best_key:
-                best, best_key = r, key
-        if best is None:  # nothing left that should hold it: look everywhere unseen
-            unseen = [r for r in self.rorder if not self.observed[r]]
-            if not unseen:
-                return "look"
-            best = unseen[0]
-        step = self._go_or_open(best)
-        return step if step is not None else "look"
-
-    def _fetch(self, candidates: list[int], skip_type: str | None) -> str:
-        """Get one of `candidates` (objects of the target type) into the hand; hands are empty."""
-        known = [o for o in candidates if self.where[o] >= 0 and self.observed[self.where[o]]]
-        if not known:
-            return self._search(
-                self.otype[candidates[0]] if candidates else self.goal.object_type, skip_type
-            )
-        here = [o for o in known if self.where[o] == self.loc]
-        if here:
-            o = here[0]
-        else:
-            o = min(
-                known,
-                key=lambda i: (not self._visible(self.where[i]), self.rorder.index(self.where[i])),
-            )
-        r = self.where[o]
-        step = self._go_or_open(r)
-        return step if step is not None else f"take {self.oname[o]} from {self.rname[r]}"
-
-    def _drop(self) -> str:
-        """Put down a held object that the task does not need, as close as possible."""
-        o = self.held
-        assert o is not None
-        ot = self.otype[o]
-        if (
-            self.loc is not None
-            and self._visible(self.loc)
-            and ot in CAN_CONTAIN[self.rtype[self.loc]]
-        ):
-            return f"move {self.oname[o]} to {self.rname[self.loc]}"
-        holders = [r for r in self.rorder if ot in CAN_CONTAIN[self.rtype[r]]]
-        r = min(holders, key=lambda i: (not self._visible(i), self.rorder.index(i)))
-        step = self._go_or_open(r)
-        return step if step is not None else f"move {self.oname[o]} to {self.rname[r]}"
-
-    def _destination(self) -> int:
-        """The receptacle to fill: the one holding most targets, else the cheapest to reach."""
-        g = self.goal
-        dests = [r for r in self.rorder if self.rtype[r] == g.receptacle_type]
-
-        def key(r: int) -> tuple[int, bool, bool, int]:
-            done = sum(
-                1 for o in self.contents[r] if self.otype[o] == g.object_type and self._has_state(o)
-            )
-            return (-done, r != self.loc, not self._visible(r), self.rorder.index(r))
-
-        return min(dests, key=key)
-
-    # the expert searches by location priors; the warm-start's uninformed expert switches them off
-    use_priors: bool = True
-    known_order: dict[str, list[str]] = {}
-
     def expert_action(
         self, use_priors: bool = True, known_order: dict[str, list[str]] | None = None
     ) -> str:
-        """The gold next action from the current state (any state, including after mistakes).
+        """The gold next action from the current state (any state, including after mistakes); the
+        experts without the priors are GoldPolicy's use_priors and known_order."""
+        return GoldPolicy(self, use_priors, known_order).next_action()
 
-        use_priors=False searches unseen receptacles in listing order instead of by location
-        prior: an expert without the privileged knowledge the skills text carries.
-        known_order (with use_priors=False): object type -> receptacle types to search first,
-        in order, before the listing order: an expert that knows just what a skills text says.
-        """
-        self.use_priors = use_priors
-        self.known_order = dict(known_order or {})
-        try:
-            return self._expert_action()
-        finally:
-            self.use_priors = True
-            self.known_order = {}
-
-    def _expert_action(self) -> str:
-        if self.won:
-            return "look"
-        g = self.goal
-        held = self.held
-        if g.task_type == "look_at_obj_in_light":
-            if held is not None and self.otype[held] == g.object_type:
-                lamps = [
-                    o
-                    for o, t in enumerate(self.otype)
-                    if t == g.toggle_type and self.where[o] >= 0 and self.observed[self.where[o]]
-                ]
-                if lamps:
-                    lamp = min(
-                        lamps,
-                        key=lambda o: (self.where[o] != self.loc, self.rorder.index(self.where[o])),
-                    )
-                    if self.loc != self.where[lamp]:
-                        return self._goto[self.where[lamp]]
-                    return f"use {self.oname[lamp]}"
-                return self._search(g.toggle_type or "desklamp", None)
-            if held is not None:
-                return self._drop()
-            targets = [o for o, t in enumerate(self.otype) if t == g.object_type]
-            return self._fetch(targets, None)
-
-        dest = self._destination()
-        if held is not None:
-            if self.otype[held] != g.object_type:
-                return self._drop()
-            if not self._has_state(held):
-                app_type = APPLIANCE[g.state]  # type: ignore[index]
-                apps = [r for r in self.rorder if self.rtype[r] == app_type]
-                app = self.loc if self.loc in apps else apps[0]
-                if self.loc != app:
-                    return self._goto[app]
-                return f"{g.state} {self.oname[held]} with {self.rname[app]}"
-            step = self._go_or_open(dest)
-            return step if step is not None else f"move {self.oname[held]} to {self.rname[dest]}"
-        if g.count > 1:
-            targets = [
-                o for o, t in enumerate(self.otype) if t == g.object_type and self.where[o] != dest
-            ]
-        else:
-            targets = [
-                o
-                for o, t in enumerate(self.otype)
-                if t == g.object_type
-                and not (self.rtype[self.where[o]] == g.receptacle_type and self._has_state(o))
-            ]
-        return self._fetch(targets, g.receptacle_type)
 
     def gold_length(self, limit: int = 400) -> int | None:
         """Steps the gold policy needs from now (None if it does not finish within `limit`)."""
