@@ -180,10 +180,36 @@ def test_top_p_keeps_the_smallest_set_over_p():
     logits = torch.tensor([0.0, 1.0, 2.0, 3.0])
     lp = _processed_logprobs(logits, None, 1.0, 0.6)
     p = torch.softmax(logits, -1)  # [0.032, 0.087, 0.237, 0.644]: 0.644 >= 0.6 alone
-    assert torch.isinf(lp[:3]).all() and lp[3] == pytest.approx(0.0)
+    # a token that cannot be drawn has probability exactly 0 (its logit at MASKED, finite)
+    assert lp[:3].exp().eq(0).all() and lp[3] == pytest.approx(0.0)
     lp = _processed_logprobs(logits, [0, 1, 2], 2.0, 1.0)  # allowed set, then temperature
     want = torch.log_softmax(torch.tensor([0.0, 0.5, 1.0]), -1)
     torch.testing.assert_close(lp[:3], want)
-    assert torch.isinf(lp[3]) and float(p.sum()) == pytest.approx(1.0)
+    assert lp[3].exp() == 0 and float(p.sum()) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="temperature must be > 0"):
         constrained_sample(None, [[1]], [None], max_new_tokens=1, temperature=0.0, top_p=1.0, eos_ids=[0], pad_id=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("top_p", [1.0, 0.8])
+def test_samples_and_logprobs_are_those_of_the_processing_before_process_logits(small, monkeypatch, dtype, top_p):
+    """Issue 39 point 3: sampling through `process_logits` draws the tokens, with the log-probs, that its own
+    copy of the processing (-inf outside the allowed set, then temperature, then top-p) drew."""
+    import copy
+
+    from sdar.agent import decoding
+    from tests.models.test_logits import old_sampling
+
+    tok, model = small
+    model = copy.deepcopy(model).to(dtype)
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    tries = [action_trie(tok, "household", ACTIONS, eos), None, action_trie(tok, "household", ACTIONS[:3], eos)] * 3
+    runs = []
+    for processed in (decoding._processed_logprobs, old_sampling):
+        monkeypatch.setattr(decoding, "_processed_logprobs", processed)
+        runs.append(constrained_sample(model, _prompts(tok, 9), tries, max_new_tokens=12, temperature=0.7, top_p=top_p,
+                                       eos_ids=[eos], pad_id=tok.pad_token_id, seeds=list(range(9))))
+    new, old = runs
+    assert [r.token_ids for r in new] == [r.token_ids for r in old]
+    assert [r.logprobs for r in new] == [r.logprobs for r in old]
+    assert any(lp != 0.0 for r in new for lp in r.logprobs)

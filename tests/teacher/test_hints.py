@@ -1,5 +1,5 @@
 """sdar.teacher.hints: every hint template renders from its arguments, and the hinted teacher's response
-logits are those the scoring forward turns into log-probs."""
+logits (the Scorer's `response_logits`) are those the scoring forward turns into log-probs."""
 
 from __future__ import annotations
 
@@ -33,7 +33,10 @@ def test_response_logits_match_response_logprobs(tiny_ckpt, tmp_path):
     prompts = [tok("go to fridge", add_special_tokens=False)["input_ids"], tok("look", add_special_tokens=False)["input_ids"]]
     responses = [tok("<action>look</action>", add_special_tokens=False)["input_ids"], [5, 6]]
     allowed = [None, [[5, 9], [6, 7]]]
-    logits, mask = response_logits(trainer.model.eval(), prompts, responses, pad_id=trainer.pad_id, allowed=allowed)
+    logits, mask = trainer.scorer.response_logits(trainer.model.eval(), prompts, responses, allowed)
+    # the function the trainer called before the Scorer had the method gives the same numbers
+    old, _ = response_logits(trainer.model, prompts, responses, pad_id=trainer.pad_id, allowed=allowed)
+    assert torch.equal(old, logits)
     want = response_logprobs(trainer.model, prompts, responses, pad_id=trainer.pad_id, allowed=allowed)
     got = torch.log_softmax(logits, -1).gather(-1, torch.tensor(
         [r + [0] * (logits.shape[1] - len(r)) for r in responses]).unsqueeze(-1)).squeeze(-1) * mask

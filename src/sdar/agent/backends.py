@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import torch
 
 from sdar.agent.decoding import DecodeStats, constrained_sample
+from sdar.models.padding import padded
 
 BACKENDS = ("transformers", "vllm")
 GPU_INSTALL_HINT = "pip install -e '.[gpu]' on a CUDA machine (install a CUDA torch build first)"
@@ -153,13 +154,9 @@ class TransformersBackend:
                     out += self._generate_chunk(model, prompts[i : i + 1], max_new_tokens, temperature, top_p,
                                                 tries[i : i + 1])
             return out
-        width = max(len(p) for p in prompts)
         device = next(model.parameters()).device
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p) :] = torch.tensor(p)
-            mask[i, width - len(p) :] = 1
+        ids, mask = padded(prompts, self.pad_id, left=True)
+        width = ids.shape[1]
         gen_cfg = sampling_config(temperature, top_p, max_new_tokens=max_new_tokens, eos_ids=self.eos_ids,
                                   pad_id=self.pad_id)
         kwargs = {}

@@ -10,8 +10,8 @@ The prefill can share prompt starts (`share_prefix`): the rows of a chunk that b
 of rollouts at the same turn: system prompt, task and step lines) encode that start once, and every row
 continues from its group's KV cache; only the last position's logits are computed. Same samples and
 log-probs as encoding every prompt whole, up to float rounding (another matrix shape sums in another order).
-Log-probs are of the distribution sampled from (trie mask, then temperature, then top-p), which is what
-the trainer scores (`token_logprobs` with the allowed set, at the rollout temperature, when top_p = 1).
+Log-probs are of the distribution sampled from (trie mask, temperature, top-p: `sdar.models.logits.process_logits`,
+the function the trainer scores with, at the rollout temperature and the same allowed sets; equal when top_p = 1).
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ from dataclasses import dataclass
 import torch
 
 from sdar.models.kv_cache import cache_of, with_cache
+from sdar.models.logits import keep_mask, process_logits
+from sdar.models.logprobs import position_ids_from_mask
+from sdar.models.padding import padded
 
 
 @dataclass
@@ -100,14 +103,10 @@ def _prefill(model, prompts: list[list[int]], pad_id: int, device, share_prefix:
     B = len(prompts)
     groups = prefix_groups(prompts) if share_prefix else None
     if groups is None:
-        width = max(len(p) for p in prompts)
-        ids = torch.full((B, width), pad_id, dtype=torch.long)
-        attn = torch.zeros((B, width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p):] = torch.tensor(p)
-            attn[i, width - len(p):] = 1
+        ids, attn = padded(prompts, pad_id, left=True)
         ids, attn = ids.to(device), attn.to(device)
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        width = ids.shape[1]
+        pos = position_ids_from_mask(attn)
         # with share_prefix, only the last position's logits (the rest are never read); without, the full
         # output as before this option existed, so that "off" reproduces earlier runs bit for bit
         kw = {"logits_to_keep": 1} if share_prefix else {}
@@ -115,53 +114,34 @@ def _prefill(model, prompts: list[list[int]], pad_id: int, device, share_prefix:
         return cache_of(out), out.logits[:, -1, :], attn, attn.sum(-1), B * width
     from transformers import DynamicCache
 
-    P = max(s for _, s in groups)
     group_of, shared = [0] * B, [0] * B
-    pids = torch.full((len(groups), P), pad_id, dtype=torch.long)
-    pmask = torch.zeros((len(groups), P), dtype=torch.long)
     for g, (rows, s) in enumerate(groups):
-        pids[g, P - s:] = torch.tensor(prompts[rows[0]][:s])
-        pmask[g, P - s:] = 1
         for i in rows:
             group_of[i], shared[i] = g, s
+    pids, pmask = padded([prompts[rows[0]][:s] for rows, s in groups], pad_id, left=True)
+    P = pids.shape[1]
     pids, pmask = pids.to(device), pmask.to(device)
-    start = cache_of(model(input_ids=pids, attention_mask=pmask, position_ids=(pmask.cumsum(-1) - 1).clamp(min=0),
+    start = cache_of(model(input_ids=pids, attention_mask=pmask, position_ids=position_ids_from_mask(pmask),
                            use_cache=True, logits_to_keep=1))
     idx = torch.tensor(group_of, device=device)
     cache = DynamicCache([(layer.keys.index_select(0, idx), layer.values.index_select(0, idx)) for layer in start.layers])
-    rests = [p[shared[i]:] for i, p in enumerate(prompts)]
-    W = max(len(r) for r in rests)
-    ids = torch.full((B, W), pad_id, dtype=torch.long)
-    smask = torch.zeros((B, W), dtype=torch.long)
-    for i, r in enumerate(rests):
-        ids[i, W - len(r):] = torch.tensor(r)
-        smask[i, W - len(r):] = 1
+    ids, smask = padded([p[shared[i]:] for i, p in enumerate(prompts)], pad_id, left=True)
+    W = ids.shape[1]
     ids, smask = ids.to(device), smask.to(device)
     base = torch.tensor(shared, device=device)
     attn = torch.cat([pmask.index_select(0, idx), smask], dim=1)
-    pos = base.unsqueeze(1) + (smask.cumsum(-1) - 1).clamp(min=0)
+    pos = base.unsqueeze(1) + position_ids_from_mask(smask)
     out = model(input_ids=ids, attention_mask=attn, position_ids=pos, **with_cache(cache), use_cache=True,
                 logits_to_keep=1)
     return cache_of(out), out.logits[:, -1, :], attn, base + smask.sum(-1), len(groups) * P + B * W
 
 
 def _processed_logprobs(logits: torch.Tensor, allowed: list[int] | None, temperature: float, top_p: float) -> torch.Tensor:
-    """log-probs [V] of the sampling distribution: allowed tokens only, temperature, then top-p
-    (transformers' order: logits processors, then TemperatureLogitsWarper, then TopPLogitsWarper)."""
-    z = logits.float()
-    if allowed is not None:
-        keep = torch.full_like(z, float("-inf"))
-        idx = torch.tensor(allowed, dtype=torch.long, device=z.device)
-        keep[idx] = z[idx]
-        z = keep
-    z = z / temperature
-    if top_p < 1.0:
-        sorted_z, order = torch.sort(z, descending=False)
-        cum = torch.softmax(sorted_z, dim=-1).cumsum(dim=-1)
-        drop = cum <= (1.0 - top_p)
-        drop[-1] = False  # keep at least one token
-        z = z.masked_fill(drop.scatter(0, order, drop), float("-inf"))
-    return torch.log_softmax(z, dim=-1)
+    """log-probs [V] of the sampling distribution (`process_logits`: allowed tokens only, temperature, top-p);
+    tokens that cannot be drawn have probability exactly 0."""
+    keep = keep_mask([allowed], logits.shape[-1], logits.device)
+    return torch.log_softmax(process_logits(logits, temperature=temperature, keep=None if keep is None else keep[0],
+                                            top_p=top_p), dim=-1)
 
 
 def _next_chunk(trie, toks: list[int], last: torch.Tensor, gen: torch.Generator, temperature: float, top_p: float,
@@ -194,13 +174,8 @@ def _decode_forward(model, chunks: list[list[int]], pad_id: int, past, attn: tor
     """One forward of every live row's new tokens (`chunks`, [] for finished rows) on the cache: (cache, each row's
     next-token logits, attention mask, real tokens so far)."""
     device = attn.device
-    B, L = len(chunks), max(len(c) for c in chunks)
-    step_ids = torch.full((B, L), pad_id, dtype=torch.long)
-    step_mask = torch.zeros((B, L), dtype=torch.long)
-    for i, c in enumerate(chunks):
-        if c:
-            step_ids[i, : len(c)] = torch.tensor(c)
-            step_mask[i, : len(c)] = 1
+    step_ids, step_mask = padded(chunks, pad_id)
+    B, L = step_ids.shape
     step_ids, step_mask = step_ids.to(device), step_mask.to(device)
     step_pos = count.unsqueeze(1) + torch.arange(L, device=device).unsqueeze(0)
     attn = torch.cat([attn, step_mask], dim=1)

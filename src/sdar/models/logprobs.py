@@ -15,6 +15,8 @@ from typing import Any
 import torch
 
 from sdar.models.kv_cache import cache_of
+from sdar.models.logits import process_logits
+
 
 class _LogpEntropy(torch.autograd.Function):
     """log p(target) and the entropy from [N, V] logits in one fused pass, with a hand-written backward.
@@ -173,14 +175,9 @@ def _chunk_logprobs(model, ids: torch.Tensor, mask: torch.Tensor, temperature: f
     L = ids.shape[1]
     kw = {"logits_to_keep": L - f} if f else {}
     out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=False, **kw)
-    # float32 from here: bf16 log-softmax over a large vocabulary loses ~2 decimal digits
-    logits = out.logits.float()
+    logits = out.logits
     del out
-    if temperature != 1.0:
-        logits = logits / temperature
-    if allowed is not None:
-        # a large finite value, not -inf: p * logits must stay 0 (not NaN) in the entropy
-        logits = logits.masked_fill(~allowed, -1e9)
+    logits = process_logits(logits, temperature=temperature, keep=allowed)
     # score all L positions (a dummy target at the last one) so the [b, L, V] logits need no
     # sliced copy, then drop the last column
     target = torch.cat([ids[:, f + 1 :], torch.zeros_like(ids[:, :1])], dim=1)

@@ -1,5 +1,5 @@
-"""Log-probs of response tokens given prompts, aligned on the response: the one forward behind old,
-reference and teacher log-probs and the training pass itself (plain, length-bucketed or from a shared prefix)."""
+"""Log-probs of response tokens given prompts, aligned on the response: the one forward behind old, reference and
+teacher log-probs, the training pass (plain, length-bucketed or from a shared prefix) and the hint channel's logits."""
 
 from __future__ import annotations
 
@@ -9,8 +9,16 @@ from dataclasses import dataclass
 import torch
 
 from sdar.models.kv_cache import with_cache
-from sdar.models.logprobs import (encode_kv, head_where_needed_on, logits_at, logp_and_entropy, position_ids_from_mask,
-                                  token_logprobs)
+from sdar.models.logits import keep_mask, process_logits
+from sdar.models.logprobs import (
+    encode_kv,
+    head_where_needed_on,
+    logits_at,
+    logp_and_entropy,
+    position_ids_from_mask,
+    token_logprobs,
+)
+from sdar.models.padding import padded
 
 
 def allowed_mask(prompts: list[list[int]], responses: list[list[int]], allowed: list[list[list[int]] | None],
@@ -28,6 +36,14 @@ def allowed_mask(prompts: list[list[int]], responses: list[list[int]], allowed: 
                 mask[i, pos] = False
                 mask[i, pos, toks] = True
     return mask
+
+
+def response_mask(responses: list[list[int]], T: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """Float [B, T]: 1 on each row's response tokens, 0 after them."""
+    mask = torch.zeros(len(responses), T)
+    for j, r in enumerate(responses):
+        mask[j, : len(r)] = 1
+    return mask if device is None else mask.to(device)
 
 
 @dataclass
@@ -87,8 +103,6 @@ def _response_scores(model, forward: dict, prompt_lens: list[int], responses: li
     is not forced: a constrained step that allows exactly the sampled token has the renormalised log-prob 0 and
     entropy 0 (what the masked softmax gives there, exactly, and no gradient), so it needs no output head
     (`sdar.models.logprobs.head_where_needed`; off, the forced tokens are scored like the others)."""
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
     picked = []  # (row, position of the logits, response index, target token, allowed tokens or None)
     skip_forced = head_where_needed_on()
     for j, (n_prompt, r) in enumerate(zip(prompt_lens, responses)):
@@ -106,22 +120,9 @@ def _response_scores(model, forward: dict, prompt_lens: list[int], responses: li
     if probe:
         rows, cols, targets, sets = [0], [prompt_lens[0] - 1], [0], [None]
     logits, out = logits_at(model, torch.tensor(rows, device=device), torch.tensor(cols, device=device), **forward)
-    logits = logits.float()  # bf16 log-softmax over a large vocabulary loses ~2 decimal digits
-    if temperature != 1.0:
-        logits = logits / temperature
-    if any(t is not None for t in sets):
-        keep = torch.ones(logits.shape, dtype=torch.bool)
-        for n, toks in enumerate(sets):
-            if toks is not None:
-                keep[n] = False
-                keep[n, toks] = True
-        # a large finite value, not -inf: p * logits must stay 0 (not NaN) in the entropy
-        logits = logits.masked_fill(~keep.to(device), -1e9)
+    logits = process_logits(logits, temperature=temperature, keep=keep_mask(sets, logits.shape[-1], device))
     lp, ent = logp_and_entropy(logits, torch.tensor(targets, device=device), with_entropy)
-    mask = torch.zeros(b, T)
-    for j, r in enumerate(responses):
-        mask[j, : len(r)] = 1
-    mask = mask.to(device)
+    mask = response_mask(responses, T, device)
     zero = torch.zeros(b, T, device=device)
     if probe:
         nothing = lp.sum() * 0.0 if grad else 0.0
@@ -183,7 +184,7 @@ def response_logprobs(
     with torch.enable_grad() if grad else torch.no_grad():
         for start in range(0, n, step):
             rows = range(start, min(start + step, n))
-            ids, att = _right_padded([prompts[i] + responses[i] for i in rows], pad_id)
+            ids, att = padded([prompts[i] + responses[i] for i in rows], pad_id)
             if not prompt_lm:  # logits only where a response token is predicted and not forced
                 att = att.to(device)
                 lp, e, m, _ = _response_scores(
@@ -236,17 +237,6 @@ def _reordered(model, prompts, responses, allowed, kw: dict) -> ScoredBatch | No
     return None
 
 
-def _right_padded(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids, attention mask) [B, L] of `seqs`, right-padded with `pad_id`."""
-    L = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
-    att = torch.zeros((len(seqs), L), dtype=torch.long)
-    for j, s in enumerate(seqs):
-        ids[j, : len(s)] = torch.tensor(s)
-        att[j, : len(s)] = 1
-    return ids, att
-
-
 def _in_caller_order(out: ScoredBatch, order: list[int]) -> ScoredBatch:
     """`out`, scored in `order`, back in the caller's order."""
     inv = torch.empty(len(order), dtype=torch.long)
@@ -278,6 +268,39 @@ def _with_prompt_lm(model, ids, att, prompts, responses, allowed, T: int, temper
     idx, md = idx.to(device), m.to(device)
     ent = e.gather(1, idx) * md if with_entropy else None
     return lp.gather(1, idx) * md, ent, m, (lp * pm).sum(), int(pm.sum().item())
+
+
+def response_logits(model, prompts: list[list[int]], responses: list[list[int]], *, pad_id: int,
+                    allowed: list[list[list[int]] | None] | None = None, grad: bool = False
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The next-token logits at the positions that predict each row's response tokens, float32 [B, T, V] (0 past
+    a row's response), and the response mask [B, T], from one right-padded forward of all rows (with gradients
+    when `grad`); the output head runs at those positions only (`logits_at`). Tokens a constrained step did not
+    allow are at MASKED, so softmax gives the distribution the student sampled from; temperature 1."""
+    B, T = len(prompts), max((len(r) for r in responses), default=0)
+    device = next(model.parameters()).device
+    picked = []  # (row, position of the logits, response index, allowed tokens or None)
+    for j, (p, r) in enumerate(zip(prompts, responses)):
+        if len(p) < 1:
+            raise ValueError(f"row {j} has an empty prompt: the first response token is predicted from the last prompt token")
+        steps = allowed[j] if allowed is not None else None
+        picked += [(j, len(p) - 1 + k, k, steps[k] if steps is not None and k < len(steps) else None)
+                   for k in range(len(r))]
+    rows, cols, ks, sets = (list(c) for c in zip(*picked)) if picked else ([], [], [], [])
+    ids, att = padded([p + r for p, r in zip(prompts, responses)], pad_id)
+    ids, att = ids.to(device), att.to(device)
+    probe = not rows  # no response token: one position still runs, for the vocabulary size (and a graph)
+    at = (torch.tensor(rows or [0], device=device), torch.tensor(cols or [len(prompts[0]) - 1], device=device))
+    with torch.set_grad_enabled(grad):
+        logits, _ = logits_at(model, *at, input_ids=ids, attention_mask=att, position_ids=position_ids_from_mask(att),
+                              use_cache=False)
+        z = process_logits(logits, keep=keep_mask(sets, logits.shape[-1], device))
+        out = z.new_zeros(B, T, z.shape[-1])
+        if not probe:
+            out = out.index_put((at[0], torch.tensor(ks, device=device)), z)
+        elif grad:
+            out = out + z.sum() * 0.0
+    return out, response_mask(responses, T, device)
 
 
 def length_groups(lengths: list[int], max_rows: int, slack: float = 0.2) -> list[list[int]]:
@@ -386,14 +409,9 @@ def shared_prefix_logprobs(model, prefix: list[int], prompts: list[list[int]], r
             [sorted(range(n), key=lengths.__getitem__)[k : k + (batch_size or n)] for k in range(0, n, batch_size or n)]
         parts = []
         for rows in groups:
-            seqs = [prompts[i] + responses[i] for i in rows]
-            b, L = len(rows), max(len(s) for s in seqs)
-            ids = torch.full((b, L), pad_id, dtype=torch.long)
-            att = torch.zeros((b, P + L), dtype=torch.long)
-            att[:, :P] = 1
-            for j, s in enumerate(seqs):
-                ids[j, : len(s)] = torch.tensor(s)
-                att[j, P : P + len(s)] = 1
+            ids, own = padded([prompts[i] + responses[i] for i in rows], pad_id)
+            b, L = ids.shape
+            att = torch.cat([torch.ones(b, P, dtype=torch.long), own], dim=1)  # the prefix, then each row's tokens
             # every row reads the one prefix: expand (a view) and let the cache's concatenation copy it
             cache = DynamicCache([(k.expand(b, -1, -1, -1), v.expand(b, -1, -1, -1)) for k, v in kv])
             pos = (P + torch.arange(L)).unsqueeze(0).expand(b, L)
@@ -461,10 +479,11 @@ def _grouped_prefix_logprobs(model, prompts, responses, groups, *, pad_id, batch
 @dataclass(frozen=True)
 class Scorer:
     """How every forward of a run scores responses: the scoring passes (old_logp, the reference, the teacher),
-    the update's forward with gradients and the DPO pairs' sums. All at `temperature`, the rollout's (scores are
-    those of the distribution the tokens were sampled from), with the `scoring:` section's switches, none of
-    which changes a number beyond float rounding (tests/train/test_reference_parity.py). `build_runtime` makes
-    the run's one Scorer (`Scorer.of`); a caller passes a model and rows, never a temperature or a switch.
+    the update's forward with gradients, the DPO pairs' sums and the hint channel's logits. All at `temperature`,
+    the rollout's (scores are those of the distribution the tokens were sampled from; the hint logits excepted,
+    see `response_logits`), with the `scoring:` section's switches, none of which changes a number beyond float
+    rounding (tests/train/test_reference_parity.py). `build_runtime` makes the run's one Scorer (`Scorer.of`); a
+    caller passes a model and rows, never a temperature or a switch.
 
     batch_size: sequences per no-grad forward. prefix_cache: rows of one group (a task's turn-samples) continue
     from one KV cache of the prompt start they share. dedup: a no-grad pass forwards each distinct row once.
@@ -512,6 +531,21 @@ class Scorer:
                                            temperature=self.temperature, grad=True, with_entropy=True)
         return response_logprobs(model, prompts, responses, pad_id=self.pad_id, with_entropy=True, grad=True,
                                  allowed=allowed, temperature=self.temperature, length_buckets=self.length_buckets)
+
+    @property
+    def scores_raw_logits(self) -> bool:
+        """Whether this Scorer's log-probs are those of the raw logits (temperature 1): what an engine's prompt
+        log-probs are (vLLM's), so that they can stand in for this Scorer's forward."""
+        return self.temperature == 1.0
+
+    def response_logits(self, model, prompts: list[list[int]], responses: list[list[int]], allowed,
+                        grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """The hint channel's forward: next-token logits float32 [B, T, V] at the positions that predict each
+        row's response tokens (0 past a row's response; disallowed tokens of constrained steps at MASKED) and the
+        response mask [B, T]; with gradients when `grad`. At temperature 1, not this Scorer's: the generalized JSD
+        (`sdar.algos.generalized_jsd`) divides both sides by the arm's own `jsd_temperature`, as the channel
+        always has."""
+        return response_logits(model, prompts, responses, pad_id=self.pad_id, allowed=allowed, grad=grad)
 
     def summed(self, model, prompts: list[list[int]], responses: list[list[int]], allowed, grad: bool = False
                ) -> torch.Tensor:

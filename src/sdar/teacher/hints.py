@@ -1,6 +1,7 @@
-"""Composer channel 2, hint distillation at error sites: the hint text for a marked step, the
-teacher's context (the student's with the hint inserted at that turn), and the full next-token
-logits both need for the generalized JSD (`sdar.algos.generalized_jsd`, ALGORITHM.md section 5).
+"""Composer channel 2, hint distillation at error sites: the hint text for a marked step and the
+teacher's context (the student's with the hint inserted at that turn). The full next-token logits both
+need for the generalized JSD (`sdar.algos.generalized_jsd`, ALGORITHM.md section 5) come from the
+Scorer (`sdar.models.scoring.Scorer.response_logits`).
 
 Hints come from each family's templates (`hint_template_key` -> text), filled from the step's
 `error_args`, which hold only what the agent observed (the action it took, the names it saw).
@@ -53,33 +54,7 @@ def hint_prompt_ids(tokenizer, student_ids: list[int], hint: str) -> list[int]:
 
 def response_logits(model, prompts: list[list[int]], responses: list[list[int]], *, pad_id: int,
                     allowed: list | None = None, grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next-token logits at the positions that predict each response token, float32 [B, T, V], and the
-    response mask [B, T]. With `allowed` (constrained decoding) the disallowed tokens are set to -1e9, so
-    softmax gives the renormalised distribution the student sampled from (as `response_logprobs` does)."""
-    from sdar.models.scoring import allowed_mask
-    from sdar.models.logprobs import position_ids_from_mask
+    """Until the trainer calls `Scorer.response_logits`: the same logits [B, T, V] and mask [B, T]."""
+    from sdar.models.scoring import Scorer
 
-    B = len(prompts)
-    T = max((len(r) for r in responses), default=0)
-    L = max(len(p) + len(r) for p, r in zip(prompts, responses))
-    device = next(model.parameters()).device
-    ids = torch.full((B, L), pad_id, dtype=torch.long)
-    att = torch.zeros(B, L, dtype=torch.long)
-    for i, (p, r) in enumerate(zip(prompts, responses)):
-        ids[i, : len(p) + len(r)] = torch.tensor(p + r)
-        att[i, : len(p) + len(r)] = 1
-    with torch.set_grad_enabled(grad):
-        logits = model(input_ids=ids.to(device), attention_mask=att.to(device),
-                       position_ids=position_ids_from_mask(att.to(device)), use_cache=False).logits.float()
-        if allowed is not None and any(a is not None for a in allowed):
-            keep = allowed_mask(prompts, responses, allowed, L, logits.shape[-1]).to(device)
-            logits = logits.masked_fill(~keep, -1e9)
-        V = logits.shape[-1]
-        out = logits.new_zeros(B, T, V)
-        mask = torch.zeros(B, T, device=device)
-        rows = []
-        for i, (p, r) in enumerate(zip(prompts, responses)):
-            rows.append(torch.cat([logits[i, len(p) - 1 : len(p) - 1 + len(r)], logits.new_zeros(T - len(r), V)]))
-            mask[i, : len(r)] = 1.0
-        out = torch.stack(rows) if rows else out
-    return out, mask
+    return Scorer(pad_id=pad_id).response_logits(model, prompts, responses, allowed, grad=grad)

@@ -80,12 +80,13 @@ class TeacherScorer:
         batch = batch if isinstance(batch, TurnBatch) else TurnBatch.of(batch)
         prompts = self.prompts(batch)
         responses, allowed, sc = batch.responses, batch.allowed, self.scorer
-        if self.engine is not None and sc.temperature == 1.0:
+        if self.engine is not None and sc.scores_raw_logits:
             # vLLM's prompt log-probs are those of the raw logits; other temperatures are scored here
             from sdar.teacher.vllm_scoring import vllm_response_logprobs
 
             out, fell_back = vllm_response_logprobs(self.engine, model, prompts, responses, pad_id=sc.pad_id,
-                                                    batch_size=sc.batch_size, allowed=allowed, topk=self.engine_topk)
+                                                    allowed=allowed, topk=self.engine_topk,
+                                                    score=lambda p, r, a: sc.score(model, p, r, a))
             self.engine_turns += len(prompts)
             self.fallback_turns += fell_back
             return out

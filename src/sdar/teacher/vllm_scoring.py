@@ -13,6 +13,7 @@ training-side forward. Missing mass is never guessed: the result is exact either
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -93,6 +94,7 @@ def vllm_response_logprobs(
     batch_size: int | None = None,
     allowed: list[list[list[int]] | None] | None = None,
     topk: int = 20,
+    score: Callable[[list, list, list], ScoredBatch] | None = None,
 ) -> tuple[ScoredBatch, int]:
     """`response_logprobs(model, ...)` computed by `engine.prompt_logprobs` (a `VLLMBackend`), with
     the rows vLLM cannot score exactly (constrained rows whose allowed tokens fall outside the top-k)
@@ -100,6 +102,8 @@ def vllm_response_logprobs(
 
     topk: prompt log-probs per position requested for constrained rows (unconstrained rows ask
         for 0: the scored token alone); larger resolves more rows and costs more host memory.
+    score: `(prompts, responses, allowed) -> ScoredBatch` for those rows (the teacher passes its Scorer's);
+        None: `response_logprobs` at temperature 1 in chunks of batch_size.
     """
     allowed = allowed if allowed is not None else [None] * len(prompts)
     seqs = [list(p) + list(r) for p, r in zip(prompts, responses)]
@@ -108,8 +112,9 @@ def vllm_response_logprobs(
     out, unresolved = scored_from_prompt_logprobs(engine.prompt_logprobs(seqs, ks), prompts, responses, allowed,
                                                   device=device)
     if unresolved:
-        sub = response_logprobs(model, [prompts[i] for i in unresolved], [responses[i] for i in unresolved],
-                                pad_id=pad_id, batch_size=batch_size, allowed=[allowed[i] for i in unresolved])
+        p, r, a = ([xs[i] for i in unresolved] for xs in (prompts, responses, allowed))
+        sub = score(p, r, a) if score is not None else response_logprobs(model, p, r, pad_id=pad_id,
+                                                                          batch_size=batch_size, allowed=a)
         idx = torch.tensor(unresolved, dtype=torch.long, device=device)
         out.logp[idx, : sub.logp.shape[1]] = sub.logp.to(out.logp.dtype)
     return out, len(unresolved)
