@@ -625,9 +625,10 @@ def kill_section(steps: int, kills: int, checkpoint_every: int, seed: int, work:
     )
 
     from sdar.config import load_config
-    from sdar.storage import list_checkpoints, open_store
+    from sdar.storage import open_store
+    from sdar.train.checkpoint import list_checkpoints
     from sdar.tracking import prepare_sqlite_store
-    from sdar.train.trainer import WEIGHTS_FILE
+    from sdar.train.strategy import WEIGHTS_FILE
     from sdar.train.warmstart import tiny_checkpoint
 
     res = KillResult(steps=steps, checkpoint_every=checkpoint_every, kills_planned=kills)
@@ -724,8 +725,8 @@ def damage_section(kinds: list[str], work: Path, timeout_s: float) -> DamageResu
     from tests.reliability.train_runs import TrainProcess, small_overrides
 
     from sdar.config import load_config
-    from sdar.storage import COMPLETE_FILE, DAMAGED_DIR, LATEST_MARKER, checkpoint_path
-    from sdar.train.trainer import STATE_FILE, WEIGHTS_FILE
+    from sdar.train.checkpoint import COMPLETE_FILE, DAMAGED_DIR, LATEST_MARKER, STATE_FILE, checkpoint_path
+    from sdar.train.strategy import WEIGHTS_FILE
     from sdar.train.warmstart import tiny_checkpoint
 
     res = DamageResult(list(kinds))
@@ -834,9 +835,10 @@ def s3_outage(down_s: float, steps: int, work: Path, timeout_s: float) -> Outage
     from tests.reliability.train_runs import TrainProcess, checkpoint_file, small_overrides
     from tests.train.test_outages import Outage
 
-    from sdar.storage import list_checkpoints, open_store
+    from sdar.storage import open_store
+    from sdar.train.checkpoint import list_checkpoints
     from sdar.tracking import prepare_sqlite_store
-    from sdar.train.trainer import WEIGHTS_FILE
+    from sdar.train.strategy import WEIGHTS_FILE
 
     res = OutageResult("S3 (moto server)", down_s, steps)
     t0 = time.monotonic()

@@ -10,28 +10,12 @@ import os
 
 import pytest
 
-from sdar.storage import (
-    COMPLETE_FILE,
-    LATEST_MARKER,
-    BucketNotFoundError,
-    CredentialsError,
-    CorruptFileError,
-    DamagedCheckpointError,
-    LocalStore,
-    S3Store,
-    StorageError,
-    checkpoint_path,
-    fetch_checkpoint,
-    latest_checkpoint,
-    list_checkpoints,
-    open_store,
-    prune_checkpoints,
-    quarantine_checkpoint,
-    read_checkpoint_marker,
-    resolve_endpoint_url,
-    restore_latest_checkpoint,
-    write_checkpoint,
-)
+from sdar.storage import (BucketNotFoundError, CorruptFileError, CredentialsError, LocalStore, S3Store, StorageError,
+                          open_store, resolve_endpoint_url)
+from sdar.train.checkpoint import (COMPLETE_FILE, LATEST_MARKER, DamagedCheckpointError, checkpoint_path,
+                                   fetch_checkpoint, latest_checkpoint, list_checkpoints, prune_checkpoints,
+                                   quarantine_checkpoint, read_checkpoint_marker, restore_latest_checkpoint,
+                                   write_checkpoint)
 
 
 @pytest.fixture(params=["local", "s3"])

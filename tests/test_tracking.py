@@ -286,7 +286,7 @@ def test_an_mlflow_outage_is_buffered_and_flushed_never_fatal(tmp_path, monkeypa
     server = _mlflow_server(db, port, art)
     try:
         t = Tracker("outage", run_name="r", tracking_uri=uri).start()
-        t.retry_interval_s = 0.0
+        t.outage.interval_s = 0.0
         t.log_metrics({"loss": 1.0}, step=0)
         _stop(server)
         t.log_metrics({"loss": 2.0}, step=1)  # down: buffered, not raised

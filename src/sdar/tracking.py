@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sdar.retry import Outage
+
 log = logging.getLogger(__name__)
 
 DB_NAME = "mlflow.db"
@@ -283,10 +285,8 @@ class Tracker:
         self._client = None
         # calls that failed (MLflow down past its own retries): replayed in order once it answers again
         self._deferred: list[tuple[str, Any, tuple, dict]] = []
-        self._outage_since: float | None = None
-        self._last_try = 0.0
-        self.retry_interval_s = 30.0  # while down, how often a new call tries to flush the backlog
-        self.outages: list[float] = []  # seconds each MLflow outage lasted
+        # while the server is down, a new call tries to flush the backlog every 30 s (its interval_s)
+        self.outage = Outage(log.warning, interval_s=30.0, max_delay_s=15.0)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> Tracker:
@@ -362,10 +362,8 @@ class Tracker:
         if self._client is None or self.run_id is None:
             return
         deadline = time.monotonic() + flush_timeout_s
-        delay = 1.0
         while not self._flush(force=True) and time.monotonic() < deadline:
-            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-            delay = min(delay * 2, 15.0)
+            time.sleep(self.outage.delay(deadline - time.monotonic()))
         if self._deferred:
             log.error("MLflow at %s is still unreachable: %d call(s) of run %s were not recorded (%s)",
                       self.tracking_uri, len(self._deferred), self.run_id,
@@ -384,21 +382,18 @@ class Tracker:
         try:
             fn(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - any failure of the tracking server: defer, never raise
-            if self._outage_since is None:
-                self._outage_since = time.monotonic()
-                log.warning("MLflow call %s failed (%s: %s); buffering calls until %s answers again",
-                            what, type(exc).__name__, str(exc)[:200], self.tracking_uri)
-            self._last_try = time.monotonic()
+            self.outage.failed(f"MLflow call {what} failed ({type(exc).__name__}: {str(exc)[:200]}); buffering calls "
+                               f"until {self.tracking_uri} answers again")
             self._deferred.append((what, fn, args, kwargs))
 
     def _flush(self, force: bool = False) -> bool:
         """Replay deferred calls in order; True when none is left. Unless forced, tries at most every
-        `retry_interval_s` (each try may wait out MLflow's own retries)."""
+        `outage.interval_s` (each try may wait out MLflow's own retries)."""
         if not self._deferred:
             return True
-        if not force and time.monotonic() - self._last_try < self.retry_interval_s:
+        if not force and not self.outage.due():
             return False
-        self._last_try = time.monotonic()
+        self.outage.tried()
         while self._deferred:
             what, fn, args, kwargs = self._deferred[0]
             try:
@@ -406,12 +401,14 @@ class Tracker:
             except Exception:  # noqa: BLE001
                 return False
             self._deferred.pop(0)
-        if self._outage_since is not None:
-            self.outages.append(time.monotonic() - self._outage_since)
-            log.warning("MLflow at %s answers again after %.0f s; buffered calls replayed", self.tracking_uri,
-                        self.outages[-1])
-            self._outage_since = None
+        self.outage.recovered(lambda lasted: f"MLflow at {self.tracking_uri} answers again after {lasted:.0f} s; "
+                                             "buffered calls replayed")
         return True
+
+    @property
+    def outages(self) -> list[float]:
+        """Seconds each MLflow outage lasted."""
+        return self.outage.durations
 
     @property
     def pending_calls(self) -> int:

@@ -100,7 +100,8 @@ class TrainProcess:
 
 def latest_step(store_uri: str) -> int:
     """The step of the checkpoint a rerun resumes from (0: none)."""
-    from sdar.storage import latest_checkpoint, open_store
+    from sdar.storage import open_store
+    from sdar.train.checkpoint import latest_checkpoint
 
     found = latest_checkpoint(open_store(store_uri))
     return found[0] if found else 0
@@ -139,7 +140,8 @@ def max_diff(a: dict[tuple[str, int], float], b: dict[tuple[str, int], float]) -
 
 def checkpoint_file(store_uri: str, step: int, name: str, tmp: Path) -> Path:
     """A local copy of file `name` of the checkpoint of `step`."""
-    from sdar.storage import checkpoint_path, open_store
+    from sdar.storage import open_store
+    from sdar.train.checkpoint import checkpoint_path
 
     local = tmp / f"ckpt-{secrets.token_hex(4)}"
     open_store(store_uri).get_dir(checkpoint_path(step), local)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import yaml
 
-from sdar.storage import checkpoint_path
+from sdar.train.checkpoint import checkpoint_path
 from sdar.study import parse_spec
 from sdar.study.analysis import (
     bootstrap_mean,

@@ -6,8 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sdar.storage import COMPLETE_FILE, LATEST_MARKER, checkpoint_path, latest_checkpoint, list_checkpoints, open_store
-from sdar.train.trainer import STATE_FILE, WEIGHTS_FILE, TrainingFailed
+from sdar.storage import open_store
+from sdar.train.checkpoint import (COMPLETE_FILE, LATEST_MARKER, STATE_FILE, checkpoint_path, latest_checkpoint,
+                                   list_checkpoints)
+from sdar.train.guards import TrainingFailed
+from sdar.train.strategy import WEIGHTS_FILE
 
 from .conftest import make_trainer, small_config
 
@@ -24,7 +27,7 @@ def test_an_update_that_breaks_the_policy_is_restored_and_the_run_fails_loudly(t
     before = _weights(trainer)
     with pytest.raises(TrainingFailed, match=r"updates were skipped.*optim.max_skipped_update_frac"):
         trainer.run()
-    assert trainer.skipped_updates == trainer.attempted_updates >= 2
+    assert trainer.guard.skipped == trainer.guard.attempted >= 2
     after = _weights(trainer)
     assert all(torch.equal(before[n], after[n]) for n in before)  # restored, exactly
     # step 2 ran on healthy weights (a poisoned rollout would have raised in multinomial) and was saved
@@ -69,7 +72,7 @@ def test_resume_passes_over_a_checkpoint_with_non_finite_weights(tiny_ckpt, tmp_
     torch.save({k: v * float("nan") for k, v in weights.items()}, local / WEIGHTS_FILE)
     store.put_file(local / WEIGHTS_FILE, f"{checkpoint_path(2)}/{WEIGHTS_FILE}")
     resumed = make_trainer(small_config(tmp_path, arm="grpo", steps=3, tracking=False))
-    assert resumed.maybe_resume() and resumed.step == 1
+    assert resumed.resume() and resumed.step == 1
     assert all(torch.isfinite(p).all() for p in resumed.params)
 
 
@@ -106,7 +109,7 @@ def test_a_step_replayed_after_a_kill_is_not_logged_twice(tiny_ckpt, tmp_path, m
 
 
 def test_two_runs_cannot_share_an_output_directory(tiny_ckpt, tmp_path):
-    from sdar.train.trainer import output_dir_lock
+    from sdar.train.loop import output_dir_lock
 
     trainer = make_trainer(small_config(tmp_path, arm="grpo", steps=1, tracking=False))
     with output_dir_lock(trainer.out):  # another run holds it
@@ -132,7 +135,7 @@ def test_a_run_killed_before_its_first_checkpoint_is_closed_on_the_next_start(ti
 
 
 def test_a_killed_upload_leaves_no_temporary_file_behind(tmp_path):
-    from sdar.storage import write_checkpoint
+    from sdar.train.checkpoint import write_checkpoint
 
     store = open_store(str(tmp_path / "store"))
     ckpt = tmp_path / "ckpt"
@@ -176,13 +179,13 @@ def two_steps(tiny_ckpt, tmp_path_factory):
 def test_resume_falls_back_from_a_damaged_newest_checkpoint(two_steps, tmp_path, kind, capsys):
     import shutil
 
-    from sdar.storage import DAMAGED_DIR, DAMAGED_FILE
+    from sdar.train.checkpoint import DAMAGED_DIR, DAMAGED_FILE
 
     shutil.copytree(two_steps / "checkpoints", tmp_path / "checkpoints")
     name, damage, why = DAMAGE[kind]
     damage(tmp_path / "checkpoints" / checkpoint_path(2) / name)
     resumed = make_trainer(small_config(tmp_path, arm="grpo", steps=3, tracking=False, **{"checkpoint.keep": 3}))
-    assert resumed.maybe_resume() and resumed.step == 1
+    assert resumed.resume() and resumed.step == 1
     said = "".join(capsys.readouterr())
     assert "step-000002 cannot be loaded" in said and why in said and "kept, not deleted" in said, said
     # moved aside with the reason, never deleted; out of what resume and pruning look at
@@ -203,7 +206,7 @@ def test_resume_reads_past_a_garbage_marker(two_steps, tmp_path, capsys):
     marker = tmp_path / "checkpoints" / LATEST_MARKER
     marker.write_bytes(b"\x00\x01 not a marker")
     resumed = make_trainer(small_config(tmp_path, arm="grpo", steps=3, tracking=False))
-    assert resumed.maybe_resume() and resumed.step == 2
+    assert resumed.resume() and resumed.step == 2
     assert "latest.json is not valid JSON" in "".join(capsys.readouterr())
     assert marker.read_bytes() == b"\x00\x01 not a marker"  # left for whoever looks
 
@@ -216,7 +219,7 @@ def test_no_loadable_checkpoint_is_an_error_naming_each(two_steps, tmp_path):
         _truncate(tmp_path / "checkpoints" / checkpoint_path(step) / WEIGHTS_FILE)
     resumed = make_trainer(small_config(tmp_path, arm="grpo", steps=3, tracking=False))
     with pytest.raises(RuntimeError, match=r"no checkpoint .* can be resumed from .*step-000002.*trainable.pt is .*step-000001"):
-        resumed.maybe_resume()
+        resumed.resume()
 
 
 def test_loading_a_damaged_checkpoint_for_evaluation_is_an_error_not_another_step(two_steps, tmp_path):

@@ -36,15 +36,15 @@ def _unconstrained(tmp_path, arm):
 
 
 def test_jsd_is_nonzero_exactly_on_error_turn_tokens(tiny_ckpt, tmp_path, monkeypatch):
-    import sdar.train.trainer as tr
+    import sdar.train.update as tr
 
     trainer = make_trainer(_unconstrained(tmp_path, "grpo_hint"))
     seen = []
     real = tr.compose_loss
 
-    def capture(arm, batch):
+    def capture(arm, batch, **kw):
         seen.append(batch)
-        return real(arm, batch)
+        return real(arm, batch, **kw)
 
     monkeypatch.setattr(tr, "compose_loss", capture)
     steps = []

@@ -213,7 +213,8 @@ def test_each_launcher_at_each_rank_count_trains_as_one_process(cell, references
         env["MLFLOW_TRACKING_URI"] = prepare_sqlite_store(tmp_path / "mlflow.db")
         extra["tracking"] = True
     launch(cell.launcher, {**_overrides(cell.arm, cell.lora, 1, out, s1, uri), **extra}, n1, env=env)
-    from sdar.storage import latest_checkpoint, open_store
+    from sdar.storage import open_store
+    from sdar.train.checkpoint import latest_checkpoint
 
     store = open_store(uri or str(out / "checkpoints"))
     step, rel = latest_checkpoint(store)
@@ -264,7 +265,7 @@ def test_a_rank_killed_mid_step_ends_the_job_and_a_restart_resumes(references, t
     argv, pod_env = pod_command("trainjob", overrides, 2)
     proc = subprocess.Popen(argv, cwd=REPO, env=_env(pod_env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
-    from sdar.storage import LATEST_MARKER
+    from sdar.train.checkpoint import LATEST_MARKER
 
     marker = out / "checkpoints" / LATEST_MARKER  # the default store, <output_dir>/checkpoints
     killed, deadline = None, time.monotonic() + 300

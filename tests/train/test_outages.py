@@ -8,7 +8,8 @@ import threading
 
 import pytest
 
-from sdar.storage import StorageError, latest_checkpoint, open_store
+from sdar.storage import StorageError, open_store
+from sdar.train.checkpoint import latest_checkpoint
 
 from .conftest import make_trainer, small_config
 
@@ -70,7 +71,7 @@ def test_a_short_s3_outage_at_a_checkpoint_costs_nothing(tiny_ckpt, tmp_path, ou
     trainer = make_trainer(small_config(tmp_path, arm="grpo", steps=3, **{"checkpoint.uri": uri}, tracking=False))
     summary = trainer.run()
     assert summary["steps"] == 3
-    assert len(trainer.outages) >= 1 and all(s > 0 for s in trainer.outages)
+    assert len(trainer.checkpoints.outages) >= 1 and all(s > 0 for s in trainer.checkpoints.outages)
     assert latest_checkpoint(open_store(uri))[0] == 3
 
 
@@ -85,7 +86,7 @@ def test_a_long_outage_stops_the_run_and_the_rerun_resumes_from_the_spool(tiny_c
     assert (tmp_path / "checkpoint-spool" / "checkpoints" / "step-000002").is_dir()
     # while the store is still down, a rerun already resumes from the spool (the newest checkpoint)
     again = make_trainer(small_config(tmp_path, arm="grpo", steps=2, **{"checkpoint.uri": uri}, tracking=False))
-    assert again.maybe_resume() and again.step == 2
+    assert again.resume() and again.step == 2
     outage.up()
-    again.flush_checkpoints(wait=False)  # nothing pending in a fresh process: the spool is only read
+    again.checkpoints.flush(wait=False)  # nothing pending in a fresh process: the spool is only read
     assert latest_checkpoint(open_store(uri))[0] == 1

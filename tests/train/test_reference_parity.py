@@ -15,7 +15,7 @@ from sdar.agent.rollout import Trajectory, Turn, episode_reward, penalized, turn
 from sdar.config import FAMILY_DEFAULTS, load_config
 from sdar.models.scoring import free_token_mask
 from sdar.train.distributed import RowSplit
-from sdar.train.trainer import micro_batches
+from sdar.train.update import micro_batches
 
 from .conftest import make_trainer, small_config
 
@@ -30,14 +30,14 @@ def test_free_token_mask_drops_exactly_the_single_choice_positions():
 
 
 def _captured_masks(trainer, monkeypatch):
-    import sdar.train.trainer as tr
+    import sdar.train.update as tr
 
     seen = []
     real = tr.compose_loss
 
-    def capture(arm, batch):
+    def capture(arm, batch, **kw):
         seen.append((batch.mask.detach().clone(), batch.logp.detach().clone(), batch.teacher_logp))
-        return real(arm, batch)
+        return real(arm, batch, **kw)
 
     monkeypatch.setattr(tr, "compose_loss", capture)
     return seen
@@ -181,19 +181,19 @@ def test_micro_batch_weights_average_micro_batch_means_or_span_the_mini_batch():
 
 
 def test_the_update_takes_mini_batches_in_rollout_order(tiny_ckpt, tmp_path, monkeypatch):
-    import sdar.train.trainer as tr
+    import sdar.train.update as tr
 
     cfg = small_config(tmp_path, arm="grpo", steps=1, tracking=False, **{"ppo.mini_batch_size": 6, "ppo.micro_batch_size": 4})
     trainer = make_trainer(cfg)
     assert trainer.optimizer.param_groups[0]["weight_decay"] == 0.01  # AdamW as verl's actor
     rows_seen = []
-    real = tr.Trainer._micro_loss
+    real = tr.Updater._micro_loss
 
-    def spy(self, b, mb, *args):
+    def spy(self, b, state, mb, *args):
         rows_seen.append(list(mb))
-        return real(self, b, mb, *args)
+        return real(self, b, state, mb, *args)
 
-    monkeypatch.setattr(tr.Trainer, "_micro_loss", spy)
+    monkeypatch.setattr(tr.Updater, "_micro_loss", spy)
     m = trainer.train_step(0).metrics
     n = int(m["turn_samples"])
     expected = []
@@ -208,7 +208,7 @@ def test_the_update_takes_mini_batches_in_rollout_order(tiny_ckpt, tmp_path, mon
 def test_the_gradient_is_the_normalised_sum_of_micro_batch_losses(tiny_ckpt, tmp_path, monkeypatch, normalisation):
     """By hand: micro_batch = mean over micro-batches of their token-mean losses; mini_batch = the token
     mean over the whole mini-batch (micro-batch losses weighted by their free tokens)."""
-    import sdar.train.trainer as tr
+    import sdar.train.update as tr
 
     cfg = small_config(tmp_path, arm="sdar", steps=1, tracking=False, **{"ppo.mini_batch_size": 100000, "ppo.micro_batch_size": 3,
                        "ppo.loss_normalisation": normalisation})
@@ -216,20 +216,20 @@ def test_the_gradient_is_the_normalised_sum_of_micro_batch_losses(tiny_ckpt, tmp
     trainer.optimizer.step = lambda: None  # keep the weights: the gradient is what is compared
     trainer.cfg.optim.grad_clip = 1e9
     parts = []
-    real = tr.Trainer._micro_loss
+    real = tr.Updater._micro_loss
 
-    def spy(self, b, mb, *rest):
-        parts.append((mb, float(b.free[mb].sum()), (b, mb, *rest)))
-        return real(self, b, mb, *rest)
+    def spy(self, b, state, mb, *rest):
+        parts.append((mb, float(b.free[mb].sum()), (b, state, mb, *rest)))
+        return real(self, b, state, mb, *rest)
 
-    monkeypatch.setattr(tr.Trainer, "_micro_loss", spy)
+    monkeypatch.setattr(tr.Updater, "_micro_loss", spy)
     assert trainer.train_step(0).metrics["updates"] == 1
     got = {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     assert len(parts) >= 3
     trainer.optimizer.zero_grad(set_to_none=True)
     tokens = sum(t for _, t, _ in parts)
     for _, t, args in parts:
-        total, _ = real(trainer, *args[:-1], 1.0)  # the micro-batch's loss unweighted (its last argument: the weight)
+        total, _ = real(trainer.updater, *args[:-1], 1.0)  # the micro-batch's loss unweighted (its last argument: the weight)
         w = 1.0 / len(parts) if normalisation == "micro_batch" else t / tokens
         (total * w).backward()
     for n, p in trainer.model.named_parameters():

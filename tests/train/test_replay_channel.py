@@ -22,16 +22,16 @@ def _cfg(tmp_path, arm="grpo_replay", **kw):
 
 
 def _capture(monkeypatch, trainer):
-    import sdar.train.trainer as tr
+    import sdar.train.update as tr
 
     seen, real = [], tr.compose_loss
 
-    def capture(arm, batch):
+    def capture(arm, batch, **kw):
         if batch.dpo_chosen_logp is not None:
             seen.append((batch.dpo_chosen_logp.detach().clone(), batch.dpo_rejected_logp.detach().clone(),
                          batch.dpo_ref_chosen_logp.clone(), batch.dpo_ref_rejected_logp.clone(),
                          batch.dpo_chosen_logp.requires_grad))
-        return real(arm, batch)
+        return real(arm, batch, **kw)
 
     monkeypatch.setattr(tr, "compose_loss", capture)
     return seen
@@ -42,8 +42,8 @@ def test_the_dpo_term_is_replay_coef_times_dpo_on_the_pools_pairs(tiny_ckpt, tmp
     try:
         seen = _capture(monkeypatch, trainer)
         pairs_seen = []
-        real_due = trainer._due_pairs
-        monkeypatch.setattr(trainer, "_due_pairs", lambda: pairs_seen.append(real_due()) or pairs_seen[-1])
+        real_due = trainer.replay.due
+        monkeypatch.setattr(trainer.replay, "due", lambda *a: pairs_seen.append(real_due(*a)) or pairs_seen[-1])
         m = trainer.train_step(0).metrics
     finally:
         trainer.replay.close()
@@ -121,7 +121,7 @@ def test_pairs_handed_in_by_file_join_the_first_step(tiny_ckpt, tmp_path):
     first = make_trainer(_cfg(tmp_path / "a", **{"replay.lag": 0}))
     try:
         first.replay.submit(first.collect(0))
-        pairs = first.replay.take()
+        pairs = first.replay.replays.take()
     finally:
         first.replay.close()
     assert len(pairs) > 0

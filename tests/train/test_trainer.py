@@ -4,7 +4,8 @@ import json
 import pytest
 import torch
 
-from sdar.storage import latest_checkpoint, open_store
+from sdar.storage import open_store
+from sdar.train.checkpoint import latest_checkpoint
 from sdar.train import train
 
 from .conftest import make_trainer, small_config
@@ -53,7 +54,7 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tiny_ckpt, tmp_path,
     # "killed" after step 1: the run stops with its checkpoint written, then the same command reruns
     train(small_config(tmp_path / "killed", steps=1, arm="sdar"))
     resumed = make_trainer(small_config(tmp_path / "killed", steps=3, arm="sdar"))
-    assert resumed.maybe_resume() and resumed.step == 1
+    assert resumed.resume() and resumed.step == 1
     resumed.step = 0
     hist = resumed.run()["history"]
     assert [h["step"] for h in hist] == [0, 1, 2]
@@ -63,14 +64,14 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tiny_ckpt, tmp_path,
 
 
 def test_nonfinite_loss_is_skipped_and_training_continues(tiny_ckpt, tmp_path, mlflow_uri, monkeypatch):
-    import sdar.train.trainer as tr
+    import sdar.train.update as tr
 
     real = tr.compose_loss
     calls = {"n": 0}
 
-    def poisoned(arm, batch):
+    def poisoned(arm, batch, **kw):
         calls["n"] += 1
-        total, metrics = real(arm, batch)
+        total, metrics = real(arm, batch, **kw)
         return (total * float("nan"), metrics) if calls["n"] == 1 else (total, metrics)
 
     monkeypatch.setattr(tr, "compose_loss", poisoned)
@@ -78,7 +79,7 @@ def test_nonfinite_loss_is_skipped_and_training_continues(tiny_ckpt, tmp_path, m
     trainer = make_trainer(small_config(tmp_path, arm="sdar", steps=1, **{"ppo.mini_batch_size": 1000, "optim.max_skipped_update_frac": 1.0}))
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     trainer.run()
-    assert trainer.skipped_updates == 1
+    assert trainer.guard.skipped == 1
     # the only update of the step was skipped: the weights never saw the NaN
     for n, p in trainer.model.named_parameters():
         if p.requires_grad:
@@ -93,7 +94,7 @@ def test_checkpoints_to_s3_and_resumes_from_there(tiny_ckpt, tmp_path, mlflow_ur
     assert latest_checkpoint(store)[0] == 1
     assert any(k.endswith("trainable.pt") for k in store.list("checkpoints"))
     t = make_trainer(small_config(tmp_path / "b", steps=2, **{"checkpoint.uri": uri}))
-    assert t.maybe_resume() and t.step == 1
+    assert t.resume() and t.step == 1
 
 
 def test_arms_that_do_not_need_the_teacher_can_skip_it(tiny_ckpt, tmp_path, mlflow_uri):

@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from sdar.train.cli import RESULT_PREFIX
+from sdar.storage import RESULT_PREFIX
 
 SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 

@@ -9,7 +9,6 @@ Hints come from each family's templates (`hint_template_key` -> text), filled fr
 
 from __future__ import annotations
 
-import torch
 
 HINT_HEADER = "\n\n[Hint] "
 
@@ -50,11 +49,3 @@ def hint_prompt_ids(tokenizer, student_ids: list[int], hint: str) -> list[int]:
         raise ValueError("the student prompt has no <|im_end|> token: not a chat-templated prompt, nowhere to put the hint")
     hint_ids = tokenizer(HINT_HEADER + hint, add_special_tokens=False)["input_ids"]
     return student_ids[:where] + hint_ids + student_ids[where:]
-
-
-def response_logits(model, prompts: list[list[int]], responses: list[list[int]], *, pad_id: int,
-                    allowed: list | None = None, grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Until the trainer calls `Scorer.response_logits`: the same logits [B, T, V] and mask [B, T]."""
-    from sdar.models.scoring import Scorer
-
-    return Scorer(pad_id=pad_id).response_logits(model, prompts, responses, allowed, grad=grad)

@@ -29,7 +29,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from sdar.config import load_config
     from sdar.train import distributed, train
 
-    from sdar.train.trainer import TrainingFailed
+    from sdar.train.guards import TrainingFailed
     from sdar.train.warmstart import ensure_warm_start
 
     cfg = load_config(args.config, _overrides(args))
@@ -69,13 +69,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-RESULT_PREFIX = "result"  # where --publish puts the final policy and summary.json in the checkpoint store
-
-
 def _publish(cfg, summary: dict) -> None:
     """Copy the final policy and the summary into the checkpoint store, for a launcher on another
-    machine (sdar.launch collects a TorchX job's result from there)."""
-    from sdar.storage import open_store
+    machine (sdar.launch.job collects a TorchX job's or a TrainJob's result from there)."""
+    from sdar.storage import RESULT_PREFIX, open_store
 
     store = open_store(cfg.resolved_checkpoint_uri())
     store.put_dir(summary["final_dir"], f"{RESULT_PREFIX}/final")
@@ -172,7 +169,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output", help="output directory (overrides output_dir)")
     p.add_argument("--set", action="append", type=parse_set, metavar="KEY=VALUE", help=SET_HELP)
     p.add_argument("--publish", action="store_true",
-                   help=f"also copy the final policy and summary.json to <checkpoint store>/{RESULT_PREFIX}/")
+                   help="also copy the final policy and summary.json to <checkpoint store>/result/")
     p.set_defaults(func=_cmd_train)
     w = sub.add_parser("warmstart", help="build (or find) the cached warm-started tiny model for a config")
     w.add_argument("--config", required=True)

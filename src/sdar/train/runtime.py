@@ -10,9 +10,7 @@ own explicit step (`sdar warmstart`, or `ensure_warm_start` at the top of a comm
 from __future__ import annotations
 
 import random
-import tempfile
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -27,7 +25,6 @@ from sdar.models.scoring import Scorer, free_token_mask
 from sdar.teacher import TeacherScorer
 from sdar.teacher.vllm_scoring import select_teacher_engine
 
-WEIGHTS_FILE = "trainable.pt"  # a checkpoint's trainable weights (sdar.train.trainer writes it)
 EVAL_SEED_STEP = 10**6  # evaluation draws its sampling noise from (seed, this step): the same for every caller
 
 
@@ -111,58 +108,11 @@ class Runtime:
 
     def load_weights(self, uri: str) -> int:
         """Load the trainable weights of the newest complete checkpoint under `uri` (a run's output or
-        checkpoint directory, or s3://...) into the policy: weights only, no optimizer or RNG state. Returns
-        the checkpoint's step."""
-        from sdar.storage import latest_checkpoint, open_store
+        checkpoint directory, or s3://...) into the policy: weights only (`sdar.train.checkpoint.load_weights`).
+        Returns the checkpoint's step."""
+        from sdar.train.checkpoint import load_weights
 
-        store = open_store(uri)
-        found = latest_checkpoint(store)
-        if found is None and not uri.rstrip("/").endswith("checkpoints"):  # a run's output directory
-            store = open_store(uri.rstrip("/") + "/checkpoints")
-            found = latest_checkpoint(store)
-        if found is None:
-            raise FileNotFoundError(f"no complete checkpoint under {uri}: give a run's output directory, its "
-                                    "checkpoints/ directory or checkpoint.uri")
-        step, rel = found
-        from sdar.storage import DamagedCheckpointError, fetch_checkpoint
-
-        def unloadable(why: str) -> RuntimeError:  # an evaluation never falls back to an older step on its own
-            return RuntimeError(
-                f"the newest checkpoint {store.uri_for(rel)} cannot be loaded ({why}); resume the run once (`sdar "
-                "train` with the same output moves it to checkpoints/damaged/ and goes on from the newest one that "
-                "loads), or move it aside yourself to evaluate the one before")
-
-        with tempfile.TemporaryDirectory() as tmp:
-            try:
-                fetch_checkpoint(store, rel, tmp)
-            except DamagedCheckpointError as exc:
-                raise unloadable(exc.detail) from exc
-            from sdar.train.fsdp import SHARDS_DIR, load_sharded
-
-            if (Path(tmp) / SHARDS_DIR).is_dir():  # written by an fsdp run: its shards, read whole here
-                try:
-                    load_sharded(self.model, None, Path(tmp) / SHARDS_DIR)
-                except Exception as exc:  # noqa: BLE001 - torch.distributed.checkpoint raises several kinds
-                    raise unloadable(f"its shards do not load: {type(exc).__name__}: {str(exc)[:200]}") from exc
-                return step
-            try:
-                weights = torch.load(Path(tmp) / WEIGHTS_FILE, weights_only=True)
-            except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError, EOFError, UnpicklingError, ...
-                raise unloadable(f"{WEIGHTS_FILE} does not load: {type(exc).__name__}: {str(exc)[:200]}") from exc
-        load_trainable(self.model, weights, store.uri_for(rel))
-        return step
-
-
-def load_trainable(model, weights: dict[str, torch.Tensor], where: str) -> None:
-    """Copy a checkpoint's trainable weights (name -> tensor) into `model`; a name the model lacks is an error."""
-    named = dict(model.named_parameters())
-    unknown = [k for k in weights if k not in named]
-    if unknown:
-        raise ValueError(f"the checkpoint at {where} does not match the model (unknown parameters {unknown[:3]}): "
-                         "was it trained from another model or LoRA setting?")
-    with torch.no_grad():
-        for k, v in weights.items():
-            named[k].copy_(v)
+        return load_weights(self.model, uri)
 
 
 def build_runtime(cfg: TrainConfig, *, policy=None, env_factory: Callable[[], Any] | None = None,
