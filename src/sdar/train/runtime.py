@@ -16,11 +16,12 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from sdar.agent.backends import make_backend
+from sdar.agent.backends import GenerationBackend, make_backend
 from sdar.agent.prompts import PromptBuilder
 from sdar.agent.rollout import RolloutConfig, Trajectory, TurnBatch
 from sdar.algos import ArmConfig
 from sdar.config import TrainConfig
+from sdar.models.policy import Policy
 from sdar.models.scoring import Scorer, free_token_mask
 from sdar.teacher import TeacherScorer
 from sdar.teacher.vllm_scoring import select_teacher_engine
@@ -62,10 +63,10 @@ class Runtime:
     cfg: TrainConfig
     arm: ArmConfig
     device: torch.device
-    policy: Any  # sdar.models.Policy
+    policy: Policy
     rollout_cfg: RolloutConfig  # cfg.rollout with the env's family and the arm's student prompt
     builder: PromptBuilder
-    backend: Any  # sdar.agent.backends.GenerationBackend
+    backend: GenerationBackend
     scorer: Scorer  # every forward's scoring: the rollout temperature and the `scoring:` switches
     teacher: TeacherScorer
     env_factory: Callable[[], Any]

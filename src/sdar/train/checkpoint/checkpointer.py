@@ -151,7 +151,7 @@ class Checkpointer:
         state["where"] = store.uri_for(rel)
         return state
 
-    def _candidates(self, warn) -> list[tuple[int, Any, str]]:
+    def _candidates(self, warn) -> list[tuple[int, ArtifactStore, str]]:
         """(step, store, rel) of every complete checkpoint, newest first: the store's, then the spool's."""
         candidates = []
         for store in (self.store, self.spool):
@@ -172,7 +172,7 @@ class Checkpointer:
         candidates.sort(key=lambda c: -c[0])  # stable: the store before the spool at equal steps
         return candidates
 
-    def _read(self, store, rel: str, model, optimizer) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any]]:
+    def _read(self, store: ArtifactStore, rel: str, model, optimizer) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any]]:
         """(whole trainable weights, trainer state) of checkpoint `rel`; shards are read straight into the model and
         the optimizer (each rank its own, whatever the rank count that wrote them) and come back as None.
         `CheckpointUnreadable` naming what is wrong; an unreachable store still raises its own StorageError (an
@@ -185,7 +185,7 @@ class Checkpointer:
         return weights, state
 
 
-def read_weights(store, rel: str, tmp: Path, model, optimizer) -> dict[str, torch.Tensor] | None:
+def read_weights(store: ArtifactStore, rel: str, tmp: Path, model, optimizer) -> dict[str, torch.Tensor] | None:
     """Fetch checkpoint `rel` into `tmp` and read its weights: whole ones returned (name -> tensor), shards loaded
     into `model` (and `optimizer`, unless None) and None returned. `CheckpointUnreadable` naming what is wrong."""
     from sdar.train.fsdp import SHARDS_DIR, load_sharded
