@@ -161,7 +161,8 @@ def test_kfp_mlflow_integration_owns_the_pipeline_run(tmp_path, mlflow_uri, monk
     brings back sdar's own parent run."""
     from mlflow.tracking import MlflowClient
 
-    from sdar.tracking import OWNER_TAG, PARENT_TAG, Tracker, close_pipeline_runs
+    from sdar.pipeline.mlflow_runs import OWNER_TAG, close_pipeline_runs
+    from sdar.tracking import PARENT_TAG, Tracker
 
     client = MlflowClient(tracking_uri=mlflow_uri)
     kfp_exp = client.create_experiment("kfp-pipeline-runs")

@@ -44,9 +44,9 @@ def launch_env_service(config_path: str, overrides: str, job_id: str, endpoints_
     info = {"family": fam, "target": target, "job_id": job_id, "experiment": experiment, "tracking": tracking,
             "parent_run_id": "", "tracking_uri": ""}
     if tracking:
-        from sdar.tracking import open_pipeline_run, pipeline_run_experiment
+        from sdar.pipeline.mlflow_runs import open_pipeline_run, pipeline_run_experiment
 
-        # KFP's own pipeline run when its MLflow integration is on (sdar.tracking.kfp_mlflow_run), else sdar's
+        # KFP's own pipeline run when its MLflow integration is on (sdar.pipeline.mlflow_runs.kfp_mlflow_run), else sdar's
         run_id, uri = open_pipeline_run(
             experiment, job_id, fam, tracking_uri=tracking_uri, output_root=output_root,
             parent_run_id=parent_run_id, run_name=run_name,
@@ -121,7 +121,7 @@ def teardown_env_service(job_id: str, state: str | None, error_message: str | No
     else:
         raise ValueError(f"target must be 'local' or 'cluster', got {target!r}")
     if tracking and not dry_run:
-        from sdar.tracking import close_pipeline_runs
+        from sdar.pipeline.mlflow_runs import close_pipeline_runs
 
         done += close_pipeline_runs(experiment, job_id, state, tracking_uri=tracking_uri, output_root=output_root)
     summary = "; ".join(done)

@@ -429,7 +429,7 @@ def train_arm(arm: str, seed: int, config_path: str, overrides: str, job_id: str
     from sdar.env_service.manifests import JOB_LABEL, job_label
 
     info, name = read_json(endpoints), f"{arm}-seed{int(seed)}"
-    # the parent run's experiment: KFP's, when its MLflow integration opened the parent (sdar.tracking.kfp_mlflow_run)
+    # the parent run's experiment: KFP's, when its MLflow integration opened it (mlflow_runs.kfp_mlflow_run)
     extra: dict[str, Any] = {"experiment": info.get("experiment") or experiment}
     if info.get("parent_run_id"):
         extra["parent_run_id"] = info["parent_run_id"]
