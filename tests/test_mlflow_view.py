@@ -95,3 +95,18 @@ def test_sdar_ui_prints_the_url_of_the_newest_comparison_in_a_root(tmp_path, cap
 
     with pytest.raises(SystemExit, match="no MLflow store at .*run `sdar run --local --quick` first"):
         main(["ui", "--root", str(tmp_path / "nothing"), "--no-serve"])
+
+
+def test_sdar_submit_saves_the_runs_view_before_the_run_logs_and_prints_its_url(mlflow_uri, capsys, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    from sdar.mlflow_view import VIEW_TAG_PREFIX, view_key
+    from sdar.pipeline.cli import _print_view
+
+    _print_view("kfp-run-1", mlflow_uri, None)  # what `sdar submit --mlflow-url` does after submitting run kfp-run-1
+    exp = MlflowClient(mlflow_uri).get_experiment_by_name("sdar-comparison")
+    assert VIEW_TAG_PREFIX + view_key("kfp-run-1") in exp.tags
+    assert f"/#/experiments/{exp.experiment_id}/runs?workflowType=machine_learning" in capsys.readouterr().out
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    _print_view("kfp-run-2", None, None)  # no server known: how to get the URL once the run logs
+    assert "sdar ui --tracking-uri MLFLOW_URL --job kfp-run-2" in capsys.readouterr().out

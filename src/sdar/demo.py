@@ -75,11 +75,14 @@ def run_arm(arm_name: str, cfg: ToyConfig) -> list[dict[str, float]]:
 # `make demo`: the comparison pipeline at a size that fits about 15 minutes on 2 cores
 # (a smaller warm start than configs/household-tiny.yaml, a few RL steps per arm). 300 expert
 # episodes (~630 SFT updates, ~3.5 min): the student wins ~20% of held-out tasks; 120 won none.
+# Each held-out task is played at 2 sampling draws (the same draws for every policy of a seed), so the paired
+# differences from the warm start have an interval over tasks and draws.
 DEMO_SIZES = {
     "steps": 4,
     "tasks_per_step": 2,
     "group_size": 4,
     "eval_tasks": 24,
+    "episodes_per_task": 2,
     "overrides": {"warmstart.episodes": 300, "warmstart.epochs": 2, "eval.every": 2, "checkpoint.every": 2},
 }
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import time
 import warnings
@@ -272,13 +273,15 @@ def _print_summary(console, result: dict[str, Any], uri: str) -> None:
     if result["summaries"]:
         base = json.loads((Path(result["report_dir"]) / "comparison.json").read_text()).get("baseline") or {}
         table = Table(title="held-out success, same tasks for every arm (gap, gate: last training step)")
-        for col in ("arm", "success [95% CI]", "vs warm start", "gap", "gate"):
+        for col in ("arm", "success [95% CI]", "vs warm start (paired)", "gap", "gate"):
             table.add_column(col, justify="left" if col == "arm" else "right", no_wrap=True)
         if base:
             table.add_row("warm start", f"{base['success']:.3f} [{base['ci95'][0]:.2f}, {base['ci95'][1]:.2f}]",
                           "-", "-", "-")
         for a in result["summaries"]:
-            delta = f"{a['success'] - base['success']:+.3f}" if base else "-"
+            diff, lo, hi = a.get("vs_warm_start") or (math.nan,) * 3
+            delta = f"{diff:+.3f} [{lo:+.2f}, {hi:+.2f}]" if diff == diff else (
+                f"{a['success'] - base['success']:+.3f}" if base else "-")
             seeds = f" ({len(a['seeds'])} seeds)" if len(a["seeds"]) > 1 else ""
             table.add_row(a["arm"] + seeds, f"{a['success']:.3f} [{a['ci95'][0]:.2f}, {a['ci95'][1]:.2f}]", delta,
                           f"{a['gap_last']:+.3f}", f"{a['gate_last']:.3f}")
