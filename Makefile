@@ -88,12 +88,16 @@ test: $(STAMP) browser
 demo: $(STAMP)
 	$(VENV)/bin/sdar demo --mode $(DEMO)
 
+# the benchmark tables of docs/ (tools/bench_tables.py): reruns those this machine can and writes them, stamped with
+# commit, machine and command; ONLY=id,... picks them (the long ones too), AT=<rev> measures a clean export of <rev>.
+# Stale ones: python tools/bench_tables.py mark (tests/test_bench_tables.py fails until they are marked)
 bench: $(STAMP)
-	$(PY) benchmarks/bench_loss.py
+	$(PY) tools/bench_tables.py run $(if $(ONLY),--only $(ONLY)) $(if $(AT),--at $(AT))
 
-# the fast-moving dependencies' ranges against the newest releases on the index (tools/check_pins.py)
+# the fast-moving dependencies' ranges against the newest releases on the index (tools/check_pins.py): a report,
+# exit 0 whatever upstream released; STRICT=1 fails on a row that needs action
 check-pins: $(STAMP)
-	$(PY) tools/check_pins.py
+	$(PY) tools/check_pins.py $(if $(STRICT),--strict)
 
 # BuildKit, so each image's Dockerfile.dockerignore applies (podman: --ignorefile) and the secret mounts work
 images: $(if $(LOCAL_IMAGES),base-image)
