@@ -78,7 +78,7 @@ def random_policy(shape: str, model_cfg, *, layers: int | None = None, device: s
 class PhaseFigures:
     """One phase's forwards of the decoder. positions: input positions forwarded (rows x width, padding included);
     real: the positions the attention mask marks as tokens; model_s: seconds inside the decoder and the output head
-    (the device synchronised at each call's start and end); decode_steps: forwards on a KV cache (the sampler's
+    (on a GPU the device's seconds between CUDA events); decode_steps: forwards on a KV cache (the sampler's
     steps)."""
 
     seconds: float = 0.0
@@ -123,17 +123,22 @@ class ForwardMeter:
     it, through global module hooks (torch.nn.modules.module.register_module_forward_*_hook): nothing in the
     trainer is patched, so moving its functions around cannot break the count. The output head (a linear layer
     onto `vocab` logits) is timed as model time too. `with meter.phase("rollout"):` attributes the forwards and
-    the seconds inside the block to that phase; forwards outside any phase go to "other"."""
+    the seconds inside the block to that phase; forwards outside any phase go to "other".
+
+    On a GPU the model's time is the device's, between CUDA events recorded in the hooks, and nothing is
+    synchronised but at a phase's start and end: the host keeps queuing kernels ahead as it would unmetered, and a
+    phase's seconds minus its model seconds are the time the device was not running the model (host-bound)."""
 
     def __init__(self, types: set[type], vocab: int) -> None:
         import torch
 
         if not types:
             raise ValueError("no decoder class to meter: the model has no transformers decoder stack")
-        self.types, self.vocab, self.linear = tuple(types), vocab, torch.nn.Linear
+        self.types, self.vocab, self.linear, self.torch = tuple(types), vocab, torch.nn.Linear, torch
         self.figures: dict[str, PhaseFigures] = defaultdict(PhaseFigures)
         self.current = "other"
-        self._started: dict[int, float] = {}
+        self._started: dict[int, object] = {}  # module -> its forward's start (perf_counter, or a CUDA event)
+        self._pending: list[tuple[str, object, object, object]] = []  # (phase, start, end, real tokens) on a GPU
         self._handles: list = []
 
     @classmethod
@@ -172,40 +177,62 @@ class ForwardMeter:
                 _sync()
                 meter.figures[name].seconds += time.perf_counter() - self.t0
                 meter.current = self.before
+                meter._settle()
 
         return _Phase()
+
+    def _settle(self) -> None:
+        """Fold the GPU's recorded forwards into the figures (their events have completed: the phase synchronised)."""
+        for phase, start, end, real in self._pending:
+            f = self.figures[phase]
+            f.model_s += start.elapsed_time(end) / 1000
+            f.real += int(real)
+        self._pending = []
 
     def _timed(self, module) -> bool:
         return isinstance(module, self.types) or (isinstance(module, self.linear) and module.out_features == self.vocab)
 
+    def _clock(self, module):
+        """Now, as this module's forward sees it: a CUDA event recorded on the current stream, or perf_counter."""
+        weight = next(module.parameters(), None)
+        if weight is not None and weight.is_cuda:
+            event = self.torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
     def _pre(self, module, args) -> None:
         if self._timed(module):
-            _sync()
-            self._started[id(module)] = time.perf_counter()
+            self._started[id(module)] = self._clock(module)
 
     def _post(self, module, args, kwargs, output) -> None:
         if not self._timed(module) or id(module) not in self._started:
             return
-        _sync()
+        start, end = self._started.pop(id(module)), self._clock(module)
         f = self.figures[self.current]
-        f.model_s += time.perf_counter() - self._started.pop(id(module))
-        if not isinstance(module, self.types):
-            return  # the output head: time only
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        if ids is None:  # inputs_embeds [B, T, H]
-            ids = kwargs["inputs_embeds"][..., 0]
-        rows, width = ids.shape[0], ids.shape[-1]
-        mask = kwargs.get("attention_mask")
-        real = int(mask[:, -width:].sum()) if mask is not None and getattr(mask, "dim", lambda: 0)() == 2 else rows * width
-        # on a KV cache: the mask covers more positions than the input (whatever the cache's argument is called:
-        # past_key_values, or cache from transformers 5.24 on)
-        past = kwargs.get("cache", kwargs.get("past_key_values"))
-        cached = (mask is not None and mask.shape[-1] > width) or (
-            past is not None and (past.get_seq_length() if hasattr(past, "get_seq_length") else 1) > 0)
-        f.forwards += 1
-        f.positions += rows * width
-        f.real += real
-        f.decode_steps += int(cached)
+        on_gpu = not isinstance(start, float)
+        if not on_gpu:
+            f.model_s += end - start
+        decoder = isinstance(module, self.types)
+        if decoder:
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            if ids is None:  # inputs_embeds [B, T, H]
+                ids = kwargs["inputs_embeds"][..., 0]
+            rows, width = ids.shape[0], ids.shape[-1]
+            mask = kwargs.get("attention_mask")
+            real = mask[:, -width:].sum() if mask is not None and getattr(mask, "dim", lambda: 0)() == 2 else rows * width
+            # on a KV cache: the mask covers more positions than the input (whatever the cache's argument is called:
+            # past_key_values, or cache from transformers 5.24 on)
+            past = kwargs.get("cache", kwargs.get("past_key_values"))
+            cached = (mask is not None and mask.shape[-1] > width) or (
+                past is not None and (past.get_seq_length() if hasattr(past, "get_seq_length") else 1) > 0)
+            f.forwards += 1
+            f.positions += rows * width
+            f.decode_steps += int(cached)
+        if on_gpu:  # read when the phase ends: reading a GPU tensor now would synchronise
+            self._pending.append((self.current, start, end, real if decoder else 0))
+        elif decoder:
+            f.real += int(real)
 
 
 def _sync() -> None:
