@@ -388,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     stamps = {b.stamp.id: b.stamp for f in doc_files() for b in blocks(f.read_text().split("\n"), str(f))}
     for bench_id, b in BENCHES.items():
         s = stamps.get(bench_id)
-        print(f"{bench_id:22} {'long ' if b.long else ''}{b.needs:9} {s.commit if s else '-':9} {b.command}")
+        print(f"{bench_id:22} {'long' if b.long else '':5} {b.needs:9} {s.commit if s else '-':9} {b.command}")
     return 0
 
 
