@@ -221,6 +221,10 @@ class ForwardMeter:
             rows, width = ids.shape[0], ids.shape[-1]
             mask = kwargs.get("attention_mask")
             real = mask[:, -width:].sum() if mask is not None and getattr(mask, "dim", lambda: 0)() == 2 else rows * width
+            if mask is not None and getattr(mask, "dim", lambda: 0)() == 4 and mask.shape[-2] == width:
+                # a tree mask (sdar.models.packing): a real position attends to itself, a pad does not
+                diag = mask[:, 0].diagonal(dim1=-2, dim2=-1)
+                real = (diag if diag.dtype == self.torch.bool else diag == 0).sum()
             # on a KV cache: the mask covers more positions than the input (whatever the cache's argument is called:
             # past_key_values, or cache from transformers 5.24 on)
             past = kwargs.get("cache", kwargs.get("past_key_values"))

@@ -12,7 +12,11 @@ from the same start (same seed); GRPO skips the teacher (teacher.for_all_arms fa
 would. The arms run interleaved, a step at a time, so a drifting machine slows them alike; the first step of each
 warms up and is not reported.
 
---compare-off runs every arm again with every speed-up off. --limits also times, on the last step's own batch, the
+--compare-off runs every arm again with every speed-up off. --modes picks the runs by name: on (the defaults), off
+(--compare-off), batched (issue 40's fast paths but the lookahead: every live row's token decided in one pass per
+decode step, rollout.sampler=batched, and every scoring pass and update micro-batch one packed forward,
+scoring.packed) and packed (the same with rollout.sampler=lookahead: a turn's constrained rows sampled from one packed
+forward of their prompts and tries, no decode step; its host seconds per decode step print as "-"). --limits also times, on the last step's own batch, the
 phases' raw limits with a plain module (a LoRA adapter merged in):
   rollout: a plain prefill (every prompt whole, the last position's logits) + one KV-cached decode step per
            non-forced token, turn by turn (no env, no trie);
@@ -22,7 +26,8 @@ For the arms with a teacher it prints the teacher pass's positions (padding incl
 nodes of its sequences' prefix trie (`sdar.models.scoring.prefix_trie_positions`), and the SDAR/GRPO floor that
 minimum implies at the same seconds per position. Run:
   .venv/bin/python benchmarks/bench_train_step.py [--model tiny|qwen2.5-0.5b|qwen2.5-1.5b] [--layers N] [--steps 2]
-      [--config configs/household-tiny.yaml] [--set KEY=VALUE] [--compare-off] [--limits] [--smoke]
+      [--config configs/household-tiny.yaml] [--set KEY=VALUE] [--compare-off] [--modes on,batched,packed] [--limits]
+      [--smoke]
 """
 
 from __future__ import annotations
@@ -42,6 +47,10 @@ from _shared import QWEN25_SHAPES, SHAPES, ForwardMeter, random_policy
 SPEEDUPS_OFF = {"rollout.jump_forward": False, "rollout.share_prefix": False, "ppo.old_logp_from_sampler": False, "ppo.reuse_old_logp": False,
                 "scoring.prefix_cache": False, "scoring.length_buckets": False, "scoring.merged_inference": False, "scoring.dedup": False,
                 "scoring.head_at_free_tokens": False}
+# issue 40's fast paths, each a config switch (default off): what --modes batched and packed set
+FAST = {"batched": {"rollout.sampler": "batched", "scoring.packed": True},
+        "packed": {"rollout.sampler": "lookahead", "scoring.packed": True}}
+MODES = {"on": {}, "off": SPEEDUPS_OFF, **FAST}
 # the trainer's named phases, Trainer.<name>_phase: the meter attributes each forward to the one running
 PHASES = ("rollout", "score", "update")
 # --smoke: the training tests' miniature of household-tiny (tests/train/conftest.py, the same warm start), one task
@@ -340,8 +349,8 @@ def report(rows: dict, args, shape: str, cfg_note: str) -> str:
             cells = [f"{r['phases'][name]['seconds'] / r['limits'][key]:.2f}x" if r["limits"][key] > 0 else "-"
                      for name, key in (("rollout", "decode_s"), ("score", "score_s"), ("update", "update_s"))]
             lines.append(f"| {arm} | {mode} | " + " | ".join(cells) + " |")
-    if args.compare_off:
-        for arm in dict.fromkeys(a for a, _ in rows):
+    if ("grpo", "off") in rows or ("sdar", "off") in rows:
+        for arm in (a for a in dict.fromkeys(a for a, _ in rows) if (a, "on") in rows and (a, "off") in rows):
             on, off = rows[(arm, "on")], rows[(arm, "off")]
             lines.append(f"{arm}: step with speed-ups / without = {on['step_s']:.2f} / {off['step_s']:.2f} s = {on['step_s'] / off['step_s']:.2f}")
     return "\n".join(lines)
@@ -357,6 +366,7 @@ def main(argv: list[str] | None = None) -> None:
                     "step alone, timed)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config overrides")
     ap.add_argument("--compare-off", action="store_true", help="also run every arm with every speed-up off")
+    ap.add_argument("--modes", default="on", help=f"the runs per arm, by name: {', '.join(MODES)} (comma-separated)")
     ap.add_argument("--limits", action="store_true", help="also time the phases' raw limits on the last step's batch")
     ap.add_argument("--smoke", action="store_true", help="the smallest run (CI): the training tests' miniature config "
                     "with one task, one step (no warm-up); a published shape: 1 layer, episodes of 1 turn")
@@ -373,7 +383,10 @@ def main(argv: list[str] | None = None) -> None:
         args.steps = 0
         args.layers = args.layers or (1 if args.model != "tiny" else None)
     console = Console(stderr=True)  # progress and the trainer's notes; the figures go to stdout
-    modes = {"on": {}} | ({"off": SPEEDUPS_OFF} if args.compare_off else {})
+    names = list(dict.fromkeys(args.modes.split(",") + (["off"] if args.compare_off else [])))
+    if set(names) - set(MODES):
+        ap.error(f"--modes {args.modes}: choose among {', '.join(MODES)}")
+    modes = {name: MODES[name] for name in names}
     arms = args.arms.split(",")
     runs = {(arm, mode): arm_steps(args, args.model, arm, {**overrides, **extra}, console) for arm in arms for mode, extra in modes.items()}
     # interleaved: a round runs one step of every arm in turn, so a machine that drifts (another tenant, heat)

@@ -213,3 +213,84 @@ def test_samples_and_logprobs_are_those_of_the_processing_before_process_logits(
     assert [r.token_ids for r in new] == [r.token_ids for r in old]
     assert [r.logprobs for r in new] == [r.logprobs for r in old]
     assert any(lp != 0.0 for r in new for lp in r.logprobs)
+
+
+def _run(model, tok, prompts, tries, **kw):
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    st = DecodeStats()
+    rows = constrained_sample(model, prompts, tries, max_new_tokens=30, eos_ids=[eos], pad_id=tok.pad_token_id,
+                              stats=st, seeds=list(range(len(prompts))), **kw)
+    return rows, st
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("top_p", [1.0, 0.8])
+def test_every_sampler_draws_the_per_row_samplers_tokens_and_logprobs(small, dtype, top_p):
+    """Issue 40 point 4 (rollout.sampler): one batched decision per step, and the lookahead's one packed forward of
+    the prompts and their tries, draw the tokens the per-row sampler draws, with its log-probs up to float rounding;
+    constrained and free rows, jump_forward and share_prefix on and off."""
+    import copy
+
+    tok, model = small
+    model = copy.deepcopy(model).to(dtype)
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    tries = ([action_trie(tok, "household", ACTIONS, eos), action_trie(tok, "household", ACTIONS[:3], eos), None] * 5)
+    prompts = _grouped_prompts(tok)
+    tries = tries[: len(prompts)]
+    ref, _ = _run(model, tok, prompts, tries, temperature=0.7, top_p=top_p, sampler="rows")
+    tol = 1e-5 if dtype == torch.float32 else 5e-3
+    for sampler, jump, share in (("batched", True, False), ("batched", False, True), ("lookahead", True, True),
+                                 ("lookahead", False, False)):
+        rows, _ = _run(model, tok, prompts, tries, temperature=0.7, top_p=top_p, sampler=sampler, jump_forward=jump,
+                       share_prefix=share)
+        assert [r.token_ids for r in rows] == [r.token_ids for r in ref], (sampler, jump, share)
+        assert [(r.forced, r.finished) for r in rows] == [(r.forced, r.finished) for r in ref]
+        for a, b in zip(rows, ref):
+            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=0, atol=tol)
+    assert any(lp != 0.0 for r in ref for lp in r.logprobs) and any(t is None for t in tries)
+
+
+def test_lookahead_samples_a_turn_of_constrained_rows_in_one_forward(small):
+    """The lookahead runs the prompts and every admissible response once (a group's identical rows share every
+    position) and no decode step; the sampler's log-probs are still the trainer's scores."""
+    tok, model = small
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    trie = action_trie(tok, "household", ACTIONS, eos)
+    prompts = _grouped_prompts(tok)
+    calls = []
+    hook = model.get_decoder().register_forward_pre_hook(lambda *a: calls.append(1))
+    try:
+        rows, st = _run(model, tok, prompts, [trie] * len(prompts), temperature=0.8, top_p=1.0, sampler="lookahead")
+    finally:
+        hook.remove()
+    assert len(calls) == 1 and st.forwards == 0 and st.forced > 0
+    _, st_rows = _run(model, tok, prompts, [trie] * len(prompts), temperature=0.8, top_p=1.0, sampler="rows")
+    assert st_rows.forwards >= 2
+    responses = [r.token_ids for r in rows]
+    scored = response_logprobs(model, prompts, responses, pad_id=tok.pad_token_id, temperature=0.8,
+                               allowed=[trie.allowed_along(r) for r in responses])
+    for i, r in enumerate(rows):
+        torch.testing.assert_close(torch.tensor(r.logprobs), scored.logp[i, : len(r.token_ids)], rtol=0, atol=2e-5)
+    with pytest.raises(ValueError, match="unknown sampler 'fast'"):
+        _run(model, tok, prompts, [trie] * len(prompts), temperature=0.8, top_p=1.0, sampler="fast")
+
+
+@pytest.mark.parametrize("vocab", [300, 151936])
+def test_batched_draws_are_torch_multinomials(vocab):
+    """sdar.agent.draws.decide: every row's token is the one torch.multinomial draws from the row's processed
+    distribution with the row's generator, and each generator ends where multinomial leaves it."""
+    from sdar.agent.draws import decide, row_generators
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, vocab, generator=g) * 3
+    sets = [None, [3, 17, 250, 9], None, [250, 4], [5, 6, 7, 8, 9, 10, 11], None]
+    for top_p in (1.0, 0.9):
+        gens, ref_gens = row_generators(range(6), "cpu"), row_generators(range(6), "cpu")
+        toks, lps = decide(sets, gens, temperature=0.7, top_p=top_p, vocab=vocab, logits=logits)
+        for i, s in enumerate(sets):
+            lp = _processed_logprobs(logits[i], s, 0.7, top_p)
+            want = int(torch.multinomial(lp.exp(), 1, generator=ref_gens[i]))
+            assert toks[i] == want and lps[i] == pytest.approx(float(lp[want]), abs=1e-6)
+            if s is None:
+                assert lps[i] == float(lp[want])  # free rows: the same float ops, bit for bit
+            assert torch.equal(gens[i].get_state(), ref_gens[i].get_state())

@@ -250,11 +250,12 @@ def test_a_setting_that_moved_into_a_section_is_refused_with_its_new_place(tmp_p
 
 def test_the_identity_of_a_config_is_taken_in_the_flat_layout():
     """Study fingerprints and warm-start keys recorded before the sections stay valid: the identity is computed
-    from the flat layout (MOVED_KEYS backwards), which holds exactly the values of the sections."""
-    from sdar.config import MOVED_KEYS, flat_layout
+    from the flat layout (MOVED_KEYS backwards) without the fields added since at their defaults
+    (drop_added_defaults), which holds exactly the values of the sections."""
+    from sdar.config import MOVED_KEYS, drop_added_defaults, flat_layout
 
     cfg = load_config(CONFIG)
-    flat, nested = flat_layout(cfg.to_dict()), cfg.to_dict()
+    flat, nested = drop_added_defaults(flat_layout(cfg.to_dict())), drop_added_defaults(cfg.to_dict())
     for old, new in MOVED_KEYS.items():
         head, _, name = new.partition(".")
         assert flat[old] == nested[head][name]

@@ -581,3 +581,32 @@ def test_head_at_free_tokens_changes_no_step_and_switches_off(tiny_ckpt, tmp_pat
                 "loss/total", "loss/entropy"):
         assert m1[key] == pytest.approx(m0[key], abs=1e-5), key
     _assert_same_update(w1, w0, trainer.cfg.optim.lr)
+
+
+def test_packed_forwards_and_the_lookahead_sampler_change_nothing(tiny_ckpt, tmp_path):
+    """Issue 40 points 3, 4 (rollout.sampler: lookahead, scoring.packed): a turn's constrained rows sampled from one
+    packed forward of their prompts and tries, every scoring pass and update micro-batch one packed forward: the
+    same samples, statistics and update as the defaults, the sampler's log-probs still old_logp (first PPO ratio 1
+    within 1e-5), no decode step, and fewer forwards."""
+    results = {}
+    for name, extra in (("packed", {"rollout.sampler": "lookahead", "scoring.packed": True}), ("plain", {})):
+        trainer = make_trainer(small_config(tmp_path / name, arm="sdar", steps=2, tracking=False,
+                                            **{"ppo.mini_batch_size": 100000}, **extra))
+        trajs, calls = [], []
+        trainer.collect = lambda step, real=trainer.collect, trajs=trajs: trajs.append(real(step)) or trajs[-1]
+        hook = torch.nn.modules.module.register_module_forward_pre_hook(
+            lambda m, a: calls.append(1) if type(m).__name__ == "Qwen2Model" else None)
+        try:
+            metrics = [trainer.train_step(k).metrics for k in (0, 1)]
+        finally:
+            hook.remove()
+        results[name] = (metrics, [t.response_ids for batch in trajs for tr in batch for t in tr.turns],
+                         trainer.backend.decode_stats.forwards, len(calls), _updated(trainer))
+    (m1, s1, d1, f1, w1), (m0, s0, d0, f0, w0) = results["packed"], results["plain"]
+    assert s1 == s0
+    for a, b in zip(m1, m0):
+        for key in ("loss/pg", "loss/kl", "loss/sdar", "pg/ratio_mean", "sdar/gap_mean", "teacher/gap_free_tokens"):
+            assert a[key] == pytest.approx(b[key], abs=1e-5), key
+        assert a["pg/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert d1 == 0 < d0 and f1 < f0 / 2
+    _assert_same_update(w1, w0, trainer.cfg.optim.lr)

@@ -108,15 +108,18 @@ class TransformersBackend:
         scoring. Costs a vocabulary-wide float row per token while a chunk generates: off by default.
     inference: called at every `generate` for the module that samples (`Policy.inference_model`: the
         current weights with the LoRA adapter merged into plain layers); None = `model` itself.
+    sampler, pack_tokens: how constrained sampling decides its tokens (`constrained_sample`; rollout.sampler).
     """
 
     def __init__(self, model, tokenizer, batch_size: int = 64, record_logprobs: bool = False,
-                 jump_forward: bool = True, inference=None, share_prefix: bool = False) -> None:
+                 jump_forward: bool = True, inference=None, share_prefix: bool = False, sampler: str = "rows",
+                 pack_tokens: int = 2048) -> None:
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
         self.inference = inference
         self.record_logprobs = record_logprobs
         self.jump_forward = jump_forward
         self.share_prefix = share_prefix
+        self.sampler, self.pack_tokens = sampler, pack_tokens
         self.decode_stats = DecodeStats()  # forwards, tokens and forced tokens of constrained sampling so far
         self.eos_ids = _eos_ids(tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
@@ -143,7 +146,8 @@ class TransformersBackend:
             rows = constrained_sample(model, prompts, tries, max_new_tokens=max_new_tokens,
                                       temperature=temperature, top_p=top_p, eos_ids=self.eos_ids, pad_id=self.pad_id,
                                       jump_forward=self.jump_forward, share_prefix=self.share_prefix,
-                                      stats=self.decode_stats, seeds=seeds)
+                                      stats=self.decode_stats, seeds=seeds, sampler=self.sampler,
+                                      pack_tokens=self.pack_tokens)
             return [Generation(r.token_ids, self.tokenizer.decode(r.token_ids, skip_special_tokens=True), r.finished,
                                r.logprobs) for r in rows]
         if seeds is not None and temperature > 0:  # model.generate samples from the global RNG: one row per seed
@@ -447,16 +451,18 @@ class VLLMBackend:
 
 
 def make_backend(name: str, policy, *, vllm=None, batch_size: int = 64, jump_forward: bool = True,
-                 share_prefix: bool = False):
+                 share_prefix: bool = False, sampler: str = "rows", pack_tokens: int = 2048):
     """The generation backend `name` (model.generation_backend) for `policy`.
 
     vllm: a `sdar.config.VLLMConfig` (or anything with its fields) for the vLLM engine.
     jump_forward: the transformers backend's constrained decoding skips decode steps for forced tokens.
     share_prefix: the transformers backend's constrained prefill encodes shared prompt starts once per group.
+    sampler, pack_tokens: how the transformers backend's constrained sampling decides its tokens (rollout.sampler).
     """
     if name == "transformers":  # samples with the policy's inference module (merged LoRA when policy.plain_inference)
         return TransformersBackend(policy.model, policy.tokenizer, batch_size=batch_size, jump_forward=jump_forward,
-                                   inference=policy.inference_model, share_prefix=share_prefix)
+                                   inference=policy.inference_model, share_prefix=share_prefix, sampler=sampler,
+                                   pack_tokens=pack_tokens)
     if name == "vllm":
         opts = {} if vllm is None else {k: getattr(vllm, k) for k in (
             "gpu_memory_utilization", "enable_lora", "max_lora_rank", "dtype", "max_model_len", "enforce_eager",

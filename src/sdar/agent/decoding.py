@@ -20,9 +20,12 @@ from dataclasses import dataclass
 
 import torch
 
+from sdar.agent.draws import decide, row_generators
+from sdar.config import SAMPLERS
 from sdar.models.kv_cache import cache_of, with_cache
 from sdar.models.logits import keep_mask, process_logits
-from sdar.models.logprobs import position_ids_from_mask
+from sdar.models.logprobs import _decoder_and_head, position_ids_from_mask
+from sdar.models.packing import packs
 from sdar.models.padding import padded
 
 
@@ -96,10 +99,11 @@ def prefix_groups(prompts: list[list[int]]) -> list[tuple[list[int], int]] | Non
     return best if best is not None and cost(best) < B * width else None
 
 
-def _prefill(model, prompts: list[list[int]], pad_id: int, device, share_prefix: bool):
-    """The prompts through the model: (KV cache, next-token logits [B, V], attention mask so far [B, W],
-    positions so far [B], padded positions run). Left padding; with prefix groups the cache holds each row's
-    group start, then its own rest: [pad, start][pad, rest] (masked pads, positions from the real tokens)."""
+def _prefill(model, prompts: list[list[int]], pad_id: int, device, share_prefix: bool, decoder=None):
+    """The prompts through the model: (KV cache, next-token logits [B, V] (with `decoder`, the model's decoder:
+    its last hidden states [B, H] instead), attention mask so far [B, W], positions so far [B], padded positions
+    run). Left padding; with prefix groups the cache holds each row's group start, then its own rest: [pad,
+    start][pad, rest] (masked pads, positions from the real tokens)."""
     B = len(prompts)
     groups = prefix_groups(prompts) if share_prefix else None
     if groups is None:
@@ -107,6 +111,9 @@ def _prefill(model, prompts: list[list[int]], pad_id: int, device, share_prefix:
         ids, attn = ids.to(device), attn.to(device)
         width = ids.shape[1]
         pos = position_ids_from_mask(attn)
+        if decoder is not None:
+            out = decoder(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
+            return cache_of(out), out.last_hidden_state[:, -1], attn, attn.sum(-1), B * width
         # with share_prefix, only the last position's logits (the rest are never read); without, the full
         # output as before this option existed, so that "off" reproduces earlier runs bit for bit
         kw = {"logits_to_keep": 1} if share_prefix else {}
@@ -121,8 +128,9 @@ def _prefill(model, prompts: list[list[int]], pad_id: int, device, share_prefix:
     pids, pmask = padded([prompts[rows[0]][:s] for rows, s in groups], pad_id, left=True)
     P = pids.shape[1]
     pids, pmask = pids.to(device), pmask.to(device)
-    start = cache_of(model(input_ids=pids, attention_mask=pmask, position_ids=position_ids_from_mask(pmask),
-                           use_cache=True, logits_to_keep=1))
+    run, kw = (decoder, {}) if decoder is not None else (model, {"logits_to_keep": 1})
+    start = cache_of(run(input_ids=pids, attention_mask=pmask, position_ids=position_ids_from_mask(pmask),
+                         use_cache=True, **kw))
     idx = torch.tensor(group_of, device=device)
     cache = DynamicCache([(layer.keys.index_select(0, idx), layer.values.index_select(0, idx)) for layer in start.layers])
     ids, smask = padded([p[shared[i]:] for i, p in enumerate(prompts)], pad_id, left=True)
@@ -131,9 +139,9 @@ def _prefill(model, prompts: list[list[int]], pad_id: int, device, share_prefix:
     base = torch.tensor(shared, device=device)
     attn = torch.cat([pmask.index_select(0, idx), smask], dim=1)
     pos = base.unsqueeze(1) + position_ids_from_mask(smask)
-    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, **with_cache(cache), use_cache=True,
-                logits_to_keep=1)
-    return cache_of(out), out.logits[:, -1, :], attn, base + smask.sum(-1), len(groups) * P + B * W
+    out = run(input_ids=ids, attention_mask=attn, position_ids=pos, **with_cache(cache), use_cache=True, **kw)
+    last = out.last_hidden_state[:, -1] if decoder is not None else out.logits[:, -1, :]
+    return cache_of(out), last, attn, base + smask.sum(-1), len(groups) * P + B * W
 
 
 def _processed_logprobs(logits: torch.Tensor, allowed: list[int] | None, temperature: float, top_p: float) -> torch.Tensor:
@@ -158,29 +166,42 @@ def _next_chunk(trie, toks: list[int], last: torch.Tensor, gen: torch.Generator,
         tok = int(torch.multinomial(logp.exp(), 1, generator=gen).item())
         lp = float(logp[tok])
     chunk, chunk_lp = [tok], [lp]
-    # the run of forced tokens after it needs no decision: it joins this forward
-    while jump_forward and trie is not None and tok not in eos and len(toks) + len(chunk) < max_new_tokens:
-        nxt = trie.allowed(toks + chunk)
-        if len(nxt) != 1:
-            break
-        tok = nxt[0]
-        chunk.append(tok)
-        chunk_lp.append(0.0)
-        n_forced += 1
+    if jump_forward:  # the run of forced tokens after it needs no decision: it joins this forward
+        run = forced_run(trie, toks + chunk, eos, max_new_tokens)
+        chunk += run
+        chunk_lp += [0.0] * len(run)
+        n_forced += len(run)
     return chunk, chunk_lp, n_forced
 
 
-def _decode_forward(model, chunks: list[list[int]], pad_id: int, past, attn: torch.Tensor, count: torch.Tensor):
+def forced_run(trie, toks: list[int], eos: set[int], max_new_tokens: int) -> list[int]:
+    """The tokens the trie forces one after another after `toks` (none after EOS, none past max_new_tokens)."""
+    run: list[int] = []
+    while trie is not None and toks and toks[-1] not in eos and len(toks) + len(run) < max_new_tokens:
+        nxt = trie.allowed(toks + run)
+        if len(nxt) != 1:
+            break
+        run.append(nxt[0])
+        if nxt[0] in eos:
+            break
+    return run
+
+
+def _decode_forward(model, chunks: list[list[int]], pad_id: int, past, attn: torch.Tensor, count: torch.Tensor,
+                    decoder=None):
     """One forward of every live row's new tokens (`chunks`, [] for finished rows) on the cache: (cache, each row's
-    next-token logits, attention mask, real tokens so far)."""
+    next-token logits (with `decoder`: its last hidden states), attention mask, real tokens so far)."""
     device = attn.device
     step_ids, step_mask = padded(chunks, pad_id)
     B, L = step_ids.shape
     step_ids, step_mask = step_ids.to(device), step_mask.to(device)
     step_pos = count.unsqueeze(1) + torch.arange(L, device=device).unsqueeze(0)
     attn = torch.cat([attn, step_mask], dim=1)
-    out = model(input_ids=step_ids, attention_mask=attn, position_ids=step_pos, **with_cache(past), use_cache=True)
     at = torch.tensor([max(len(c), 1) - 1 for c in chunks], device=device)
+    if decoder is not None:
+        out = decoder(input_ids=step_ids, attention_mask=attn, position_ids=step_pos, **with_cache(past), use_cache=True)
+        return cache_of(out), out.last_hidden_state[torch.arange(B, device=device), at], attn, count + step_mask.sum(-1)
+    out = model(input_ids=step_ids, attention_mask=attn, position_ids=step_pos, **with_cache(past), use_cache=True)
     return cache_of(out), out.logits[torch.arange(B, device=device), at, :], attn, count + step_mask.sum(-1)
 
 
@@ -188,7 +209,7 @@ def _decode_forward(model, chunks: list[list[int]], pad_id: int, past, attn: tor
 def constrained_sample(model, prompts: list[list[int]], tries: list, *, max_new_tokens: int, temperature: float,
                        top_p: float, eos_ids: list[int], pad_id: int, jump_forward: bool = True,
                        share_prefix: bool = False, stats: DecodeStats | None = None,
-                       seeds: list[int] | None = None) -> list[Decoded]:
+                       seeds: list[int] | None = None, sampler: str = "rows", pack_tokens: int = 2048) -> list[Decoded]:
     """Sample one response per prompt; `tries[i]` (an `ActionTrie` or None) constrains row i.
 
     jump_forward: feed each row's run of forced tokens in one forward (False: one token per forward,
@@ -196,9 +217,15 @@ def constrained_sample(model, prompts: list[list[int]], tries: list, *, max_new_
     share_prefix: encode the prompt starts rows share once per group (`prefix_groups`); the same tokens and
     log-probs up to float rounding.
     seeds: row i's generator seed (None: drawn from the global RNG, B draws per call, as training rollouts do).
+    sampler: rows = each row's token decided on its own; batched = every live row's in one pass per step
+    (`sdar.agent.draws`); lookahead = batched, and the rows with a trie run their prompt and every admissible
+    response in one packed forward (`sdar.agent.lookahead`, rows of pack_tokens positions): no decode step at all.
+    The same tokens and log-probs in each, up to float rounding.
     """
     if temperature <= 0:
         raise ValueError(f"constrained_sample samples: temperature must be > 0, got {temperature}")
+    if sampler not in SAMPLERS:
+        raise ValueError(f"unknown sampler {sampler!r}; choose one of {', '.join(SAMPLERS)}")
     device = next(model.parameters()).device
     B = len(prompts)
     # one generator per row, seeded from the global stream: a row's draws do not depend on the batch
@@ -206,19 +233,39 @@ def constrained_sample(model, prompts: list[list[int]], tries: list, *, max_new_
         seeds = torch.randint(0, 2**62, (B,), dtype=torch.long).tolist()
     elif len(seeds) != B:
         raise ValueError(f"constrained_sample got {len(seeds)} seeds for {B} prompts; pass one seed per prompt")
-    gens = []
-    for s in seeds:
-        g = torch.Generator(device=device)
-        g.manual_seed(int(s))
-        gens.append(g)
-    eos = set(eos_ids)
+    gens = row_generators(seeds, device)
+    st = stats if stats is not None else DecodeStats()
+    kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, eos=set(eos_ids), pad_id=pad_id,
+              jump_forward=jump_forward, share_prefix=share_prefix, st=st)
+    if sampler == "rows":
+        return _sample_rows(model, prompts, tries, gens, **kw)
+    if sampler == "lookahead" and packs(model):
+        from sdar.agent.lookahead import lookahead_sample
+
+        ahead = [i for i, t in enumerate(tries) if t is not None]
+        rest = [i for i, t in enumerate(tries) if t is None]
+        out: list[Decoded | None] = [None] * B
+        for i, row in zip(ahead, lookahead_sample(model, [prompts[i] for i in ahead], [tries[i] for i in ahead],
+                                                  [gens[i] for i in ahead], budget=pack_tokens, **kw) if ahead else []):
+            out[i] = row
+        for i, row in zip(rest, _sample_batched(model, [prompts[i] for i in rest], [None] * len(rest),
+                                                [gens[i] for i in rest], **kw) if rest else []):
+            out[i] = row
+        return out
+    return _sample_batched(model, prompts, tries, gens, **kw)
+
+
+def _sample_rows(model, prompts, tries, gens, *, max_new_tokens, temperature, top_p, eos, pad_id, jump_forward,
+                 share_prefix, st) -> list[Decoded]:
+    """The per-row sampler: each live row's next token decided on its own (`_next_chunk`), a forward per step."""
+    device = next(model.parameters()).device
+    B = len(prompts)
     # last [B, V]: the distribution of each row's next token; count: real tokens so far (the next position id)
     past, last, attn, count, encoded = _prefill(model, prompts, pad_id, device, share_prefix)
     toks: list[list[int]] = [[] for _ in range(B)]
     lps: list[list[float]] = [[] for _ in range(B)]
     forced = [0] * B
     done = [False] * B
-    st = stats if stats is not None else DecodeStats()
     st.prefill_tokens += encoded
     while not all(done):
         chunks: list[list[int]] = [[] for _ in range(B)]
@@ -241,3 +288,78 @@ def constrained_sample(model, prompts: list[list[int]], tries: list, *, max_new_
     st.forced += sum(forced)
     st.tokens += sum(len(t) for t in toks)
     return [Decoded(toks[i], lps[i], bool(toks[i]) and toks[i][-1] in eos, forced[i]) for i in range(B)]
+
+
+def _sample_batched(model, prompts, tries, gens, *, max_new_tokens, temperature, top_p, eos, pad_id, jump_forward,
+                    share_prefix, st) -> list[Decoded]:
+    """Every live row's next token decided in one batched pass per step (`sdar.agent.draws.decide`), from the
+    decoder's last hidden states through the head where the model splits into the two, a forward per step."""
+    device = next(model.parameters()).device
+    split = _decoder_and_head(model)
+    decoder, head = split if split is not None else (None, None)
+    past, last, attn, count, encoded = _prefill(model, prompts, pad_id, device, share_prefix, decoder=decoder)
+    st.prefill_tokens += encoded
+    rows = RowWalk(len(prompts), tries, eos, max_new_tokens, jump_forward)
+    vocab = head.out_features if head is not None else last.shape[-1]
+
+    def draw(need: list[int], sets: list) -> tuple[list[int], list[float]]:
+        at = torch.tensor(need, device=device)
+        source = {"states": last[at], "head": head} if decoder is not None else {"logits": last[at]}
+        return decide(sets, [gens[i] for i in need], temperature=temperature, top_p=top_p, vocab=vocab, **source)
+
+    while (chunks := rows.step(draw)) is not None:
+        past, last, attn, count = _decode_forward(model, chunks, pad_id, past, attn, count, decoder=decoder)
+        st.forwards += 1
+    return rows.decoded(st)
+
+
+class RowWalk:
+    """Each row's response so far, a step at a time: the forced tokens the trie allows alone, a draw for the rest
+    (every deciding row of a step in one call), then with jump_forward the run of forced tokens after each."""
+
+    def __init__(self, n: int, tries: list, eos: set[int], max_new_tokens: int, jump_forward: bool) -> None:
+        self.tries, self.eos, self.max_new, self.jump = tries, eos, max_new_tokens, jump_forward
+        self.toks: list[list[int]] = [[] for _ in range(n)]
+        self.lps: list[list[float]] = [[] for _ in range(n)]
+        self.forced = [0] * n
+        self.done = [False] * n
+
+    def step(self, draw) -> list[list[int]] | None:
+        """Append each live row's next chunk; `draw(rows, allowed sets)` decides the rows with a choice (a set of
+        two or more tokens, or None: any token). Returns the chunks the next forward feeds ([] for a finished
+        row), None once every row is done."""
+        live = [i for i, d in enumerate(self.done) if not d]
+        chunks: dict[int, list[int]] = {}
+        need, sets = [], []
+        for i in live:
+            allowed = self.tries[i].allowed(self.toks[i]) if self.tries[i] is not None else None
+            if allowed is not None and len(allowed) == 1:
+                chunks[i] = [allowed[0]]
+                self.lps[i].append(0.0)
+                self.forced[i] += 1
+            else:
+                need.append(i)
+                sets.append(allowed or None)
+        if need:
+            for i, tok, lp in zip(need, *draw(need, sets)):
+                chunks[i] = [tok]
+                self.lps[i].append(lp)
+        out: list[list[int]] = [[] for _ in self.done]
+        for i in live:
+            chunk = chunks[i]
+            if self.jump:
+                run = forced_run(self.tries[i], self.toks[i] + chunk, self.eos, self.max_new)
+                chunk += run
+                self.lps[i] += [0.0] * len(run)
+                self.forced[i] += len(run)
+            self.toks[i] += chunk
+            if chunk[-1] in self.eos or len(self.toks[i]) >= self.max_new:
+                self.done[i] = True
+            else:
+                out[i] = chunk
+        return None if all(self.done) else out
+
+    def decoded(self, st: DecodeStats) -> list[Decoded]:
+        st.forced += sum(self.forced)
+        st.tokens += sum(len(t) for t in self.toks)
+        return [Decoded(t, lp, bool(t) and t[-1] in self.eos, f) for t, lp, f in zip(self.toks, self.lps, self.forced)]

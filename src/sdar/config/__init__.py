@@ -19,14 +19,15 @@ from sdar.config.load import (FAMILY_DEFAULTS, SET_HELP, ConfigError, apply_fami
                               parse_overrides, parse_set)
 from sdar.config.replay import ReplayConfig, TeacherEndpoint
 from sdar.config.schema import NUMBER_BOUNDS, TrainConfig
-from sdar.config.sections import (PENALIZE, PLACEMENTS, PRETOKENIZERS, REWARDS, STRATEGIES, CheckpointConfig,
+from sdar.config.sections import (PENALIZE, PLACEMENTS, PRETOKENIZERS, REWARDS, SAMPLERS, STRATEGIES, CheckpointConfig,
                                   DistributedConfig, EnvConfig, EvalConfig, LaunchConfig, ModelConfig, OptimConfig,
                                   PPOConfig, RolloutConfig, ScoringConfig, TeacherConfig, VLLMConfig, WarmStartConfig)
 from sdar.config.values import RENAMED_ARM_SETTINGS, check_arm_overrides
 
 __all__ = [
     "ADDED_DEFAULTS", "ARMS", "FAMILY_DEFAULTS", "MOVED_KEYS", "NUMBER_BOUNDS", "OVERRIDABLE", "PENALIZE",
-    "PLACEMENTS", "PRETOKENIZERS", "RENAMED_ARM_SETTINGS", "REWARDS", "SET_HELP", "STRATEGIES", "ArmConfig", "Bound",
+    "PLACEMENTS", "PRETOKENIZERS", "RENAMED_ARM_SETTINGS", "REWARDS", "SAMPLERS", "SET_HELP", "STRATEGIES",
+    "ArmConfig", "Bound",
     "CheckpointConfig", "ConfigError", "DistributedConfig", "EnvConfig", "EvalConfig", "LaunchConfig", "ModelConfig",
     "OptimConfig", "PPOConfig", "ReplayConfig", "RolloutConfig", "ScoringConfig", "TeacherConfig", "TeacherEndpoint",
     "TrainConfig", "VLLMConfig", "WarmStartConfig", "apply_family_defaults", "check_arm_overrides", "check_numbers",

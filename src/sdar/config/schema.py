@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from sdar.algos.arm_config import ARMS, OVERRIDABLE, ArmConfig, get_arm
 from sdar.config.bounds import check_numbers, field_bounds
 from sdar.config.replay import ReplayConfig
-from sdar.config.sections import (PENALIZE, PLACEMENTS, PRETOKENIZERS, REWARDS, STRATEGIES, CheckpointConfig,
+from sdar.config.sections import (PENALIZE, PLACEMENTS, PRETOKENIZERS, REWARDS, SAMPLERS, STRATEGIES, CheckpointConfig,
                                   DistributedConfig, EnvConfig, EvalConfig, LaunchConfig, ModelConfig, OptimConfig,
                                   PPOConfig, RolloutConfig, ScoringConfig, TeacherConfig, VLLMConfig, WarmStartConfig)
 from sdar.config.values import check_arm_overrides
@@ -82,6 +82,7 @@ class TrainConfig:
                    "distributed.strategy": (self.distributed.strategy, STRATEGIES),
                    "reward": (self.reward, REWARDS), "rollout.penalize": (self.rollout.penalize, PENALIZE),
                    "rollout.privileged_placement": (self.rollout.privileged_placement, PLACEMENTS),
+                   "rollout.sampler": (self.rollout.sampler, SAMPLERS),
                    "warmstart.pretokenizer": (self.warmstart.pretokenizer, PRETOKENIZERS)}
         for key, (value, valid) in choices.items():
             if value not in valid:

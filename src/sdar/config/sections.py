@@ -15,6 +15,7 @@ PENALIZE = ("format", "invalid")  # rollout.penalize (sdar.agent.rollout.penaliz
 REWARDS = ("reference", "env")  # reward (sdar.agent.rollout.episode_reward)
 PRETOKENIZERS = ("qwen2", "punct_space")  # warmstart.pretokenizer (sdar.models.tokenizer.PRETOKENIZERS)
 STRATEGIES = ("ddp", "fsdp")  # distributed.strategy (sdar.train.distributed, sdar.train.fsdp)
+SAMPLERS = ("rows", "batched", "lookahead")  # rollout.sampler (sdar.agent.decoding.constrained_sample)
 
 
 @dataclass
@@ -69,6 +70,14 @@ class RolloutConfig:
                 "rollouts at one turn: system prompt, task and step lines) is encoded once per group and every row "
                 "continues from its KV cache, and the prefill computes the last position's logits only; false = "
                 "every prompt whole, as before (the same samples and log-probs up to float rounding)."})
+    sampler: str = field(default="rows", metadata={
+        "help": "Constrained decoding (transformers backend): how each step's tokens are decided. rows: each row on "
+                "its own (a softmax over the vocabulary per row, as before); batched: every live row's in one pass "
+                "(the vocabulary processed once, constrained rows at their allowed tokens only, each row's draw from "
+                "its own generator as before); lookahead: batched, and a turn's constrained rows run their prompt and "
+                "every admissible response in ONE packed forward (sdar.agent.lookahead, rows of scoring.pack_tokens "
+                "positions), so a turn needs no decode step. The same samples and log-probs up to float rounding.",
+        "added": True})
     group_seeded: bool = field(default=False, metadata={
         "help": "Roll out each task group under its own seed (seed, step, group): the trajectories then do not depend "
                 "on how groups are split over torchrun ranks, at the cost of lock-step batching across groups."})
@@ -339,6 +348,17 @@ class ScoringConfig:
                 "at the response tokens that are not forced: a constrained step allowing just the sampled token has "
                 "log-prob 0, entropy 0 and no gradient, and no prompt position is scored (the same numbers up to "
                 "float rounding); false = the head over each forward's response span, forced tokens included."})
+    packed: bool = field(default=False, metadata={
+        "help": "Every scoring pass (old_logp, reference, teacher) and each update micro-batch runs as ONE forward of "
+                "its rows' prefix trees (sdar.models.packing): each position the rows share (a task's prompt start, "
+                "identical turns) is computed once, in rows of scoring.pack_tokens positions with a tree attention mask "
+                "(sdpa or eager attention; other models keep the plain path). The same log-probs up to float rounding; "
+                "fewer, larger forwards (what a GPU wants). false = the grouped, bucketed forwards above.",
+        "added": True})
+    pack_tokens: int = field(default=2048, metadata={
+        "help": "Positions per packed row (scoring.packed): attention costs each row its length squared, so rows of "
+                "a few thousand positions keep it small beside the layers; a pass forwards all its rows at once.",
+        "bound": ">= 1", "added": True})
 
 
 @dataclass

@@ -18,6 +18,7 @@ from sdar.models.logprobs import (
     position_ids_from_mask,
     token_logprobs,
 )
+from sdar.models.packing import packed_response_logprobs, packs
 from sdar.models.padding import padded
 
 
@@ -488,7 +489,9 @@ class Scorer:
     batch_size: sequences per no-grad forward. prefix_cache: rows of one group (a task's turn-samples) continue
     from one KV cache of the prompt start they share. dedup: a no-grad pass forwards each distinct row once.
     length_buckets: rows of similar length forwarded together. head_at_free_tokens: inside `scope()`, the output
-    head runs only at the response tokens that are not forced.
+    head runs only at the response tokens that are not forced. packed: a pass (and an update micro-batch) is one
+    forward of its rows' prefix trees, rows of pack_tokens positions (`sdar.models.packing`); a model whose
+    attention takes no tree mask keeps the paths above.
     """
 
     temperature: float = 1.0
@@ -498,13 +501,16 @@ class Scorer:
     dedup: bool = True
     length_buckets: bool = True
     head_at_free_tokens: bool = True
+    packed: bool = False
+    pack_tokens: int = 2048
 
     @classmethod
     def of(cls, cfg, pad_id: int) -> Scorer:
         """The Scorer of a TrainConfig: its `scoring:` section at its rollout temperature."""
         s = cfg.scoring
         return cls(temperature=cfg.rollout.temperature, pad_id=pad_id, batch_size=s.batch_size, prefix_cache=s.prefix_cache,
-                   dedup=s.dedup, length_buckets=s.length_buckets, head_at_free_tokens=s.head_at_free_tokens)
+                   dedup=s.dedup, length_buckets=s.length_buckets, head_at_free_tokens=s.head_at_free_tokens,
+                   packed=s.packed, pack_tokens=s.pack_tokens)
 
     def scope(self):
         """The context every forward of a step runs in (where the output head runs: `head_where_needed`)."""
@@ -516,6 +522,9 @@ class Scorer:
               ) -> ScoredBatch:
         """No-grad log-probs [B, T] of every row's response. groups: a key per row whose rows share their prompt
         start (a task's turn-samples); with prefix_cache that start is encoded once per group."""
+        if self._packs(model, prompts):
+            return packed_response_logprobs(model, prompts, responses, pad_id=self.pad_id, budget=self.pack_tokens,
+                                            allowed=allowed, temperature=self.temperature)
         if groups is not None and self.prefix_cache:
             return grouped_prefix_logprobs(model, prompts, responses, groups, pad_id=self.pad_id, batch_size=self.batch_size,
                                            allowed=allowed, temperature=self.temperature, dedup=self.dedup)
@@ -526,11 +535,18 @@ class Scorer:
                   groups: list | None = None) -> ScoredBatch:
         """The update's forward: log-probs and entropies [B, T] with gradients (one micro-batch; groups as in
         `score`)."""
+        if self._packs(model, prompts):
+            return packed_response_logprobs(model, prompts, responses, pad_id=self.pad_id, budget=self.pack_tokens,
+                                            allowed=allowed, temperature=self.temperature, grad=True, with_entropy=True)
         if groups is not None and self.prefix_cache and len(prompts) > 1:
             return grouped_prefix_logprobs(model, prompts, responses, groups, pad_id=self.pad_id, allowed=allowed,
                                            temperature=self.temperature, grad=True, with_entropy=True)
         return response_logprobs(model, prompts, responses, pad_id=self.pad_id, with_entropy=True, grad=True,
                                  allowed=allowed, temperature=self.temperature, length_buckets=self.length_buckets)
+
+    def _packs(self, model, prompts) -> bool:
+        """Whether this pass runs packed: the switch is on, there are rows, and the model takes a tree mask."""
+        return self.packed and bool(prompts) and packs(model)
 
     @property
     def scores_raw_logits(self) -> bool:
