@@ -67,13 +67,7 @@ def serve(tracking_uri: str, port: int = 0, timeout_s: float = 120.0, quiet: boo
             time.sleep(0.3)
         yield base
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc, grace_s=15)
 
 
 def chromium_path() -> str:
@@ -146,13 +140,7 @@ def render(url: str, ready: Callable[[str], bool], *, timeout_s: float = 90.0, w
             finally:
                 tools.ws.close()
         finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            stop_group(proc, grace_s=10)
 
 
 def _devtools_port(proc: subprocess.Popen, profile: str, timeout_s: float = 30.0) -> int:
@@ -270,3 +258,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ui-url", default=None, help="with an http(s) --tracking-uri: the UI's URL if it differs")
     p.add_argument("--no-serve", action="store_true", help="print the URL without starting a server")
     p.set_defaults(func=_cmd_ui)
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float) -> None:
+    """End the process group `proc` leads: SIGTERM, then SIGKILL after `grace_s`."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
