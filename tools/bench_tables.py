@@ -77,6 +77,10 @@ BENCHES: dict[str, Bench] = {
         "one RL step per arm, Qwen2.5-0.5B shape (2 of 24 layers)",
         "python benchmarks/bench_train_step.py --model qwen2.5-0.5b --layers 2 --steps 1", STEP_CODE,
         "#one-rl-step-of-the-qwen25-05b-shape-2-layers-on-2-cpu-cores"),
+    "train-step-qwen-packed": Bench(
+        "issue 40's packed forwards and batched sampling against the defaults, Qwen2.5-0.5B shape (2 layers)",
+        "python benchmarks/bench_train_step.py --model qwen2.5-0.5b --layers 2 --steps 1 --modes on,batched,packed",
+        STEP_CODE, "#issue-40-packed-forwards-and-batched-sampling-qwen25-05b-shape-2-layers", long=True),
     "train-step-floor": Bench("SDAR/GRPO per step and its floor", "python benchmarks/bench_train_step.py --steps 3 "
                               "--compare-off --set warmstart.episodes=300 --set warmstart.epochs=2", STEP_CODE,
                               "#sdar-over-grpo-per-step-not-met", long=True),
