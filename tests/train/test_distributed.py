@@ -132,3 +132,15 @@ def test_outside_a_launcher_a_world_size_alone_is_refused(monkeypatch):
     monkeypatch.setenv("SDAR_DIST_TIMEOUT_S", "0")
     with pytest.raises(ValueError, match="SDAR_DIST_TIMEOUT_S=0 must be a positive number"):
         distributed.timeout_s()
+
+
+def test_only_a_backends_failure_in_a_group_of_several_is_told_as_a_collectives():
+    ctx = DistContext(rank=1, world_size=2, backend="gloo", address="10.0.0.1:29500")
+    gloo = RuntimeError("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms for recv")
+    why = distributed.explain_failure(gloo, ctx)
+    assert why.startswith("rank 1 of 2 (gloo, process group at 10.0.0.1:29500) stopped in a collective")
+    assert "SDAR_DIST_TIMEOUT_S" in why
+    assert distributed.explain_failure(RuntimeError("Timed out waiting for the env server"), ctx) is None
+    assert distributed.explain_failure(gloo, DistContext(backend="gloo")) is None  # alone: nobody to wait for
+    assert distributed.explain_failure(distributed.DistributedFailure("rank 0 of 2 (gloo) could not join"), ctx) \
+        == "rank 0 of 2 (gloo) could not join"

@@ -173,12 +173,13 @@ def explain_failure(exc: BaseException, ctx: DistContext | None = None) -> str |
     if isinstance(exc, DistributedFailure):
         return str(exc)
     text = str(exc)
+    # the backends' own errors only (gloo's and NCCL's name themselves): an unrelated timeout stays what it is
     collective = isinstance(exc, dist.DistError) or (isinstance(exc, RuntimeError) and any(
-        marker in text for marker in ("gloo", "Gloo", "NCCL", "nccl", "Connection closed by peer", "Timed out")))
+        marker in text for marker in ("gloo", "Gloo", "NCCL", "nccl", "Connection closed by peer")))
     if not collective:
         return None
     ctx = ctx or current()
-    if not ctx.backend:
+    if not ctx.backend or not ctx.enabled:  # a group of one has no peer to wait for
         return None
     first = text.strip().splitlines()[0][:300] if text.strip() else type(exc).__name__
     return (f"rank {ctx.rank} of {ctx.world_size} ({ctx.backend}, process group at {ctx.address}) stopped in a "
