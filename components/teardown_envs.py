@@ -22,9 +22,9 @@ def teardown_envs(
 ) -> str:
     """Find what launch_envs started for `job_id` and stop it (local: the registered server pids, each checked
     to still be an sdar env server; cluster: the Deployments and Services labelled with the job in
-    `namespace`, and the run's TrainJobs in `trainjob_namespace`, "" = this pod's), and end the MLflow parent
-    run FINISHED if the pipeline succeeded, else FAILED; runs whether the body succeeded or failed, and finding
-    nothing is not an error. Returns a one-line summary.
+    `namespace`, and the run's training jobs, TrainJobs and TorchX's Volcano Jobs, in `trainjob_namespace`,
+    "" = this pod's), and end the MLflow parent run FINISHED if the pipeline succeeded, else FAILED; runs whether
+    the body succeeded or failed, and finding nothing is not an error. Returns a one-line summary.
     Parameters: sdar.pipeline.services.teardown_env_service (dry_run: only report)."""
     from sdar.pipeline.services import teardown_env_service
 

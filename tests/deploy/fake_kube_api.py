@@ -2,8 +2,8 @@
 of the API as they use, so the `kubernetes` client itself builds and sends every request and reads every answer,
 the watch's chunked event stream included:
 * sdar.launch.trainjob: create, get, watch, delete of trainjobs.trainer.kubeflow.org; list pods; a pod's log;
-* teardown (sdar.pipeline.services): TrainJobs listed by label and deleted; the env service's Deployments and
-  Services listed by label (this fake holds none of those);
+* teardown (sdar.pipeline.services): TrainJobs and Volcano Jobs listed by label and deleted; the env service's
+  Deployments and Services listed by label (this fake holds none of those);
 * TorchX's kubernetes scheduler (sdar.launch.torchx_job): create of jobs.batch.volcano.sh (its server-side dry run
   too), get of a job and of its status, replace of its status (cancel), delete; read a pod and its log.
 
@@ -102,6 +102,11 @@ class FakeKubeApi:
         self._store(namespace, {"apiVersion": f"{GROUP}/v1alpha1", "kind": "TrainJob",
                                 "metadata": {"name": name, "labels": dict(labels or {})}})
 
+    def add_vcjob(self, namespace: str, name: str, labels: dict[str, str] | None = None) -> None:
+        """A Volcano Job (TorchX's) that is there already (e.g. another pipeline run's)."""
+        self.vcjobs[(namespace, name)] = {"apiVersion": f"{VOLCANO}/v1alpha1", "kind": "Job", "status": {}, "spec": {
+            "tasks": []}, "metadata": {"name": name, "namespace": namespace, "labels": dict(labels or {})}}
+
     def _remove(self, namespace: str, name: str) -> dict[str, Any] | None:
         with self._changed:
             obj = self.objects.pop((namespace, name), None)
@@ -158,9 +163,7 @@ class _Handler(BaseHTTPRequestHandler):
             "get" if name else "watch" if query.get("watch", "").lower() in ("true", "1") else "list")
         api.calls.append((GROUP, "trainjobs", verb, ns))
         if verb == "list" and api.serves:
-            wanted = dict(kv.split("=", 1) for kv in query.get("labelSelector", "").split(",") if "=" in kv)
-            items = [o for (n, _), o in sorted(api.objects.items()) if n == ns
-                     and wanted.items() <= ((o.get("metadata") or {}).get("labels") or {}).items()]
+            items = _selected(api.objects, ns, query)
             return self._send(200, {"apiVersion": f"{GROUP}/v1alpha1", "kind": "TrainJobList",
                                     "metadata": {"resourceVersion": str(api._rv)}, "items": items})
         if not api.serves:  # no Kubeflow Trainer: the API server knows no such resource
@@ -230,6 +233,10 @@ class _Handler(BaseHTTPRequestHandler):
                 api.created.append(json.loads(json.dumps(body)))
                 api.vcjobs[(ns, name)] = {**json.loads(json.dumps(body)), "status": {}}
             return self._send(201, {**body, "metadata": {**body["metadata"], "namespace": ns}})
+        if verb == "list":
+            items = [{k: v for k, v in j.items() if k != "status_written"} for j in _selected(api.vcjobs, ns, query)]
+            return self._send(200, {"apiVersion": f"{VOLCANO}/v1alpha1", "kind": "JobList", "items": items,
+                                    "metadata": {"resourceVersion": str(api._rv)}})
         job = api.vcjobs.get((ns, name or ""))
         if job is None:
             return self._send(404, _status(404, "NotFound", f'jobs.batch.volcano.sh "{name}" not found'))
@@ -282,6 +289,13 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+
+def _selected(objects: dict[tuple[str, str], dict[str, Any]], ns: str, query: dict) -> list[dict[str, Any]]:
+    """The objects in `ns` whose labels match the query's labelSelector (KEY=VALUE,...), by name."""
+    wanted = dict(kv.split("=", 1) for kv in query.get("labelSelector", "").split(",") if "=" in kv)
+    return [o for (n, _), o in sorted(objects.items()) if n == ns
+            and wanted.items() <= ((o.get("metadata") or {}).get("labels") or {}).items()]
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:

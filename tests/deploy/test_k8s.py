@@ -368,9 +368,9 @@ def _fake_kubernetes(monkeypatch, replicas: int) -> list[tuple[str, str, str, st
 @pytest.fixture(scope="module")
 def env_component_calls(tmp_path_factory):
     """Every Kubernetes API call of one launch_envs + teardown_envs pair on a cluster, run from a pipeline pod
-    in KFP's namespace: the env service's (recorded by stand-ins), and teardown's of the run's TrainJobs
-    (through a fake API server holding one TrainJob of this run and one of another). Returns the env calls,
-    launch_envs' endpoints, and the fake API server (its calls and the TrainJobs left)."""
+    in KFP's namespace: the env service's (recorded by stand-ins), and teardown's of the run's TrainJobs and
+    TorchX Volcano Jobs (through a fake API server holding one of each of this run and one of each of another).
+    Returns the env calls, launch_envs' endpoints, and the fake API server (its calls and the jobs left)."""
     import kubernetes
     from kfp import dsl
     from kfp.dsl import Artifact
@@ -386,6 +386,8 @@ def env_component_calls(tmp_path_factory):
     trainjobs = FakeKubeApi([])
     trainjobs.add_trainjob(PIPELINE_NS, "sdar-sdar-seed0-0a1b2c3d", {"sdar.io/pipeline-job": "job-1"})
     trainjobs.add_trainjob(PIPELINE_NS, "sdar-grpo-seed0-4e5f6a7b", {"sdar.io/pipeline-job": "job-2"})
+    trainjobs.add_vcjob(PIPELINE_NS, "sdar-sdar-seed1-x1y2", {"sdar.io/pipeline-job": "job-1"})  # TorchX's
+    trainjobs.add_vcjob(PIPELINE_NS, "sdar-grpo-seed1-z3w4", {"sdar.io/pipeline-job": "job-2"})
     try:
         trainjobs.__enter__()
         calls = _fake_kubernetes(mp, replicas=1)
@@ -479,11 +481,14 @@ def torchx_launcher_runs(tmp_path_factory):
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_rbac_grants_exactly_what_the_torchx_launcher_calls_where_its_jobs_go(
-    build, target, torchx_launcher_runs
+    build, target, torchx_launcher_runs, env_component_calls
 ):
-    calls = [c for run in torchx_launcher_runs.values() for c in run["calls"]]
+    _, _, teardown = env_component_calls
+    calls = [c for run in torchx_launcher_runs.values() for c in run["calls"]] + [
+        c for c in teardown.calls if c[0] == "batch.volcano.sh"]
     needed = {(g, res, verb) for g, res, verb, _ in calls}
-    # the calls TorchX makes today on the paths launch_training takes: a new one must be granted on purpose
+    # the calls TorchX makes today on the paths launch_training takes, and teardown's: a new one must be granted
+    # on purpose
     assert needed == {
         ("batch.volcano.sh", "jobs", "create"),  # submit (and its server-side dry run)
         ("batch.volcano.sh", "jobs/status", "get"),  # wait
@@ -491,6 +496,8 @@ def test_rbac_grants_exactly_what_the_torchx_launcher_calls_where_its_jobs_go(
         ("", "pods/log", "get"),  # the log tail of a failed job
         ("batch.volcano.sh", "jobs", "get"),  # cancel
         ("batch.volcano.sh", "jobs/status", "update"),  # cancel: phase Aborted
+        ("batch.volcano.sh", "jobs", "list"),  # teardown: the run's, by its label
+        ("batch.volcano.sh", "jobs", "delete"),  # teardown: a job a lost gated_train pod left
     }
     # the jobs go to the launching pod's own namespace, where the pipeline's Secrets are
     assert {ns for *_, ns in calls} == {PIPELINE_NS}
@@ -513,7 +520,8 @@ def test_rbac_grants_exactly_what_the_trainjob_launcher_calls_where_its_jobs_go(
     build, target, trainjob_launcher_runs, env_component_calls
 ):
     _, _, teardown = env_component_calls
-    calls = [c for run in trainjob_launcher_runs.values() for c in run["calls"]] + teardown.calls
+    calls = [c for run in trainjob_launcher_runs.values() for c in run["calls"]] + [
+        c for c in teardown.calls if c[0] != "batch.volcano.sh"]
     needed = {(g, res, verb) for g, res, verb, _ in calls}
     # the calls launch_trainjob and teardown_envs make today: a new one must be granted on purpose
     assert needed == {
@@ -529,13 +537,15 @@ def test_rbac_grants_exactly_what_the_trainjob_launcher_calls_where_its_jobs_go(
     _check_role(build(target), TRAINJOB_ROLE, PIPELINE_NS, needed)
 
 
-def test_teardown_deletes_the_runs_trainjobs_and_no_other(env_component_calls):
+def test_teardown_deletes_the_runs_jobs_of_both_launchers_and_no_other(env_component_calls):
     _, _, teardown = env_component_calls
     assert not teardown.unknown, teardown.unknown
-    # job-1's TrainJob is gone, in the foreground (its JobSet and pods with it); job-2's stays
+    # job-1's TrainJob and TorchX Volcano Job are gone, in the foreground (their pods with them); job-2's stay
     assert set(teardown.objects) == {(PIPELINE_NS, "sdar-grpo-seed0-4e5f6a7b")}
-    assert [d.get("propagationPolicy") for d in teardown.deleted] == ["Foreground"]
+    assert set(teardown.vcjobs) == {(PIPELINE_NS, "sdar-grpo-seed1-z3w4")}
+    assert [d.get("propagationPolicy") for d in teardown.deleted] == ["Foreground", "Foreground"]
     assert [c[2] for c in teardown.calls if c[1] == "trainjobs"] == ["list", "delete"]
+    assert [c[2] for c in teardown.calls if c[0] == "batch.volcano.sh"] == ["list", "delete"]
 
 
 def test_the_roles_do_not_let_the_pipeline_read_secrets_or_exec(build):
@@ -549,8 +559,6 @@ def test_the_roles_do_not_let_the_pipeline_read_secrets_or_exec(build):
             ("", "pods/exec", "create"),
             ("rbac.authorization.k8s.io", "roles", "create"),
             ("apps", "deployments", "patch"),
-            ("batch.volcano.sh", "jobs", "delete"),
-            ("batch.volcano.sh", "jobs", "list"),
             ("trainer.kubeflow.org", "trainjobs", "update"),
             ("trainer.kubeflow.org", "trainjobs", "patch"),
             ("trainer.kubeflow.org", "trainingruntimes", "create"),

@@ -195,6 +195,7 @@ class _Store:
         return {"steps": 1, "history": [{"step": 0}], "run_id": ""}
 
 
+RUN_LABEL = {"sdar.io/pipeline-job": "job-1"}  # what gated_train labels its job with (teardown deletes by it)
 LOG = "step 0 done\nTraceback (most recent call last):\nRuntimeError: boom\n"
 
 
@@ -232,7 +233,8 @@ def launch_on_a_fake_cluster(tmp_path: Path, namespace: str = "kubeflow") -> dic
             mp.setattr(sdar.launch.job, "SA_NAMESPACE_FILE", str(sa_ns))
             mp.setattr(sdar.storage, "open_store", lambda uri, **kw: _Store())
             try:
-                result = sdar.launch.torchx_job.launch_training(cfg, CONFIG, overrides, wait_interval=0)
+                result = sdar.launch.torchx_job.launch_training(cfg, CONFIG, overrides, wait_interval=0,
+                                                                labels=RUN_LABEL)
             except BaseException as exc:  # noqa: BLE001 - SystemExit included: it is what SIGTERM became
                 result = exc
         assert not api.unknown, api.unknown
@@ -257,7 +259,9 @@ def test_launch_training_submits_the_volcano_job_it_dry_ran_in_the_launching_pod
     for way, run in torchx_runs.items():
         (job,) = run["created"]
         want = ApiClient().sanitize_for_serialization(
-            dryrun(run["cfg"], CONFIG, run["overrides"], validate_spec=False).request.resource)
+            dryrun(run["cfg"], CONFIG, run["overrides"], validate_spec=False, labels=RUN_LABEL).request.resource)
+        # the run's label on the job itself, where teardown_envs finds a job a lost gated_train pod left
+        assert job["metadata"]["labels"] == RUN_LABEL, way
         # the same job but for the unique name TorchX draws per submission
         assert json.loads(json.dumps(job).replace(job["metadata"]["name"], "X")) == json.loads(
             json.dumps(want).replace(want["metadata"]["name"], "X")), way

@@ -562,7 +562,8 @@ def test_a_gated_train_pod_killed_without_sigterm_leaves_its_trainjob_and_teardo
     assert f"deleted TrainJob {NAMESPACE}/{name}" in summary
     assert set(api.objects) == {(NAMESPACE, "sdar-grpo-seed0-0badc0de")}
     assert [d.get("propagationPolicy") for d in api.deleted] == ["Foreground"]  # its JobSet and pods with it
-    assert [v for _, res, v, ns in api.calls[-2:]] == ["list", "delete"]
+    assert [v for _, res, v, ns in api.calls if res == "trainjobs"][-2:] == ["list", "delete"]
+    assert f"no Volcano Job labelled sdar.io/pipeline-job=job-7 in {NAMESPACE}" in summary  # TorchX's: none
     assert not api.unknown, api.unknown
 
 

@@ -124,7 +124,7 @@ def test_launch_for_a_cluster_builds_a_deployment_and_service(tmp_path):
     summary = teardown_envs.python_func(job_id=job, status=_status("FAILED"), target="cluster", namespace="team-a",
                                         tracking=False, dry_run=True, trainjob_namespace="kubeflow")
     assert summary == (f"would delete deployments and services with sdar.io/pipeline-job={job} in team-a; "
-                       f"would delete TrainJobs with sdar.io/pipeline-job={job} in kubeflow")
+                       f"would delete TrainJobs and Volcano Jobs with sdar.io/pipeline-job={job} in kubeflow")
 
 
 def test_run_matrix_expands_arms_by_seeds_and_rejects_bad_settings():

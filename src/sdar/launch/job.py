@@ -9,6 +9,7 @@ import json
 import shutil
 import signal
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -78,3 +79,76 @@ def sigterm_raises():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+# ---- what teardown deletes -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class JobKind:
+    """A job resource a launcher creates (a TrainJob, TorchX's Volcano Job), as a pipeline's teardown finds and
+    deletes it by its run's label. provider: what serves it; role: the Role in k8s/ that lets the step do so."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    provider: str
+    role: str
+
+
+def kube_client():
+    """A client of the cluster this runs in (the pod's service account), else of the kubeconfig's context."""
+    import kubernetes
+
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()
+    return kubernetes.client.ApiClient()
+
+
+def api_message(exc) -> str:
+    """The API server's own message in a kubernetes ApiException (its Status body), else its reason."""
+    try:
+        return json.loads(exc.body or "{}").get("message") or exc.reason
+    except ValueError:
+        return exc.body or exc.reason
+
+
+def delete_labelled(kind: JobKind, namespace: str, label_selector: str, api_client) -> list[str]:
+    """Delete every `kind` matching `label_selector` in `namespace` (in the foreground: its pods with it), one line
+    per job; a line saying so when the cluster serves no such resource. What a pipeline's teardown does for the
+    jobs of its run: a gated_train pod killed without SIGTERM (its node lost) leaves its job holding the GPU nodes.
+    RuntimeError, after trying them all, names those left and the kubectl command that deletes them."""
+    import kubernetes
+    from kubernetes.client import V1DeleteOptions
+    from kubernetes.client.rest import ApiException
+
+    api = kubernetes.client.CustomObjectsApi(api_client)
+
+    def failed(exc, doing: str) -> str:
+        hint = (f"; the step's service account may not do that in {namespace!r}: apply k8s/ (its Role {kind.role})"
+                if exc.status == 403 else "")
+        return f"could not {doing} ({exc.status}: {api_message(exc)}){hint}"
+
+    try:
+        found = api.list_namespaced_custom_object(kind.group, kind.version, namespace, kind.plural,
+                                                  label_selector=label_selector)
+    except ApiException as exc:
+        if exc.status == 404:
+            return [f"no {kind.kind}s in {namespace}: the cluster serves none (no {kind.provider})"]
+        raise RuntimeError(failed(exc, f"list the {kind.kind}s with {label_selector} in {namespace}")) from None
+    done, left = [], []
+    for job in found.get("items") or []:
+        name = job["metadata"]["name"]
+        try:
+            api.delete_namespaced_custom_object(kind.group, kind.version, namespace, kind.plural, name,
+                                                body=V1DeleteOptions(propagation_policy="Foreground"))
+            done.append(f"deleted {kind.kind} {namespace}/{name}")
+        except ApiException as exc:
+            if exc.status == 404:  # gone meanwhile
+                continue
+            left.append(f"{name} ({failed(exc, f'delete {kind.kind} {namespace}/{name}')})")
+    if left:
+        raise RuntimeError(f"{kind.kind}s of this run left in {namespace}: {'; '.join(left)}; delete them with "
+                           f"`kubectl -n {namespace} delete {kind.plural}.{kind.group} -l {label_selector}`")
+    return done

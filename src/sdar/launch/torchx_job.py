@@ -34,12 +34,16 @@ from typing import Any
 from torchx import specs
 
 from sdar.config.secrets import MLFLOW_SECRET, S3_SECRET
-from sdar.launch.job import collect_result, job_namespace, procs_per_node, require_s3, sigterm_raises, train_args
+from sdar.launch.job import (JobKind, collect_result, job_namespace, kube_client, procs_per_node, require_s3,
+                             sigterm_raises, train_args)
+from sdar.launch.job import delete_labelled as delete_jobs
 from sdar.launch.pods import (container_security_context, empty_dirs, output_scratch, pod_security_context,
                               shm_volume, writable_dirs)
 from sdar.launch.secrets import SECRET_ENV, env_from, teacher_secret_of
 
 SCHEDULERS = ("kubernetes", "local_cwd")
+# what TorchX's kubernetes scheduler creates: a Volcano Job
+VOLCANO_JOB = JobKind("batch.volcano.sh", "v1alpha1", "jobs", "Volcano Job", "Volcano", "sdar-torchx-launcher")
 ROLE = "trainer"
 # the same Secrets the pipeline's ClusterSettings gives its steps (sdar.config.secrets; k8s/ creates them); their
 # keys are the variable names (MLFLOW_TRACKING_URI; AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, SDAR_S3_ENDPOINT_URL)
@@ -223,9 +227,10 @@ def scheduler_cfg(cfg) -> dict[str, Any]:
     return out
 
 
-def dryrun(cfg, config_path: str, overrides: dict[str, Any], validate_spec: bool = True):
+def dryrun(cfg, config_path: str, overrides: dict[str, Any], validate_spec: bool = True,
+           labels: dict[str, str] | None = None):
     """What `launch_training` would submit (a torchx AppDryRunInfo; `.request.resource` is the
-    Volcano Job for kubernetes), without submitting anything. validate_spec=False skips the
+    Volcano Job for kubernetes, carrying `labels`), without submitting anything. validate_spec=False skips the
     Kubernetes API server's own dry run (no cluster needed)."""
     from torchx.runner import get_runner
 
@@ -233,15 +238,32 @@ def dryrun(cfg, config_path: str, overrides: dict[str, Any], validate_spec: bool
     if cfg.launch.scheduler == "kubernetes":
         opts["validate_spec"] = validate_spec
     with get_runner() as runner:
-        return runner.dryrun(app_for_config(cfg, config_path, overrides), cfg.launch.scheduler, cfg=opts)
+        return _labelled(runner.dryrun(app_for_config(cfg, config_path, overrides), cfg.launch.scheduler, cfg=opts),
+                         labels)
 
 
-def launch_training(cfg, config_path: str, overrides: dict[str, Any], wait_interval: float = 10.0) -> dict[str, Any]:
+def _labelled(info, labels: dict[str, str] | None):
+    """The dry run `info` with `labels` on its Volcano Job (TorchX sets none there; a local_cwd run has no job)."""
+    if labels and isinstance(getattr(info.request, "resource", None), dict):
+        meta = info.request.resource.setdefault("metadata", {})
+        meta["labels"] = {**(meta.get("labels") or {}), **labels}
+    return info
+
+
+def delete_labelled(namespace: str, label_selector: str, *, api_client=None) -> list[str]:
+    """Delete every Volcano Job (TorchX's kubernetes jobs) matching `label_selector` in `namespace`, its pods with
+    it (sdar.launch.job.delete_labelled): what a pipeline's teardown does for the TorchX jobs of its run."""
+    return delete_jobs(VOLCANO_JOB, namespace, label_selector, api_client or kube_client())
+
+
+def launch_training(cfg, config_path: str, overrides: dict[str, Any], wait_interval: float = 10.0,
+                    labels: dict[str, str] | None = None) -> dict[str, Any]:
     """Submit the TorchX job for `cfg`, wait for it, and return a summary like `sdar.train.train`'s,
     with the final policy downloaded from the checkpoint store (rank 0 publishes it there) into
     <output_dir>/final of this machine.
 
-    On Kubernetes the job's pods share no disk with this one: cfg.checkpoint.uri must be s3://.
+    On Kubernetes the job's pods share no disk with this one: cfg.checkpoint.uri must be s3://. labels: on the
+    Volcano Job (the pipeline's run label, by which its teardown deletes a job that a lost node left running).
     """
     from torchx.runner import get_runner
     from torchx.specs import AppState
@@ -251,7 +273,7 @@ def launch_training(cfg, config_path: str, overrides: dict[str, Any], wait_inter
     app = app_for_config(cfg, config_path, overrides)
     opts = scheduler_cfg(cfg)
     with get_runner() as runner:
-        handle = runner.schedule(runner.dryrun(app, cfg.launch.scheduler, cfg=opts))
+        handle = runner.schedule(_labelled(runner.dryrun(app, cfg.launch.scheduler, cfg=opts), labels))
         print(f"TorchX job {handle}: {cfg.launch.nodes} x {procs_per_node(cfg.launch)} torchrun workers", flush=True)
         try:
             with sigterm_raises():

@@ -37,7 +37,9 @@ import hashlib
 import os
 from typing import Any
 
-from sdar.launch.job import collect_result, job_namespace, procs_per_node, require_s3, sigterm_raises, train_args
+from sdar.launch.job import (JobKind, api_message, collect_result, job_namespace, kube_client, procs_per_node,
+                             require_s3, sigterm_raises, train_args)
+from sdar.launch.job import delete_labelled as delete_jobs
 from sdar.launch.pods import (container_security_context, empty_dirs, output_scratch, pod_security_context,
                               shm_volume, writable_dirs)
 from sdar.launch.secrets import secret_env, teacher_vars
@@ -48,6 +50,7 @@ from sdar.launch.secrets import secret_env, teacher_vars
 TRAINER_VERSION = "2.3.0"
 GROUP, VERSION, PLURAL, KIND = "trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob"
 API_VERSION = f"{GROUP}/{VERSION}"
+TRAINJOB = JobKind(GROUP, VERSION, PLURAL, KIND, "Kubeflow Trainer", "sdar-trainjob-launcher")
 # the replicated job and its container that the torch runtimes run the trainer in (the Trainer's constants.Node)
 NODE = "node"
 PATCH_MANAGER = "sdar/launcher"  # runtimePatches[].manager: who owns the patch (the API keys patches by it)
@@ -253,24 +256,8 @@ class StatusLog:
 
 
 # ---- the Kubernetes API ----------------------------------------------------------------------------
-def _api_client():
-    """A client of the cluster this runs in (the pod's service account), else of the kubeconfig's context."""
-    import kubernetes
-
-    try:
-        kubernetes.config.load_incluster_config()
-    except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config()
-    return kubernetes.client.ApiClient()
-
-
 def _api_error(exc, namespace: str, doing: str) -> RuntimeError:
-    import json
-
-    try:
-        message = json.loads(exc.body or "{}").get("message") or exc.reason
-    except ValueError:
-        message = exc.body or exc.reason
+    message = api_message(exc)
     hint = {403: f"the step's service account may not do that in {namespace!r}: apply k8s/ (its Role "
                  "sdar-trainjob-launcher), and leave launch.namespace empty"}.get(exc.status, "")
     if exc.status == 404 and doing.startswith("create"):
@@ -342,36 +329,9 @@ def _delete(api, namespace: str, name: str) -> bool:
 
 
 def delete_labelled(namespace: str, label_selector: str, *, api_client=None) -> list[str]:
-    """Delete every TrainJob matching `label_selector` in `namespace` (in the foreground: its JobSet and pods
-    with it), one line per TrainJob; a line saying so when the cluster serves no TrainJobs (no Kubeflow Trainer).
-    What a pipeline's teardown does for the TrainJobs of its run: a gated_train pod killed without SIGTERM (its
-    node lost) leaves its TrainJob holding the GPU nodes. RuntimeError, after trying them all, names those left."""
-    import kubernetes
-    from kubernetes.client import V1DeleteOptions
-    from kubernetes.client.rest import ApiException
-
-    api = kubernetes.client.CustomObjectsApi(api_client or _api_client())
-    try:
-        found = api.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, label_selector=label_selector)
-    except ApiException as exc:
-        if exc.status == 404:
-            return [f"no TrainJobs in {namespace}: the cluster serves none (no Kubeflow Trainer)"]
-        raise _api_error(exc, namespace, f"list the TrainJobs with {label_selector} in {namespace}") from None
-    done, left = [], []
-    for job in found.get("items") or []:
-        name = job["metadata"]["name"]
-        try:
-            api.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name,
-                                                body=V1DeleteOptions(propagation_policy="Foreground"))
-            done.append(f"deleted TrainJob {namespace}/{name}")
-        except ApiException as exc:
-            if exc.status == 404:  # gone meanwhile
-                continue
-            left.append(f"{name} ({_api_error(exc, namespace, f'delete TrainJob {namespace}/{name}')})")
-    if left:
-        raise RuntimeError(f"TrainJobs of this run left in {namespace}: {'; '.join(left)}; delete them with "
-                           f"`kubectl -n {namespace} delete trainjobs -l {label_selector}`")
-    return done
+    """Delete every TrainJob matching `label_selector` in `namespace`, its JobSet and pods with it
+    (sdar.launch.job.delete_labelled): what a pipeline's teardown does for the TrainJobs of its run."""
+    return delete_jobs(TRAINJOB, namespace, label_selector, api_client or kube_client())
 
 
 def _watch(api, namespace: str, name: str, report: StatusLog, timeout_s: int) -> tuple[str, dict[str, Any]]:
@@ -436,7 +396,7 @@ def launch_trainjob(cfg, config_path: str, overrides: dict[str, Any], *, api_cli
     namespace = job_namespace(cfg.launch)
     job = trainjob_for_config(cfg, config_path, overrides, namespace, labels)
     name = job["metadata"]["name"]
-    api_client = api_client or _api_client()
+    api_client = api_client or kube_client()
     api = kubernetes.client.CustomObjectsApi(api_client)
     parent = cfg.parent_run_id if cfg.tracking and os.environ.get("MLFLOW_TRACKING_URI") else None
     report = StatusLog(name, parent)

@@ -86,22 +86,23 @@ def teardown_env_service(job_id: str, state: str | None, error_message: str | No
                          output_root: str = "runs/kfp", namespace: str = "", experiment: str = "sdar-comparison",
                          tracking: bool = True, tracking_uri: str = "", stop_timeout_s: float = 20.0,
                          dry_run: bool = False, trainjob_namespace: str = "") -> str:
-    """Find what launch_env_service started for `job_id` and stop it, and the TrainJobs of the run; returns a
+    """Find what launch_env_service started for `job_id` and stop it, and the training jobs of the run; returns a
     one-line summary.
 
     state / error_message: the pipeline's final state (KFP's PipelineTaskFinalStatus; state None: no status).
     local: the pids in <output_root>/envs/<job_id>.json, each checked to still be an sdar env
     server (a recycled pid is never signalled), SIGTERM then SIGKILL after stop_timeout_s.
     cluster: every Deployment and Service labelled sdar.io/pipeline-job=<job_id> in `namespace`
-    (found by label, so a launch that died half-way is cleaned up too), and every Kubeflow Trainer TrainJob with
-    that label in `trainjob_namespace` ("" = this pod's, where gated_train creates them): a gated_train pod
-    killed without SIGTERM (its node lost) cannot delete its own. dry_run: only report.
+    (found by label, so a launch that died half-way is cleaned up too), and every training job with that label
+    in `trainjob_namespace` ("" = this pod's, where gated_train creates them), Kubeflow Trainer TrainJobs and
+    TorchX's Volcano Jobs: a gated_train pod killed without SIGTERM (its node lost) cannot delete its own.
+    dry_run: only report.
     MLflow: the parent run tagged with this job id ends FINISHED if the pipeline succeeded, else FAILED.
-    Nothing found is not an error (launch_envs may have failed before starting anything); TrainJobs that could
-    not be deleted are, after the rest is done.
+    Nothing found is not an error (launch_envs may have failed before starting anything); training jobs that
+    could not be deleted are, after the rest is done.
     """
     state = "UNKNOWN" if state is None else state.upper()
-    left: RuntimeError | None = None  # TrainJobs that could not be deleted: raised once the rest is torn down
+    left: RuntimeError | None = None  # training jobs that could not be deleted: raised once the rest is torn down
     print(f"pipeline job {job_id} ended {state or 'UNKNOWN'}" + (f": {error_message}" if error_message else ""))
     if target == "local":
         from sdar.env_service import local
@@ -117,7 +118,7 @@ def teardown_env_service(job_id: str, state: str | None, error_message: str | No
             done = [f"would delete deployments and services with {selector} in {ns}"]
         else:
             done = cluster.delete_labelled(ns, selector) or [f"nothing labelled {selector} in {ns}"]
-        left = _delete_trainjobs(selector, trainjob_namespace, dry_run, done)
+        left = _delete_jobs(selector, trainjob_namespace, dry_run, done)
     else:
         raise ValueError(f"target must be 'local' or 'cluster', got {target!r}")
     if tracking and not dry_run:
@@ -131,21 +132,24 @@ def teardown_env_service(job_id: str, state: str | None, error_message: str | No
     return summary
 
 
-def _delete_trainjobs(selector: str, namespace: str, dry_run: bool, done: list[str]) -> RuntimeError | None:
-    """The run's TrainJobs (sdar.launch.trainjob.delete_labelled) in `namespace`, "" = this pod's; each line into
-    `done`. Returns the error of those left, for the caller to raise once the rest is torn down."""
+def _delete_jobs(selector: str, namespace: str, dry_run: bool, done: list[str]) -> RuntimeError | None:
+    """The run's training jobs in `namespace` ("" = this pod's), whichever launcher made them: TrainJobs
+    (sdar.launch.trainjob) and TorchX's Volcano Jobs (sdar.launch.torchx_job); each line into `done`. Returns the
+    error of those left, for the caller to raise once the rest is torn down."""
     from sdar.config import LaunchConfig
+    from sdar.launch import torchx_job, trainjob
     from sdar.launch.job import job_namespace
 
     ns = job_namespace(LaunchConfig(namespace=namespace))
     if dry_run:
-        done.append(f"would delete TrainJobs with {selector} in {ns}")
+        done.append(f"would delete TrainJobs and Volcano Jobs with {selector} in {ns}")
         return None
-    from sdar.launch.trainjob import delete_labelled
-
-    try:
-        done += delete_labelled(ns, selector) or [f"no TrainJob labelled {selector} in {ns}"]
-    except RuntimeError as exc:
-        done.append(str(exc))
-        return exc
-    return None
+    left: RuntimeError | None = None
+    for kind, delete in ((trainjob.TRAINJOB, trainjob.delete_labelled),
+                         (torchx_job.VOLCANO_JOB, torchx_job.delete_labelled)):
+        try:
+            done += delete(ns, selector) or [f"no {kind.kind} labelled {selector} in {ns}"]
+        except RuntimeError as exc:
+            done.append(str(exc))
+            left = exc if left is None else RuntimeError(f"{left}; {exc}")
+    return left

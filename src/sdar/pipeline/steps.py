@@ -467,8 +467,8 @@ def train_arm(arm: str, seed: int, config_path: str, overrides: str, job_id: str
 
 
 def _train(config_path: str, ov: dict[str, Any], job_labels: dict[str, str]) -> dict[str, Any]:
-    """Train with the config and overrides here, or as the job the config's launch section asks for: a
-    Kubeflow Trainer TrainJob labelled `job_labels` (sdar.launch.trainjob) or a TorchX job (sdar.launch.torchx_job)."""
+    """Train with the config and overrides here, or as the job the config's launch section asks for, labelled
+    `job_labels`: a Kubeflow Trainer TrainJob (sdar.launch.trainjob) or a TorchX job (sdar.launch.torchx_job)."""
     from sdar.config import load_config
 
     cfg = load_config(config_path, ov)
@@ -480,7 +480,7 @@ def _train(config_path: str, ov: dict[str, Any], job_labels: dict[str, str]) -> 
     if launcher == "torchx":
         from sdar.launch.torchx_job import launch_training
 
-        return launch_training(cfg, config_path, ov)
+        return launch_training(cfg, config_path, ov, labels=job_labels)
     from sdar.train import train
     from sdar.train.warmstart import ensure_warm_start
 
