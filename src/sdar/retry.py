@@ -26,10 +26,6 @@ class Outage:
         self._delay = first_delay_s
         self._last_try = float("-inf")
 
-    @property
-    def ongoing(self) -> bool:
-        return self.since is not None
-
     def tried(self) -> None:
         """A call is being tried now (for `due`)."""
         self._last_try = time.monotonic()

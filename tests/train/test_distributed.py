@@ -22,6 +22,16 @@ RUN = {**SMALL, "arm": "sdar", "steps": 2, "tasks_per_step": 3, "group_size": 2,
        "checkpoint.every": 1, "rollout.group_seeded": True, "optim.lr": 1e-3, "rollout.max_response_tokens": 6}
 
 
+def _mask(lengths: list[int], width: int) -> torch.Tensor:
+    """[rows, width]: 1 on each row's first lengths[i] positions."""
+    return (torch.arange(width) < torch.tensor(lengths).unsqueeze(1)).float()
+
+
+def _token_mean(values: torch.Tensor, mask: torch.Tensor, rows: list[int]) -> float:
+    """The mean of `values` over the masked tokens of `rows` (0 where they hold none)."""
+    return float((values[rows] * mask[rows]).sum() / mask[rows].sum().clamp(min=1))
+
+
 def test_groups_are_split_into_contiguous_blocks_in_rank_order():
     blocks = [list(distributed.group_range(7, DistContext(rank=r, world_size=3))) for r in range(3)]
     assert blocks == [[0, 1, 2], [3, 4], [5, 6]]
@@ -45,12 +55,10 @@ def test_shares_weight_each_rank_by_its_part_of_the_loss_normaliser():
     # the shares make the ranks' token means add up to the mini-batch's token mean (seeded: an unseeded draw
     # whose mean fell near 0 once failed the relative tolerance)
     values = torch.randn(5, 6, generator=torch.Generator().manual_seed(0))
-    mask = torch.zeros(5, 6)
-    for i, t in enumerate(tokens):
-        mask[i, :t] = 1
+    mask = _mask(tokens, width=6)
 
     def token_mean(idx):
-        return float((values[idx] * mask[idx]).sum() / mask[idx].sum().clamp(min=1))
+        return _token_mean(values, mask, idx)
 
     local = [token_mean([0]), token_mean([4, 3])]
     combined = r0.share(rows, "token-mean") * local[0] + r1.share(rows, "token-mean") * local[1]
@@ -89,12 +97,10 @@ def test_the_hint_channel_is_weighted_by_each_ranks_share_of_the_hint_tokens():
     # the policy's share would have weighted rank 0's hint mean by 11/14 instead
     assert r0.share(rows, "token-mean") == pytest.approx(11 / 14)
     values = torch.rand(5, 6, generator=torch.Generator().manual_seed(1))
-    mask = torch.zeros(5, 6)
-    for i, t in enumerate(hint):
-        mask[i, :t] = 1
+    mask = _mask(hint, width=6)
 
     def token_mean(idx):
-        return float((values[idx] * mask[idx]).sum() / mask[idx].sum().clamp(min=1))
+        return _token_mean(values, mask, idx)
 
     combined = (r0.share(rows, "token-mean", counts="hint_tokens") * token_mean([0, 1])
                 + r1.share(rows, "token-mean", counts="hint_tokens") * token_mean([3, 4]))
