@@ -52,8 +52,9 @@ class FakeKubeApi:
 
     def __init__(self, phases: list[dict[str, Any]], *, on_event: Callable[[int], None] | None = None,
                  serves_trainjobs: bool = True, existing: list[str] = (), log: str = "",
-                 event_delay_s: float = 0.02, volcano_phases: list[str] = ()):
+                 event_delay_s: float = 0.02, volcano_phases: list[str] = (), serves_volcano: bool = True):
         self.phases, self.on_event, self.serves, self.log = phases, on_event, serves_trainjobs, log
+        self.serves_volcano = serves_volcano
         self.volcano_phases, self._status_reads = list(volcano_phases), 0
         self.vcjobs: dict[tuple[str, str], dict[str, Any]] = {}  # Volcano Jobs by (namespace, name)
         self.event_delay_s = event_delay_s
@@ -224,6 +225,8 @@ class _Handler(BaseHTTPRequestHandler):
         api = self.api
         verb = {"POST": "create", "DELETE": "delete", "PUT": "update"}.get(method) or ("get" if name else "list")
         api.calls.append((VOLCANO, "jobs/status" if status else "jobs", verb, ns))
+        if not api.serves_volcano:  # no Volcano: the API server knows no such resource
+            return self._send(404, _status(404, "NotFound", "the server could not find the requested resource"))
         if verb == "create":
             name = body["metadata"]["name"]
             if query.get("dryRun") != "All":  # the server-side dry run stores nothing

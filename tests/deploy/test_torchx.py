@@ -293,6 +293,16 @@ def test_launch_training_waits_shows_the_failure_and_cancels_when_stopped(torchx
     assert left["status"]["state"]["phase"] == "Aborted"
 
 
+def test_teardown_on_a_cluster_without_volcano_finds_no_volcano_jobs(monkeypatch):
+    from sdar.launch.torchx_job import delete_labelled
+
+    with FakeKubeApi([], serves_volcano=False) as api:
+        point_the_client_at(monkeypatch, api.url)
+        assert delete_labelled("kubeflow", "sdar.io/pipeline-job=job-7") == [
+            "no Volcano Jobs in kubeflow: the cluster serves none (no Volcano)"]
+    assert api.calls == [("batch.volcano.sh", "jobs", "list", "kubeflow")]
+
+
 def test_a_replaying_arms_workers_get_the_teachers_secret_and_no_other_arm_does():
     from sdar.config import load_config
     from sdar.launch.torchx_job import dryrun
