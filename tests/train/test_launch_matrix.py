@@ -268,18 +268,23 @@ def test_a_rank_killed_mid_step_ends_the_job_and_a_restart_resumes(references, t
     from sdar.train.checkpoint import LATEST_MARKER
 
     marker = out / "checkpoints" / LATEST_MARKER  # the default store, <output_dir>/checkpoints
-    killed, deadline = None, time.monotonic() + 300
+    killed, rank1, deadline = None, None, time.monotonic() + 300
     try:
+        # find rank 1 first (`ps` takes a while on a loaded machine), then kill it the moment step 0's checkpoint is
+        # there: a kill that waited for `ps` could land after step 1, when the job has nothing left to lose
+        while rank1 is None and time.monotonic() < deadline and proc.poll() is None:
+            rank1 = next((w for agent in _children(proc.pid) for w in [agent, *_children(agent)]
+                          if _rank_of(w) == 1), None)
+            time.sleep(0.05)
+        assert rank1 is not None, "rank 1 never started"
+        assert not marker.is_file(), "step 0's checkpoint came before rank 1 was found: nothing tests a kill mid-step"
         while killed is None and time.monotonic() < deadline and proc.poll() is None:
             if marker.is_file():
-                for agent in _children(proc.pid):
-                    for worker in [agent, *_children(agent)]:
-                        if _rank_of(worker) == 1:
-                            os.kill(worker, signal.SIGKILL)
-                            killed = time.monotonic()
-                            break
-            time.sleep(0.01)
-        assert killed is not None, "rank 1 was never seen after the first checkpoint"
+                os.kill(rank1, signal.SIGKILL)
+                killed = time.monotonic()
+            time.sleep(0.002)
+        assert killed is not None, "step 0's checkpoint never came"
+        assert json.loads(marker.read_text())["step"] == 1, marker.read_text()
         log, _ = proc.communicate(timeout=TIMEOUT_S + 30)
     finally:
         if proc.poll() is None:
