@@ -358,8 +358,8 @@ def _fake_kubernetes(monkeypatch, replicas: int) -> list[tuple[str, str, str, st
 
             return call
 
-    monkeypatch.setattr(kubernetes.client, "AppsV1Api", lambda: FakeApi("AppsV1Api"))
-    monkeypatch.setattr(kubernetes.client, "CoreV1Api", lambda: FakeApi("CoreV1Api"))
+    monkeypatch.setattr(kubernetes.client, "AppsV1Api", lambda api_client=None: FakeApi("AppsV1Api"))
+    monkeypatch.setattr(kubernetes.client, "CoreV1Api", lambda api_client=None: FakeApi("CoreV1Api"))
     monkeypatch.setattr(kubernetes.config, "load_incluster_config", lambda: None)
     monkeypatch.setattr(sdar_envs.client, "wait_healthy", lambda *a, **k: None)
     return calls
@@ -375,7 +375,7 @@ def env_component_calls(tmp_path_factory):
     from kfp import dsl
     from kfp.dsl import Artifact
 
-    import sdar.launch.job
+    import sdar.kube
     from components.launch_envs import launch_envs
     from components.teardown_envs import teardown_envs
     from tests.deploy.fake_kube_api import FakeKubeApi
@@ -392,7 +392,7 @@ def env_component_calls(tmp_path_factory):
         trainjobs.__enter__()
         calls = _fake_kubernetes(mp, replicas=1)
         mp.setattr(kubernetes.client.Configuration, "_default", kubernetes.client.Configuration(host=trainjobs.url))
-        mp.setattr(sdar.launch.job, "SA_NAMESPACE_FILE", str(tmp / "namespace"))
+        mp.setattr(sdar.kube, "SA_NAMESPACE_FILE", str(tmp / "namespace"))
         endpoints = Artifact(name="endpoints", uri=str(tmp / "endpoints.json"))
         launch_envs.python_func(
             config_path=str(REPO / "configs" / "household-tiny.yaml"),

@@ -204,7 +204,7 @@ def launch_on_a_fake_cluster(tmp_path: Path, namespace: str = "kubeflow") -> dic
     fake_kube_api.py: real HTTP, the real `kubernetes` client inside TorchX's scheduler), three ways: the job
     succeeds; it fails; the step is stopped (SIGTERM) while it waits. Returns, per way, the API calls (group,
     resource, verb, namespace), what it printed, its result or error, and the Volcano Jobs it created and left."""
-    import sdar.launch.job
+    import sdar.kube
     import sdar.launch.torchx_job
     import sdar.storage
     from sdar.config import load_config
@@ -230,7 +230,7 @@ def launch_on_a_fake_cluster(tmp_path: Path, namespace: str = "kubeflow") -> dic
         fake = FakeKubeApi([], volcano_phases=phases, on_event=hook, log=LOG)
         with pytest.MonkeyPatch.context() as mp, fake as api, contextlib.redirect_stdout(printed):
             point_the_client_at(mp, api.url)
-            mp.setattr(sdar.launch.job, "SA_NAMESPACE_FILE", str(sa_ns))
+            mp.setattr(sdar.kube, "SA_NAMESPACE_FILE", str(sa_ns))
             mp.setattr(sdar.storage, "open_store", lambda uri, **kw: _Store())
             try:
                 result = sdar.launch.torchx_job.launch_training(cfg, CONFIG, overrides, wait_interval=0,

@@ -370,7 +370,7 @@ def launch_on_a_fake_trainer(tmp_path: Path, namespace: str = NAMESPACE) -> dict
     created and deleted, and what it told MLflow."""
     import mlflow.tracking
 
-    import sdar.launch.job
+    import sdar.kube
     import sdar.storage
     from sdar.config import load_config
     from sdar.launch.trainjob import launch_trainjob, trainjob_name
@@ -391,7 +391,7 @@ def launch_on_a_fake_trainer(tmp_path: Path, namespace: str = NAMESPACE) -> dict
         with pytest.MonkeyPatch.context() as mp, FakeKubeApi(phases, **kw) as api, contextlib.redirect_stdout(printed), \
                 _python_sigint():
             _point_the_client_at(mp, api.url)
-            mp.setattr(sdar.launch.job, "SA_NAMESPACE_FILE", str(sa_ns))
+            mp.setattr(sdar.kube, "SA_NAMESPACE_FILE", str(sa_ns))
             mp.setattr(sdar.storage, "open_store", lambda uri, **k: ArmStore())
             mp.setattr(mlflow.tracking, "MlflowClient", _MlflowClient)
             mp.setenv("MLFLOW_TRACKING_URI", "http://mlflow.example:5000")
@@ -581,7 +581,7 @@ def test_teardown_on_a_cluster_without_kubeflow_trainer_finds_no_trainjobs(tmp_p
 def test_compile_set_launcher_trainjob_gives_a_gated_train_that_creates_a_trainjob(tmp_path, monkeypatch):
     from kfp.dsl import Artifact, Model
 
-    import sdar.launch.job
+    import sdar.kube
     import sdar.pipeline.runner
     import sdar.storage
     from components.gated_train import gated_train
@@ -596,7 +596,7 @@ def test_compile_set_launcher_trainjob_gives_a_gated_train_that_creates_a_trainj
     # the run's gated_train, with the compiled default overrides, from a pod in kubeflow
     (tmp_path / "ns").write_text(NAMESPACE)
     monkeypatch.chdir(REPO)
-    monkeypatch.setattr(sdar.launch.job, "SA_NAMESPACE_FILE", str(tmp_path / "ns"))
+    monkeypatch.setattr(sdar.kube, "SA_NAMESPACE_FILE", str(tmp_path / "ns"))
     monkeypatch.setattr(sdar.storage, "open_store", lambda uri, **k: _Store())
     ckpt, hist = Model(name="checkpoint", uri=str(tmp_path / "ckpt")), Artifact(name="h", uri=str(tmp_path / "h.json"))
     with FakeKubeApi([{"conditions": [condition("Complete")]}]) as api:

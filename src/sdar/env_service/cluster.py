@@ -5,32 +5,25 @@ sdar-env-manager Role in k8s/ grants (tests/deploy/test_k8s.py records them)."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
-# where a pod finds its own namespace
-SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+from sdar.kube import kube_client, pod_namespace
+
 DEFAULT_NAMESPACE = "kubeflow"
 
 
 def namespace_of(namespace: str = "") -> str:
     """`namespace`, else this pod's, else kubeflow (KFP's)."""
-    if not namespace and SERVICE_ACCOUNT_NAMESPACE.is_file():
-        namespace = SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
-    return namespace or DEFAULT_NAMESPACE
+    return namespace or pod_namespace() or DEFAULT_NAMESPACE
 
 
 def _apis():
     """(AppsV1Api, CoreV1Api, the client module) with this pod's credentials, or a developer's
     kubeconfig outside a pod."""
     from kubernetes import client as k8s
-    from kubernetes import config as k8s_config
 
-    try:
-        k8s_config.load_incluster_config()
-    except k8s_config.ConfigException:
-        k8s_config.load_kube_config()
-    return k8s.AppsV1Api(), k8s.CoreV1Api(), k8s
+    api_client = kube_client()
+    return k8s.AppsV1Api(api_client), k8s.CoreV1Api(api_client), k8s
 
 
 def create(deployment: dict[str, Any], service: dict[str, Any]) -> None:

@@ -10,12 +10,10 @@ import shutil
 import signal
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from sdar.kube import api_message, pod_namespace
 from sdar.storage import RESULT_PREFIX
-
-SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
 def train_args(config_path: str, overrides: dict[str, Any]) -> list[str]:
@@ -34,10 +32,7 @@ def procs_per_node(launch) -> int:
 
 def job_namespace(launch) -> str:
     """Where a job goes: launch.namespace, else the launching pod's own (its service account's), else default."""
-    if launch.namespace:
-        return launch.namespace
-    ns_file = Path(SA_NAMESPACE_FILE)
-    return ns_file.read_text().strip() if ns_file.is_file() else "default"
+    return launch.namespace or pod_namespace() or "default"
 
 
 def require_s3(cfg) -> None:
@@ -93,25 +88,6 @@ class JobKind:
     kind: str
     provider: str
     role: str
-
-
-def kube_client():
-    """A client of the cluster this runs in (the pod's service account), else of the kubeconfig's context."""
-    import kubernetes
-
-    try:
-        kubernetes.config.load_incluster_config()
-    except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config()
-    return kubernetes.client.ApiClient()
-
-
-def api_message(exc) -> str:
-    """The API server's own message in a kubernetes ApiException (its Status body), else its reason."""
-    try:
-        return json.loads(exc.body or "{}").get("message") or exc.reason
-    except ValueError:
-        return exc.body or exc.reason
 
 
 def delete_labelled(kind: JobKind, namespace: str, label_selector: str, api_client) -> list[str]:

@@ -34,8 +34,9 @@ from typing import Any
 from torchx import specs
 
 from sdar.config.secrets import MLFLOW_SECRET, S3_SECRET
-from sdar.launch.job import (JobKind, collect_result, job_namespace, kube_client, procs_per_node, require_s3,
-                             sigterm_raises, train_args)
+from sdar.kube import kube_client
+from sdar.launch.job import (JobKind, collect_result, job_namespace, procs_per_node, require_s3, sigterm_raises,
+                             train_args)
 from sdar.launch.job import delete_labelled as delete_jobs
 from sdar.launch.pods import (container_security_context, empty_dirs, output_scratch, pod_security_context,
                               shm_volume, writable_dirs)

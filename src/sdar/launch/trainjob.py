@@ -37,8 +37,9 @@ import hashlib
 import os
 from typing import Any
 
-from sdar.launch.job import (JobKind, api_message, collect_result, job_namespace, kube_client, procs_per_node,
-                             require_s3, sigterm_raises, train_args)
+from sdar.kube import api_message, kube_client
+from sdar.launch.job import (JobKind, collect_result, job_namespace, procs_per_node, require_s3, sigterm_raises,
+                             train_args)
 from sdar.launch.job import delete_labelled as delete_jobs
 from sdar.launch.pods import (container_security_context, empty_dirs, output_scratch, pod_security_context,
                               shm_volume, writable_dirs)
