@@ -208,13 +208,16 @@ def test_a_lora_checkpoint_as_the_start_is_also_the_reference(tmp_path, tok_dir,
     torch.testing.assert_close(old_logp[mask], trained[mask], rtol=0, atol=1e-5)
     torch.testing.assert_close(ref_logp[mask], old_logp[mask], rtol=0, atol=1e-6)
     assert (ref_logp - base_logp)[mask].abs().max() > 1e-2, "the reference is the start, not the old base"
-    assert policy.is_lora is lora and policy.base_source is None
+    # the start's directory reloads the merged start: a checkpoint names it instead of copying the weights
+    assert policy.is_lora is lora and policy.base_source == str(out)
     if lora:  # a fresh adapter: zero at the start, the only trainable tensors
         names = [n for n, p in policy.model.named_parameters() if p.requires_grad]
         assert names and all("lora_" in n for n in names)
     # training moves the policy away; the reference stays at the start, also after save and load
     update(policy, batch, lr=1e-2 if lora else 1e-3)
-    resumed = Policy.load(policy.save(tmp_path / "next"))
+    saved = policy.save(tmp_path / "next")
+    assert not (saved / "base").exists()
+    resumed = Policy.load(saved)
     with resumed.reference() as ref:
         torch.testing.assert_close(logp_of(ref, batch)[mask], trained[mask], rtol=0, atol=1e-5)
 

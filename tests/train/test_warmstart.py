@@ -197,7 +197,7 @@ def test_sft_batches_are_the_batches_the_sft_runs(monkeypatch):
         return SimpleNamespace(logp=torch.zeros(len(prompts), 2, requires_grad=True), mask=torch.ones(len(prompts), 2),
                                prompt_tokens=0)
 
-    monkeypatch.setattr(warmstart, "response_logprobs", fake_scoring)
+    monkeypatch.setattr("sdar.train.imitation.response_logprobs", fake_scoring)  # the SFT loop's own module
     model = torch.nn.Linear(1, 1)
     warmstart.sft(model, examples, pad_id=0, epochs=2, lr=0.1, batch_size=4, seed=5)
     g = torch.Generator().manual_seed(5)

@@ -148,7 +148,8 @@ class VLLMConfig:
 
 @dataclass
 class WarmStartConfig:
-    """Supervised warm-start of the tiny model on expert trajectories (skipped for real models)."""
+    """Supervised warm start on the family's expert episodes, in the prompt and response format training and evaluation
+    use: always for the tiny model (built from scratch), for a pretrained checkpoint with `pretrained: true`."""
 
     episodes: int = field(default=400, metadata={"help": "Expert episodes to imitate.", "bound": ">= 0"})
     tokenizer_episodes: int = field(default=400, metadata={
@@ -180,6 +181,18 @@ class WarmStartConfig:
                 "word nothing but a space before it: \"nude\" in both, so copying a value from the instruction into an "
                 "action is one id to match; about as many tokens). Measured on shop-tiny: option clicks no better "
                 "(configs/shop-tiny.yaml), so every config keeps qwen2.", "added": True})
+    pretrained: bool = field(default=False, metadata={
+        "help": "Warm-start a pretrained model.name_or_path (smollm2, a local directory, a hub id) too: supervise it on "
+                "the expert episodes before RL (sdar.train.warm_pretrained), cached like the tiny warm start, and train "
+                "and evaluate from the result. false: RL starts from the checkpoint as it is.", "added": True})
+    lora: bool = field(default=True, metadata={
+        "help": "Pretrained warm start: train a LoRA adapter (model.lora_r, model.lora_alpha; the adapter is kept in the "
+                "cache and merged into its base when training loads it) or, false, every weight (full fine-tuning).",
+        "added": True})
+    eval_tasks: int = field(default=24, metadata={
+        "help": "Pretrained warm start: held-out tasks (the first of the eval set) on which the checkpoint is evaluated "
+                "before and after, constrained and sampled freely; 0 = none. Does not change the warm start's weights "
+                "(not in its cache key).", "bound": ">= 0", "added": True})
 
 
 @dataclass

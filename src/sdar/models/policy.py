@@ -186,10 +186,10 @@ def _load_base(spec: ModelSpec) -> tuple[PreTrainedModel, PreTrainedTokenizerBas
         model, tok = _load_tiny(spec, Path(where))
         return model, tok, None  # freshly initialised: Policy.save keeps a copy of these weights
     if kind == "lora_checkpoint":
-        raise ValueError(
-            f"{where} is a LoRA adapter checkpoint, not a base model; resume it with Policy.load({where!r}) "
-            "(load_policy does this when lora=True)"
-        )
+        # a starting policy (a warm start's adapter, a run's final checkpoint): its adapter merged into its base, which
+        # the same directory reloads, so a checkpoint of a run from it names it instead of copying the merged weights
+        model, tok = _merged_start(where, spec)
+        return model, tok, where
     if kind == "hub":
         model, tok = _load_hub(where, spec.torch_dtype)
         return model, tok, where
@@ -440,8 +440,13 @@ class Policy:
 
 
 def _merged_start(where: str, spec: ModelSpec) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """A LoRA checkpoint's base with its adapter folded in, as a plain transformers model in `spec`'s dtype."""
-    start = Policy.load(where)
+    """A LoRA checkpoint's base with its adapter folded in, as a plain transformers model in `spec`'s dtype (the base
+    loaded in that dtype, the adapter in float32, merged by peft: a bfloat16 start is not rounded twice, a float32 run
+    from a start trained in bfloat16 gets the base's float32 weights)."""
+    meta = json.loads((Path(where) / POLICY_META).read_text())
+    recorded = ModelSpec.from_dict(meta["spec"])
+    base = str(Path(where) / BASE_SUBDIR) if meta["base"] == BASE_SUBDIR else meta["base"]
+    start = Policy.load(where, base=dataclasses.replace(recorded, name_or_path=base, dtype=spec.dtype))
     model = start.model
     with _quiet_peft():
         merged = model.merge_and_unload() if hasattr(model, "merge_and_unload") else model
@@ -462,12 +467,7 @@ def load_policy(spec: ModelSpec) -> Policy:
     `ray_trainer.py`/`fsdp_workers.py` likewise build the ref model from the actor's starting
     weights. To continue training the same adapter instead, use `Policy.load`.
     """
-    kind, where = resolve_name(spec.name_or_path)
-    if kind == "lora_checkpoint":
-        model, tok = _merged_start(where, spec)
-        base_source = None  # merged weights no name reloads: Policy.save keeps a copy in base/
-    else:
-        model, tok, base_source = _load_base(spec)
+    model, tok, base_source = _load_base(spec)
     if spec.lora:
         from peft import get_peft_model
 

@@ -83,10 +83,25 @@ def _cmd_warmstart(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from sdar.config import load_config
-    from sdar.train.warmstart import tiny_checkpoint
+    from sdar.train.warmstart import MARKER, ensure_warm_start
 
     cfg = load_config(args.config, _overrides(args))
-    path = tiny_checkpoint(cfg, console=Console(stderr=True))
+    console = Console(stderr=True)
+    if cfg.model.name_or_path != "tiny" and not cfg.warmstart.pretrained:
+        console.print(f"[red]error:[/red] this config trains {cfg.model.name_or_path!r} from its pretrained weights "
+                      "(warmstart.pretrained is false): there is no warm start to build. To warm-start it on the "
+                      "experts' episodes first, add --set warmstart.pretrained=true here and to every command that "
+                      "trains or evaluates it (or set it in the config, as configs/household-smollm2.yaml does)",
+                      soft_wrap=True, highlight=False)
+        return 2
+    from sdar.train.warmstart import warm_start_path
+
+    cached = (warm_start_path(cfg) / MARKER).is_file()
+    path = ensure_warm_start(cfg, console)
+    if cached and cfg.model.name_or_path != "tiny":  # a build prints its before/after table itself
+        from sdar.train.warm_pretrained import report
+
+        report(cfg, json.loads((path / MARKER).read_text()), console)
     print(path)
     return 0
 

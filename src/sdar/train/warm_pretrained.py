@@ -1,0 +1,226 @@
+"""The warm start of a pretrained checkpoint (SmolLM2, a local directory, a hub id): supervised on the family's expert
+episodes, in exactly the prompt and response format that training and evaluation use, before RL.
+
+Why: RL learns from the differences between a group's rollouts; an untrained SmolLM2-135M wins none of the household
+tasks, so every advantage is 0 and GRPO has nothing to learn from. The recipe is the tiny warm start's
+(`sdar.train.imitation`: the expert's turns, half of them with the privileged skills and a skills-following expert,
+so the teacher starts out ahead of the student as SDAR assumes), with three differences a pretrained model asks for:
+- the model keeps its own tokenizer and chat template (no tokenizer is trained);
+- the loss is the full-vocabulary negative log-likelihood of the expert's response (what TRL's SFTTrainer computes),
+  not the tiny model's constrained choice among the admissible actions, so the result also acts when sampled freely
+  (the way TRL and vLLM users sample), not only under constrained decoding;
+- LoRA by default (`warmstart.lora`; full fine-tuning on request). The adapter is kept, not merged, in the cache
+  (a few MB beside a base the name reloads); `load_policy` merges it into its base when training or evaluation
+  loads the warm start, so the RL reference is the warm start and RL trains a fresh adapter on it.
+
+Before and after, the checkpoint is evaluated on the same `warmstart.eval_tasks` held-out tasks (each episode with its
+own sampling seed, so the two are paired draw for draw), constrained and sampled freely; the figures are printed,
+kept in the entry's `warmstart.json` and logged to MLflow (a run `warmstart-<model>` in the config's experiment).
+Cached by a hash of everything that changes the weights (`pretrained_key`); built once under a lock
+(`sdar.models.cache.build_once`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from sdar.agent.prompts import PromptBuilder
+from sdar.config import TrainConfig, drop_added_defaults
+from sdar.train.imitation import (
+    expert_turns,
+    prompt_fingerprint,
+    sft,
+    sft_examples,
+    warmstart_config,
+)
+
+PRETRAINED_VERSION = 1
+MARKER = "warmstart.json"
+# what the key leaves out of cfg.warmstart: knobs of the tiny model's build, the switch itself, the report's size
+_NOT_IN_KEY = ("tokenizer_episodes", "vocab_size", "pretokenizer", "pretrained", "eval_tasks")
+
+
+def wants_pretrained_warm_start(cfg: TrainConfig) -> bool:
+    """Whether `cfg` trains a pretrained checkpoint from a warm start of it (`warmstart.pretrained`)."""
+    return cfg.model.name_or_path != "tiny" and bool(cfg.warmstart.pretrained)
+
+
+def base_identity(name_or_path: str) -> dict[str, Any]:
+    """What identifies the weights and tokenizer `name_or_path` loads, without loading them: SmolLM2 by its GGUF file,
+    a local directory by its files' names, sizes and modification times, a hub id by its name."""
+    from sdar.models.gguf import SMOLLM2_ALIASES, SMOLLM2_NAME, smollm2_gguf_path
+
+    if name_or_path.lower() in SMOLLM2_ALIASES:
+        gguf = smollm2_gguf_path()
+        return {"model": SMOLLM2_NAME, "gguf": gguf.name, "bytes": gguf.stat().st_size}
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file())
+        return {"dir": str(path.resolve()),
+                "files": [[str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns] for p in files]}
+    return {"hub": name_or_path}
+
+
+def pretrained_key(cfg: TrainConfig) -> str:
+    """The cache key of `cfg`'s pretrained warm start: the base's identity, the model settings that shape the SFT (dtype,
+    LoRA), the expert episodes (env, rollout format, prompts as rendered), the warm-start settings and the seed."""
+    cfg = warmstart_config(cfg)
+    ws = {k: v for k, v in drop_added_defaults(asdict(cfg.warmstart), "warmstart").items() if k not in _NOT_IN_KEY}
+    ws["lora"] = cfg.warmstart.lora
+    m = cfg.model
+    blob = json.dumps({
+        "v": PRETRAINED_VERSION, "base": base_identity(m.name_or_path),
+        "model": {"dtype": m.dtype, **({"lora_r": m.lora_r, "lora_alpha": m.lora_alpha} if cfg.warmstart.lora else {})},
+        "prompts": hashlib.sha256(prompt_fingerprint(cfg).encode()).hexdigest(),
+        "env": {k: v for k, v in asdict(cfg.env).items() if k != "url"}, "warmstart": ws,
+        "rollout": {k: getattr(cfg.rollout, k) for k in ("history", "use_memory", "max_prompt_tokens", "max_turns",
+                                                          "show_admissible", "privileged_placement")},
+        "teacher_max": cfg.teacher.max_prompt_tokens, "seed": cfg.seed,
+    }, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def pretrained_path(cfg: TrainConfig) -> Path:
+    """Where `cfg`'s pretrained warm start is cached (built or not): <cache>/warm/<family>-<model>-<key>."""
+    from sdar.models.cache import cache_root
+
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(cfg.model.name_or_path.rstrip("/")).name.lower()).strip("-.") or "model"
+    return cache_root() / "warm" / f"{cfg.env.family}-{slug}-{pretrained_key(cfg)}"
+
+
+def pretrained_warm_start(cfg: TrainConfig, console=None) -> Path:
+    """The cached warm start of `cfg`'s pretrained model, built on first use (under a lock: a concurrent command waits
+    for the builder and is told which process builds it)."""
+    from sdar.models.cache import build_once
+
+    target = pretrained_path(cfg)
+    if not (target / MARKER).is_file():
+        if console is None:
+            from rich.console import Console
+
+            console = Console(stderr=True)
+        console.print(f"warm-starting {cfg.model.name_or_path} on the {cfg.env.family} experts' episodes "
+                      f"(cached at {target}) ...", soft_wrap=True, highlight=False)
+    say = (lambda msg: console.print(msg, soft_wrap=True, highlight=False)) if console is not None else None
+    return build_once(target, lambda tmp: build_pretrained(cfg, tmp, console), MARKER, say=say)
+
+
+def build_pretrained(cfg: TrainConfig, out_dir: Path, console=None) -> dict[str, Any]:
+    """Supervise `cfg.model` on expert turns and save the result (the adapter, or every weight) into `out_dir`, with
+    the held-out success before and after (`held_out`) in `out_dir/warmstart.json`, written last."""
+    import torch
+
+    from sdar.models import ModelSpec, load_policy
+    from sdar.train.runtime import seed_everything
+
+    t0 = time.perf_counter()
+    wcfg = warmstart_config(cfg)
+    ws, m = wcfg.warmstart, wcfg.model
+    seed_everything(cfg.seed)  # the adapter's initialisation draws from the global RNG
+    policy = load_policy(ModelSpec(name_or_path=m.name_or_path, dtype=m.dtype, lora=ws.lora, lora_r=m.lora_r,
+                                   lora_alpha=m.lora_alpha, lora_dropout=m.lora_dropout,
+                                   gradient_checkpointing=m.gradient_checkpointing))
+    device = cfg.resolved_device()
+    policy.to(device)
+    before = held_out(cfg, policy, console, "untrained") if ws.eval_tasks else {}
+    turns = expert_turns(wcfg, ws.episodes, seed=cfg.seed + 1, progress="warm start: expert episodes", console=console)
+    builder = PromptBuilder(wcfg.env.family, history=wcfg.rollout.history, show_admissible=wcfg.rollout.show_admissible)
+    tok = policy.tokenizer
+    examples = sft_examples(wcfg, tok, builder, turns, constrained=False)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    stats = sft(policy.model, examples, pad_id=pad, epochs=ws.epochs, lr=ws.lr, batch_size=ws.batch_size,
+                seed=cfg.seed, console=console, prompt_lm=ws.prompt_lm_weight)
+    after = held_out(cfg, policy, console, "warm start") if ws.eval_tasks else {}
+    policy.to("cpu").save(out_dir)
+    info = {"model": m.name_or_path, "base": base_identity(m.name_or_path), "dtype": m.dtype, "lora": ws.lora,
+            "device": str(device), "examples": len(examples), "episodes": ws.episodes,
+            "privileged_examples": sum(t["privileged"] for t in turns),
+            "trainable_parameters": policy.parameter_counts()["trainable"],
+            "seconds": round(time.perf_counter() - t0, 1), "before": before, "after": after, **stats}
+    del policy
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    report(cfg, info, console)
+    _log(cfg, info)
+    (out_dir / MARKER).write_text(json.dumps(info, indent=2))
+    return info
+
+
+def held_out(cfg: TrainConfig, policy, console=None, label: str = "") -> dict[str, Any]:
+    """`policy` on the first `warmstart.eval_tasks` held-out tasks of `cfg`, at the eval temperature with the eval
+    sampling seed (paired draw for draw with any other policy evaluated so): {constrained: ..., free: ...}, each
+    {success, ci95, n, invalid_rate, well_formed_rate (free: the share of turns whose response held a well-formed
+    action), admissible_rate (the share whose action was admissible)}."""
+    from sdar.train.runtime import build_runtime
+
+    out = {}
+    for mode, constrained in (("constrained", True), ("free", False)):
+        c = replace(cfg, rollout=replace(cfg.rollout, constrained=constrained))
+        rt = build_runtime(c, policy=policy, train=False)
+        tasks = rt.eval_tasks[: cfg.warmstart.eval_tasks]
+        if console is not None:
+            console.print(f"{label}: held-out success on {len(tasks)} tasks, {mode} decoding", highlight=False)
+        res = rt.evaluate(tasks=tasks)
+        turns = [t for tr in res.trajectories for t in tr.turns]
+        n = max(len(turns), 1)
+        out[mode] = {"success": res.success, "ci95": list(res.ci95), "n": res.n, "invalid_rate": res.invalid_rate,
+                     "well_formed_rate": sum(t.format_valid for t in turns) / n,
+                     "admissible_rate": sum(t.valid for t in turns) / n, "turns": len(turns)}
+    return out
+
+
+def summary_rows(info: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(policy, constrained success [CI], free success [CI], free well-formed rate) for the untrained checkpoint and
+    the warm start, from a `warmstart.json`."""
+    def cell(r: dict | None) -> str:
+        return f"{r['success']:.3f} [{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}]" if r else "-"
+
+    rows = []
+    for name, key in (("untrained", "before"), ("warm start", "after")):
+        res = info.get(key) or {}
+        free = res.get("free")
+        rows.append((name, cell(res.get("constrained")), cell(free), f"{free['well_formed_rate']:.3f}" if free else "-"))
+    return rows
+
+
+def report(cfg: TrainConfig, info: dict[str, Any], console) -> None:
+    """The before/after table of a build's `info` (its warmstart.json), on `console`."""
+    if console is None or not (info.get("before") or info.get("after")):
+        return
+    from rich.table import Table
+
+    n = (info.get("after") or info.get("before"))["constrained"]["n"]
+    table = Table(title=f"{info['model']} warm start: held-out success on {n} tasks ({cfg.env.family}), "
+                        f"{info['seconds'] / 60:.1f} min")
+    for col in ("policy", "constrained", "sampled freely", "well-formed (free)"):
+        table.add_column(col, justify="right")
+    for row in summary_rows(info):
+        table.add_row(*row)
+    console.print(table)
+
+
+def _log(cfg: TrainConfig, info: dict[str, Any]) -> None:
+    """The build's figures as one MLflow run `warmstart-<model>` in the config's experiment (nothing with tracking
+    off)."""
+    from sdar.tracking import Tracker
+
+    tags = {"sdar.kind": "warmstart", "family": cfg.env.family, "sdar.warmstart": pretrained_path(cfg).name}
+    metrics = {"warmstart/seconds": info["seconds"], "warmstart/sft_final_loss": info["sft_final_loss"],
+               "warmstart/sft_updates": info["sft_updates"]}
+    for when in ("before", "after"):
+        for mode, r in (info.get(when) or {}).items():
+            for k in ("success", "well_formed_rate", "admissible_rate"):
+                metrics[f"warmstart/{when}/{mode}/{k}"] = r[k]
+    slug = Path(str(info["model"]).rstrip("/")).name
+    with Tracker(cfg.experiment, run_name=f"warmstart-{slug}", tags=tags, output_dir=cfg.output_dir,
+                 enabled=None if cfg.tracking else False) as tracker:
+        tracker.log_params({"model": info["model"], "lora": info["lora"], "dtype": info["dtype"],
+                            **{f"warmstart.{k}": v for k, v in asdict(cfg.warmstart).items()}})
+        tracker.log_metrics(metrics, step=0)
+        tracker.log_dict(info, "warmstart.json")
