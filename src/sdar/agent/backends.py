@@ -70,12 +70,14 @@ def sampling_config(temperature: float, top_p: float, *, max_new_tokens: int, eo
     from transformers import GenerationConfig
 
     sample = temperature > 0
+    # min_new_tokens stays unset: generate() writes min_length from it into this config, and every later call with the
+    # same config then warned that both were set
     return GenerationConfig(
         do_sample=sample, temperature=temperature if sample else 1.0, top_p=top_p if sample else 1.0, top_k=0,
         min_p=None, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0, repetition_penalty=1.0,
         encoder_repetition_penalty=1.0, no_repeat_ngram_size=0, encoder_no_repeat_ngram_size=0, length_penalty=1.0,
         exponential_decay_length_penalty=None, bad_words_ids=None, sequence_bias=None, suppress_tokens=None,
-        begin_suppress_tokens=None, forced_bos_token_id=None, forced_eos_token_id=None, min_length=0, min_new_tokens=0,
+        begin_suppress_tokens=None, forced_bos_token_id=None, forced_eos_token_id=None, min_length=0,
         num_beams=1, num_return_sequences=1, renormalize_logits=False, remove_invalid_values=False,
         max_new_tokens=max_new_tokens, eos_token_id=list(eos_ids), pad_token_id=pad_id, use_cache=True,
     )
@@ -141,8 +143,11 @@ class TransformersBackend:
         return out
 
     def _generate_chunk(self, model, prompts, max_new_tokens, temperature, top_p, tries, seeds=None):
-        if temperature > 0 and any(t is not None for t in tries):
-            # constrained sampling: forced tokens cost no decision, and with jump_forward no decode step
+        if temperature > 0 and (seeds is not None or any(t is not None for t in tries)):
+            # constrained sampling: forced tokens cost no decision, and with jump_forward no decode step. Seeded rows
+            # (an evaluation's common random numbers) take it too, free ones included: each row draws from its own
+            # generator in one batched decode (model.generate samples from the global RNG, so it could only give
+            # each seed its own unbatched generate: about 10x slower for SmolLM2 sampling freely on a CPU)
             rows = constrained_sample(model, prompts, tries, max_new_tokens=max_new_tokens,
                                       temperature=temperature, top_p=top_p, eos_ids=self.eos_ids, pad_id=self.pad_id,
                                       jump_forward=self.jump_forward, share_prefix=self.share_prefix,
@@ -150,14 +155,6 @@ class TransformersBackend:
                                       pack_tokens=self.pack_tokens)
             return [Generation(r.token_ids, self.tokenizer.decode(r.token_ids, skip_special_tokens=True), r.finished,
                                r.logprobs) for r in rows]
-        if seeds is not None and temperature > 0:  # model.generate samples from the global RNG: one row per seed
-            out = []
-            for i, seed in enumerate(seeds):
-                with torch.random.fork_rng(devices=[]):
-                    torch.manual_seed(int(seed))
-                    out += self._generate_chunk(model, prompts[i : i + 1], max_new_tokens, temperature, top_p,
-                                                tries[i : i + 1])
-            return out
         device = next(model.parameters()).device
         ids, mask = padded(prompts, self.pad_id, left=True)
         width = ids.shape[1]

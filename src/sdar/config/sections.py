@@ -193,6 +193,10 @@ class WarmStartConfig:
         "help": "Pretrained warm start: held-out tasks (the first of the eval set) on which the checkpoint is evaluated "
                 "before and after, constrained and sampled freely; 0 = none. Does not change the warm start's weights "
                 "(not in its cache key).", "bound": ">= 0", "added": True})
+    seed: int | None = field(default=None, metadata={
+        "help": "Pretrained warm start: the seed of its expert episodes, adapter initialisation and batch order; null = "
+                "the run's seed. A fixed value lets the runs of several seeds share one warm start (a study then "
+                "measures RL's seed variance, not the warm start's).", "added": True})
 
 
 @dataclass

@@ -43,7 +43,7 @@ from sdar.train.imitation import (
 PRETRAINED_VERSION = 1
 MARKER = "warmstart.json"
 # what the key leaves out of cfg.warmstart: knobs of the tiny model's build, the switch itself, the report's size
-_NOT_IN_KEY = ("tokenizer_episodes", "vocab_size", "pretokenizer", "pretrained", "eval_tasks")
+_NOT_IN_KEY = ("tokenizer_episodes", "vocab_size", "pretokenizer", "pretrained", "eval_tasks", "seed")
 
 
 def wants_pretrained_warm_start(cfg: TrainConfig) -> bool:
@@ -67,10 +67,15 @@ def base_identity(name_or_path: str) -> dict[str, Any]:
     return {"hub": name_or_path}
 
 
+def warm_seed(cfg: TrainConfig) -> int:
+    """The seed of `cfg`'s pretrained warm start: `warmstart.seed`, else the run's."""
+    return cfg.seed if cfg.warmstart.seed is None else int(cfg.warmstart.seed)
+
+
 def pretrained_key(cfg: TrainConfig) -> str:
     """The cache key of `cfg`'s pretrained warm start: the base's identity, the model settings that shape the SFT (dtype,
     LoRA), the expert episodes (env, rollout format, prompts as rendered), the warm-start settings and the seed."""
-    cfg = warmstart_config(cfg)
+    cfg = replace(warmstart_config(cfg), seed=warm_seed(cfg))  # the run's seed only where the warm start's is
     ws = {k: v for k, v in drop_added_defaults(asdict(cfg.warmstart), "warmstart").items() if k not in _NOT_IN_KEY}
     ws["lora"] = cfg.warmstart.lora
     m = cfg.model
@@ -81,7 +86,7 @@ def pretrained_key(cfg: TrainConfig) -> str:
         "env": {k: v for k, v in asdict(cfg.env).items() if k != "url"}, "warmstart": ws,
         "rollout": {k: getattr(cfg.rollout, k) for k in ("history", "use_memory", "max_prompt_tokens", "max_turns",
                                                           "show_admissible", "privileged_placement")},
-        "teacher_max": cfg.teacher.max_prompt_tokens, "seed": cfg.seed,
+        "teacher_max": cfg.teacher.max_prompt_tokens, "seed": warm_seed(cfg),
     }, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -122,20 +127,21 @@ def build_pretrained(cfg: TrainConfig, out_dir: Path, console=None) -> dict[str,
     t0 = time.perf_counter()
     wcfg = warmstart_config(cfg)
     ws, m = wcfg.warmstart, wcfg.model
-    seed_everything(cfg.seed)  # the adapter's initialisation draws from the global RNG
+    seed = warm_seed(cfg)
+    seed_everything(seed)  # the adapter's initialisation draws from the global RNG
     policy = load_policy(ModelSpec(name_or_path=m.name_or_path, dtype=m.dtype, lora=ws.lora, lora_r=m.lora_r,
                                    lora_alpha=m.lora_alpha, lora_dropout=m.lora_dropout,
                                    gradient_checkpointing=m.gradient_checkpointing))
     device = cfg.resolved_device()
     policy.to(device)
     before = held_out(cfg, policy, console, "untrained") if ws.eval_tasks else {}
-    turns = expert_turns(wcfg, ws.episodes, seed=cfg.seed + 1, progress="warm start: expert episodes", console=console)
+    turns = expert_turns(wcfg, ws.episodes, seed=seed + 1, progress="warm start: expert episodes", console=console)
     builder = PromptBuilder(wcfg.env.family, history=wcfg.rollout.history, show_admissible=wcfg.rollout.show_admissible)
     tok = policy.tokenizer
     examples = sft_examples(wcfg, tok, builder, turns, constrained=False)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     stats = sft(policy.model, examples, pad_id=pad, epochs=ws.epochs, lr=ws.lr, batch_size=ws.batch_size,
-                seed=cfg.seed, console=console, prompt_lm=ws.prompt_lm_weight)
+                seed=seed, console=console, prompt_lm=ws.prompt_lm_weight)
     after = held_out(cfg, policy, console, "warm start") if ws.eval_tasks else {}
     policy.to("cpu").save(out_dir)
     info = {"model": m.name_or_path, "base": base_identity(m.name_or_path), "dtype": m.dtype, "lora": ws.lora,

@@ -59,7 +59,7 @@ def _cache_key(cfg: TrainConfig, tiny) -> str:
 def _tiny_settings(cfg: TrainConfig) -> dict:
     """cfg.warmstart as the tiny warm start's key reads it: without the pretrained warm start's own settings."""
     ws = drop_added_defaults(asdict(cfg.warmstart), "warmstart")
-    return {k: v for k, v in ws.items() if k not in ("pretrained", "lora", "eval_tasks")}
+    return {k: v for k, v in ws.items() if k not in ("pretrained", "lora", "eval_tasks", "seed")}
 
 
 def build_tiny_checkpoint(cfg: TrainConfig, out_dir: Path, console=None) -> dict[str, Any]:

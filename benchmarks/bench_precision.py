@@ -1,0 +1,135 @@
+"""bfloat16 against float32 on the SAME trajectories: does the cheaper precision keep what SDAR reads?
+
+One step's rollouts are sampled once (float32); then a float32 trainer and a bfloat16 trainer, both holding the same
+starting weights (the config's warm start, loaded in each precision: the base in that dtype, the LoRA adapter and its
+optimizer state in float32, as mixed-precision LoRA runs), score them (old, reference and privileged-teacher
+log-probs) and make the step's update. Printed, per quantity, float32's value, bfloat16's, and their difference:
+- per token (over the tokens that carry a choice: every loss term and statistic reads these): the largest and the mean
+  absolute difference of old_logp and the teacher's logp, and of the gap (teacher - old) the gate reads;
+- the step's metrics: sdar/gap_mean, sdar/gate_mean, each loss term (loss/*), and the seconds of each phase.
+A bound is printed beside each (`TOLERANCE`) and the run ends non-zero when one is exceeded, so a default that
+depends on bfloat16 rests on a measured check. Run (SmolLM2, the real weights; its warm start must be cached):
+  .venv/bin/python benchmarks/bench_precision.py --config configs/household-smollm2.yaml [--set KEY=VALUE] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+
+# what "keeps" means: per-token log-probs within 0.1 nats at the largest and 0.02 on average; the step's gap and
+# gate means within 0.02 and 0.005 (the gate is sigmoid(beta * gap) with beta 5, so 0.005 is a 0.004-nat gap);
+# each loss term within 5% of its float32 value or 1e-3 absolute
+TOLERANCE = {"token_max": 0.1, "token_mean": 0.02, "sdar/gap_mean": 0.02, "sdar/gate_mean": 0.005,
+             "loss_rel": 0.05, "loss_abs": 1e-3}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", default="configs/household-smollm2.yaml")
+    p.add_argument("--arm", default="sdar")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--smoke", action="store_true", help="1 task x 2 rollouts of 3 turns (the CI's size)")
+    p.add_argument("--json", help="write the figures here too")
+    args = p.parse_args(argv)
+
+    import torch
+
+    from sdar.config import load_config, parse_set
+    from sdar.models import ModelSpec, load_policy
+    from sdar.models.scoring import free_token_mask
+    from sdar.train import Trainer
+    from sdar.train.metrics import step_metrics
+    from sdar.train.warmstart import ensure_warm_start, warm_start_path
+
+    overrides = dict(parse_set(s) for s in args.set)
+    if args.smoke:
+        overrides = {"tasks_per_step": 1, "group_size": 2, "rollout.max_turns": 3, **overrides}
+    # old_logp from each trainer's own forward: the sampler's log-probs (float32's, here) would stand in for bfloat16's
+    overrides = {"arm": args.arm, "tracking": False, "eval.every": 0, "checkpoint.every": 0,
+                 "ppo.old_logp_from_sampler": False, **overrides}
+    base = load_config(args.config, overrides)
+    ensure_warm_start(base)
+    start = warm_start_path(base)
+    where = str(start) if start is not None else base.model.name_or_path
+    trainers = {}
+    for dtype in ("float32", "bfloat16"):
+        cfg = replace(base, model=replace(base.model, dtype=dtype), output_dir=f"/tmp/sdar-bench-precision/{dtype}")
+        m = cfg.model
+        torch.manual_seed(cfg.seed)  # the fresh adapter's initialisation: the same in both
+        policy = load_policy(ModelSpec(name_or_path=where, dtype=dtype, lora=m.lora, lora_r=m.lora_r,
+                                       lora_alpha=m.lora_alpha, lora_dropout=m.lora_dropout))
+        trainers[dtype] = Trainer(cfg, policy=policy)
+    t32, t16 = trainers["float32"], trainers["bfloat16"]
+    adapter = {k: v for k, v in t32.policy.model.state_dict().items() if "lora_" in k}
+    t16.policy.model.load_state_dict(adapter, strict=False)  # the same adapter values (float32 in both)
+    with t32.scorer.scope():
+        t0 = time.perf_counter()
+        rollouts = t32.rollout_phase(0)
+        rollout_s = time.perf_counter() - t0
+    out: dict[str, dict] = {}
+    for dtype, tr in trainers.items():
+        with tr.scorer.scope():
+            t0 = time.perf_counter()
+            batch = tr.score_phase(0, rollouts)
+            score_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            update = tr.update_phase(0, batch)
+            update_s = time.perf_counter() - t0
+        metrics = step_metrics(tr.cfg, batch, update, 0.0, teacher=tr.teacher, skipped=0, replay=None, dist=tr.dist)
+        out[dtype] = {"batch": batch, "metrics": metrics, "score_s": score_s, "update_s": update_s}
+    b32, b16 = out["float32"]["batch"], out["bfloat16"]["batch"]
+    free = free_token_mask(b32.allowed, b32.old.mask).bool()
+    failures: list[str] = []
+    rows: list[tuple[str, str, str, str, str]] = []
+
+    def per_token(name: str, a: torch.Tensor, b: torch.Tensor) -> None:
+        d = (a.float().cpu() - b.float().cpu())[free].abs()
+        mx, mean = float(d.max()) if d.numel() else 0.0, float(d.mean()) if d.numel() else 0.0
+        rows.append((f"{name} per token (max | mean abs diff)", "", "", f"{mx:.4f} | {mean:.4f}",
+                     f"{TOLERANCE['token_max']} | {TOLERANCE['token_mean']}"))
+        if mx > TOLERANCE["token_max"] or mean > TOLERANCE["token_mean"]:
+            failures.append(name)
+
+    per_token("old_logp", b32.old.logp, b16.old.logp)
+    if b32.teacher is not None:
+        per_token("teacher logp", b32.teacher.logp, b16.teacher.logp)
+        per_token("gap", b32.teacher.logp - b32.old.logp, b16.teacher.logp - b16.old.logp)
+    m32, m16 = out["float32"]["metrics"], out["bfloat16"]["metrics"]
+    keys = [k for k in ("sdar/gap_mean", "sdar/gate_mean") if k in m32] + sorted(k for k in m32 if k.startswith("loss/"))
+    for k in keys:
+        a, b = float(m32[k]), float(m16.get(k, float("nan")))
+        diff = abs(a - b)
+        if k.startswith("loss/"):
+            bound = max(TOLERANCE["loss_rel"] * abs(a), TOLERANCE["loss_abs"])
+        else:
+            bound = TOLERANCE[k]
+        rows.append((k, f"{a:+.5f}", f"{b:+.5f}", f"{diff:.5f}", f"{bound:.4g}"))
+        if not diff <= bound:
+            failures.append(k)
+    rows.append(("score phase seconds", f"{out['float32']['score_s']:.1f}", f"{out['bfloat16']['score_s']:.1f}",
+                 f"x{out['float32']['score_s'] / max(out['bfloat16']['score_s'], 1e-9):.2f}", ""))
+    rows.append(("update phase seconds", f"{out['float32']['update_s']:.1f}", f"{out['bfloat16']['update_s']:.1f}",
+                 f"x{out['float32']['update_s'] / max(out['bfloat16']['update_s'], 1e-9):.2f}", ""))
+    n_tokens = int(free.sum())
+    print(f"bfloat16 against float32 on the same {len(rollouts.trajs)} episodes ({len(rollouts.batch)} turn-samples, "
+          f"{n_tokens} choice tokens; rollout sampled once in float32 in {rollout_s:.1f} s), arm {args.arm}, "
+          f"model {base.model.name_or_path} from {where}")
+    print("| quantity | float32 | bfloat16 | difference | bound |")
+    print("|---|---:|---:|---:|---:|")
+    for r in rows:
+        print("| " + " | ".join(r) + " |")
+    print("within every bound" if not failures else f"OUTSIDE the bound: {', '.join(failures)}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "failures": failures, "choice_tokens": n_tokens}, indent=2))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

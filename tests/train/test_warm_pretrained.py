@@ -1,0 +1,233 @@
+"""The warm start of a pretrained checkpoint (issue 46 point 1) on the real SmolLM2-135M-Instruct weights at a miniature
+size, and the cache's build lock (issue 43 point 7) with real processes: a build killed mid-SFT leaves nothing a later
+run takes for a finished warm start, the next build removes what it left, two commands build one entry once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sdar.config import load_config
+
+CONFIG = "configs/household-tiny.yaml"
+# the real checkpoint at a miniature size: 2 expert episodes (about 16 examples, 2 updates of 8), evaluated on 1 task
+MINI = {
+    "model.name_or_path": "smollm2", "warmstart.pretrained": True, "model.dtype": "bfloat16",
+    "warmstart.episodes": 2, "warmstart.epochs": 1, "warmstart.batch_size": 8, "warmstart.lr": 5e-4,
+    "warmstart.prompt_lm_weight": 0.0, "warmstart.eval_tasks": 1, "rollout.max_turns": 3,
+    "rollout.max_response_tokens": 12, "eval.tasks": 4,
+}
+
+
+def _sets(overrides: dict) -> list[str]:
+    return [a for k, v in overrides.items() for a in ("--set", f"{k}={json.dumps(v)}")]
+
+
+def _warmstart_cmd(out: Path, overrides: dict) -> list[str]:
+    return [sys.executable, "-m", "sdar.cli", "warmstart", "--config", CONFIG,
+            *_sets({**overrides, "output_dir": str(out)})]
+
+
+@pytest.fixture
+def cache(tmp_path, _sdar_cache_dir, monkeypatch):
+    """An empty sdar cache of this test's own, with the session cache's converted SmolLM2 linked into it (so no test
+    converts the GGUF twice)."""
+    from sdar.models.gguf import smollm2_dir
+
+    smollm2_dir()  # in the session cache
+    own = tmp_path / "cache"
+    own.mkdir()
+    (own / "models").symlink_to(Path(_sdar_cache_dir) / "models", target_is_directory=True)
+    monkeypatch.setenv("SDAR_CACHE_DIR", str(own))
+    return own
+
+
+def test_a_killed_smollm2_warm_start_leaves_no_entry_and_the_next_build_finishes_it(tmp_path, cache, mlflow_uri):
+    from sdar.models.cache import leftovers
+    from sdar.train.warmstart import WarmStartMissing, load_warm_policy, warm_start_path
+
+    overrides = {**MINI, "tracking": True}
+    cfg = load_config(CONFIG, {**overrides, "output_dir": str(tmp_path / "out")})
+    target = warm_start_path(cfg)
+    assert target.parent == cache / "warm" and target.name.startswith("household-smollm2-")
+    env = {**os.environ, "SDAR_CACHE_DIR": str(cache)}
+
+    # killed (SIGKILL: no handler runs) as soon as the SFT starts
+    proc = subprocess.Popen(_warmstart_cmd(tmp_path / "out", overrides), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith("warm start: SFT"):
+            proc.send_signal(signal.SIGKILL)
+            break
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, "".join(seen)
+    assert not target.exists()
+    assert leftovers(target), "the killed build's temporary folder is what the next build must clean"
+    assert not any((p / "warmstart.json").exists() for p in leftovers(target))
+    with pytest.raises(WarmStartMissing, match="has no warm start yet"):
+        load_warm_policy(cfg)
+
+    done = subprocess.run(_warmstart_cmd(tmp_path / "out", overrides), capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == str(target)
+    assert not leftovers(target)
+    info = json.loads((target / "warmstart.json").read_text())
+    assert info["lora"] is True and info["dtype"] == "bfloat16" and info["sft_updates"] >= 1
+    assert 0 < info["trainable_parameters"] < 10_000_000  # the adapter only
+    for when in ("before", "after"):
+        for mode in ("constrained", "free"):
+            r = info[when][mode]
+            assert r["n"] == 1 and 0.0 <= r["success"] <= 1.0 and 0.0 <= r["well_formed_rate"] <= 1.0
+    # constrained decoding only writes admissible actions
+    assert info["before"]["constrained"]["admissible_rate"] == 1.0
+    # the table of before and after, with the free-sampling well-formed rate
+    assert "held-out success on 1 tasks" in done.stderr and "well-formed (free)" in done.stderr
+    # the adapter is kept (a few MB), its base named
+    meta = json.loads((target / "sdar_policy.json").read_text())
+    assert meta["lora"] is True and meta["base"] == "smollm2" and (target / "adapter_config.json").is_file()
+    assert not (target / "model.safetensors").exists()
+
+    import mlflow
+
+    runs = mlflow.search_runs(experiment_names=[cfg.experiment], filter_string="tags.`sdar.kind` = 'warmstart'",
+                              output_format="list")
+    assert len(runs) == 1 and runs[0].info.run_name == "warmstart-smollm2"
+    assert runs[0].data.metrics["warmstart/after/free/well_formed_rate"] == info["after"]["free"]["well_formed_rate"]
+
+    # cached: the next command prints the same table without building
+    again = subprocess.run(_warmstart_cmd(tmp_path / "out", overrides), capture_output=True, text=True, env=env,
+                           timeout=300)
+    assert again.returncode == 0 and "warm start: SFT" not in again.stderr and "well-formed (free)" in again.stderr
+
+    # training loads the warm start merged: a fresh adapter on it, the reference is the warm start itself
+    _the_loaded_policy_is_the_warm_start(cfg, target)
+
+
+def _the_loaded_policy_is_the_warm_start(cfg, target: Path) -> None:
+    import torch
+
+    from sdar.models import Policy
+    from sdar.models.scoring import response_logprobs
+    from sdar.train.warmstart import load_warm_policy
+
+    warm = Policy.load(target)  # the adapter on its bfloat16 base, as the SFT left it
+    policy = load_warm_policy(cfg)  # the config's model.dtype, bfloat16: the warm start's own
+    tok = policy.tokenizer
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Task: put a mug in cabinet."}],
+                                     add_generation_prompt=True)
+    prompt = prompt if isinstance(prompt, list) else prompt["input_ids"]
+    resp = tok("<action>go to cabinet 1</action>", add_special_tokens=False)["input_ids"]
+    pad = tok.pad_token_id
+
+    def logp(model):
+        model.eval()
+        with torch.no_grad():
+            s = response_logprobs(model, [prompt], [resp], pad_id=pad)
+        return s.logp[s.mask.bool()]
+
+    ours = logp(policy.model)
+    unmerged = logp(warm.model)
+    merged = logp(warm.model.merge_and_unload())  # peft's own merge of the same adapter
+    torch.testing.assert_close(ours, merged, rtol=0, atol=1e-6)
+    assert (ours - unmerged).abs().mean() < 0.05  # bfloat16 rounding of the merged weights only
+    with policy.reference() as ref:
+        torch.testing.assert_close(logp(ref), ours, rtol=0, atol=1e-6)
+    names = [n for n, p in policy.model.named_parameters() if p.requires_grad]
+    assert names and all("lora_" in n for n in names)
+    assert policy.base_source == str(target)
+
+
+def test_the_pretrained_key_follows_what_shapes_the_weights_and_not_the_report(tmp_path, cache):
+    from sdar.train.warm_pretrained import pretrained_key
+
+    base = {**MINI, "output_dir": str(tmp_path)}
+    key = pretrained_key(load_config(CONFIG, base))
+    for change in ({"warmstart.lora": False}, {"model.dtype": "float32"}, {"warmstart.lr": 1e-4},
+                   {"model.lora_r": 8}, {"seed": 1}, {"warmstart.episodes": 3}):
+        assert pretrained_key(load_config(CONFIG, {**base, **change})) != key, change
+    for same in ({"warmstart.eval_tasks": 5}, {"eval.tasks": 9}, {"tracking": False}, {"steps": 7},
+                 {"warmstart.vocab_size": 512}):
+        assert pretrained_key(load_config(CONFIG, {**base, **same})) == key, same
+    # a fixed warm-start seed: the runs of every seed share one warm start
+    fixed = {**base, "warmstart.seed": 0}
+    assert pretrained_key(load_config(CONFIG, {**fixed, "seed": 2})) == pretrained_key(load_config(CONFIG, fixed)) == key
+    # full fine-tuning does not depend on the LoRA rank
+    full = {**base, "warmstart.lora": False}
+    assert pretrained_key(load_config(CONFIG, full)) == pretrained_key(load_config(CONFIG, {**full, "model.lora_r": 8}))
+    # a local directory is keyed by its files
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    (d / "config.json").write_text("{}")
+    local = {**base, "model.name_or_path": str(d)}
+    k1 = pretrained_key(load_config(CONFIG, local))
+    (d / "model.safetensors").write_bytes(b"x" * 10)
+    assert pretrained_key(load_config(CONFIG, local)) != k1
+
+
+def test_warmstart_refuses_a_pretrained_config_without_the_switch_naming_it(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "sdar.cli", "warmstart", "--config", CONFIG, "--set",
+                          "model.name_or_path=smollm2", "--set", f"output_dir={tmp_path}"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "warmstart.pretrained is false" in out.stderr and "--set warmstart.pretrained=true" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_two_commands_that_need_one_warm_start_build_it_once(tmp_path, monkeypatch):
+    """Issue 43.7: the second waits, told which process builds it, then finds the entry."""
+    from tests.train.conftest import SMALL
+
+    cache = tmp_path / "cache"
+    env = {**os.environ, "SDAR_CACHE_DIR": str(cache)}
+    cmds = [[sys.executable, "-m", "sdar.cli", "warmstart", "--config", CONFIG,
+             *_sets({**SMALL, "output_dir": str(tmp_path / f"out{i}")})] for i in range(2)]
+    first = subprocess.Popen(cmds[0], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 120
+    while not list((cache / "tiny").glob(".*.lock")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    second = subprocess.run(cmds[1], capture_output=True, text=True, env=env, timeout=600)
+    out1, err1 = first.communicate(timeout=600)
+    assert first.returncode == 0 and second.returncode == 0, err1[-2000:] + second.stderr[-2000:]
+    assert out1.strip().splitlines()[-1] == second.stdout.strip().splitlines()[-1]
+    assert f"waiting for pid {first.pid}" in second.stderr and "to finish building" in second.stderr
+    assert "warm start: SFT" in err1 and "warm start: SFT" not in second.stderr  # built once
+    target = Path(out1.strip().splitlines()[-1])
+    assert sorted(p.name for p in target.parent.iterdir()) == sorted([target.name, f".{target.name}.lock"])
+
+
+def test_build_once_removes_dead_builds_and_a_target_without_its_marker(tmp_path):
+    from sdar.models.cache import build_once, leftovers
+
+    target = tmp_path / "entry"
+    (tmp_path / ".entry.abc123").mkdir()  # a build killed mid-way
+    (tmp_path / ".entry.abc123" / "weights").write_text("half")
+    target.mkdir()  # an entry without its marker (copied by hand, or from before the marker)
+    (target / "stale").write_text("x")
+    calls = []
+
+    def build(tmp: Path) -> None:
+        calls.append(tmp)
+        (tmp / "weights").write_text("whole")
+        (tmp / "done.json").write_text("{}")
+
+    assert build_once(target, build, "done.json") == target
+    assert (target / "weights").read_text() == "whole" and not (target / "stale").exists()
+    assert not leftovers(target) and len(calls) == 1
+    assert build_once(target, build, "done.json") == target and len(calls) == 1  # found, not rebuilt
+
+    def broken(tmp: Path) -> None:
+        (tmp / "weights").write_text("no marker")
+
+    with pytest.raises(RuntimeError, match="did not write done.json"):
+        build_once(tmp_path / "other", broken, "done.json")
+    assert not (tmp_path / "other").exists() and not leftovers(tmp_path / "other")
