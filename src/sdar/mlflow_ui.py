@@ -233,15 +233,21 @@ def _cmd_ui(args: argparse.Namespace) -> int:
     if args.no_serve:
         print(url)
         return 0
+    from sdar.lifecycle import Terminated, ending_on_signals
+
     print(f"starting mlflow server on 127.0.0.1:{args.port} over {uri} ...", flush=True)
     try:
-        with serve(uri, port=args.port):
+        # SIGTERM and SIGHUP stop the server as Ctrl-C does (its whole process group: uvicorn, job runner, workers)
+        with ending_on_signals(), serve(uri, port=args.port):
             print(f"the comparison in MLflow (arms side by side, held-out success, curves): open\n  {url}\n"
-                  "Ctrl-C stops the server.", flush=True)
+                  "Ctrl-C (or SIGTERM) stops the server.", flush=True)
             while True:
                 time.sleep(3600)
     except KeyboardInterrupt:
         return 0
+    except Terminated as exc:
+        print(f"sdar ui: {exc}; the mlflow server on 127.0.0.1:{args.port} is stopped", flush=True)
+        return exc.code
     except RuntimeError as exc:
         raise SystemExit(f"sdar ui: {exc}") from None
 
@@ -261,12 +267,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def stop_group(proc: subprocess.Popen, grace_s: float) -> None:
-    """End the process group `proc` leads: SIGTERM, then SIGKILL after `grace_s`."""
+    """End the process group `proc` leads, every member of it: SIGTERM to the group, then SIGKILL to what is left of it
+    after `grace_s` (the leader may exit before its workers do: an mlflow server's uvicorn and huey workers)."""
+    from sdar.lifecycle import group_members
+
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
-    try:
+    deadline = time.monotonic() + grace_s
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
+    while group_members(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if group_members(proc.pid) or proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    proc.wait()

@@ -75,18 +75,20 @@ def config_fingerprint(cfg) -> str:
 
 
 def warm_start_digest(cfg) -> str | None:
-    """A hash of the warm-started tiny checkpoint's tensors (names, dtypes, shapes, bytes); None when the config's
-    model is not the tiny one (a named model is its own identity). Two builds of one recipe that differ in any bit
-    get different digests: at this scale such a difference moves held-out success by several points."""
-    if cfg.model.name_or_path != "tiny":
+    """A hash of the warm start's tensors (names, dtypes, shapes, bytes: the tiny checkpoint's weights, a pretrained
+    model's adapter or weights); None when the config trains a named model as it is (the name is its identity). Two
+    builds of one recipe that differ in any bit get different digests: at this scale such a difference moves held-out
+    success by several points."""
+    from sdar.train.warmstart import warm_start_path
+
+    where = warm_start_path(cfg)
+    if where is None:
         return None
     import torch
     from safetensors import safe_open
 
-    from sdar.train.warmstart import tiny_checkpoint_path
-
     h = hashlib.sha256()
-    for f in sorted(tiny_checkpoint_path(cfg).glob("*.safetensors")):
+    for f in sorted(where.glob("*.safetensors")):
         with safe_open(str(f), "pt") as st:
             for k in sorted(st.keys()):
                 t = st.get_tensor(k).contiguous()
@@ -117,10 +119,10 @@ def failure_modes(trajectories) -> dict[str, Any]:
     return {"failed": len(failed), **stages, "refused_turn_share": refused / turns if turns else 0.0}
 
 
-def _warm_dir(cfg) -> Path:
-    from sdar.train.warmstart import tiny_checkpoint_path
+def _warm_dir(cfg) -> Path | None:
+    from sdar.train.warmstart import warm_start_path
 
-    return tiny_checkpoint_path(cfg)
+    return warm_start_path(cfg)
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

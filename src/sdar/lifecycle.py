@@ -1,0 +1,71 @@
+"""How a command that starts processes ends: SIGTERM (what `kill`, systemd and Kubernetes send) and SIGHUP (a closing
+terminal) end it as Ctrl-C does, as an exception in the main thread, so every `finally` that stops a child process
+group runs before it exits. Without this, Python dies at once on either signal and its children (an `mlflow server`
+with its uvicorn and huey workers, an env server) are left running, orphaned, holding their ports."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import Iterator
+
+ENDING = (signal.SIGTERM, signal.SIGHUP)
+
+
+class Terminated(SystemExit):
+    """Raised in the main thread by SIGTERM or SIGHUP inside `ending_on_signals`; exits with 128 + the signal's
+    number, the status a shell reports for a process the signal ended."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
+
+    def __str__(self) -> str:
+        return f"ended by {signal.Signals(self.signum).name}"
+
+
+@contextlib.contextmanager
+def ending_on_signals(signals: tuple[int, ...] = ENDING) -> Iterator[None]:
+    """Within the block, `signals` raise `Terminated` in the main thread (the previous handlers are restored after).
+    Outside the main thread it does nothing (Python delivers signals to the main thread only)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_terminated(signum, _frame):
+        for s in signals:  # once: a second signal must not interrupt the cleanup the first one started
+            signal.signal(s, signal.SIG_IGN)
+        raise Terminated(signum)
+
+    previous = {s: signal.signal(s, raise_terminated) for s in signals}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live processes (zombies left out) of process group `pgid`: read from /proc where there is one, else whether
+    the group takes a signal ([pgid] or [])."""
+    import os
+    from pathlib import Path
+
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return []
+        return [pgid]
+    out = []
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            state, _ppid, pgrp = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if int(pgrp) == pgid and state != "Z":
+            out.append(int(stat.parent.name))
+    return out
