@@ -28,7 +28,9 @@ QWEN25_SHAPES: dict[str, dict] = {
         "bos_token_id": 151643, "eos_token_id": 151645,
     },
 }
-SHAPES = ("tiny", *QWEN25_SHAPES)  # tiny: the config's own model (its warm start)
+SHAPES = ("tiny", "smollm2", *QWEN25_SHAPES)  # tiny: the config's own model (its warm start); smollm2: SmolLM2-135M-Instruct, real weights
+# the models with their real weights (the rest are published shapes with random weights)
+REAL = ("tiny", "smollm2")
 
 
 def random_policy(shape: str, model_cfg, *, layers: int | None = None, device: str = "cpu", seed: int = 0):
@@ -244,3 +246,40 @@ def _sync() -> None:
 
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
+
+
+def matmul_rate(dtype, device: str = "cpu", n: int = 2048, seconds: float = 2.0) -> float:
+    """FLOP/s of an n x n by n x n matrix product in `dtype` on `device`, measured now (the best of repeated runs of
+    about `seconds` in all, after one warm-up): the rate a model's linear layers can reach at most."""
+    import torch
+
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    a @ b
+    _sync()
+    best, spent = float("inf"), 0.0
+    while spent < seconds:
+        t0 = time.perf_counter()
+        a @ b
+        _sync()
+        dt = time.perf_counter() - t0
+        best, spent = min(best, dt), spent + dt
+    return 2 * n**3 / best
+
+
+def linear_flops_per_position(model) -> dict[str, float]:
+    """FLOPs per forwarded position of the decoder's linear layers (2 x their weights: projections and MLP; the output
+    head, computed at a subset of positions, and attention's scores, small at these lengths, are left out, so a floor
+    built on it is a lower bound): {"forward": 2N, "train": 4N with LoRA (backward to the inputs through the frozen
+    weights; the adapter's own gradients are negligible) or 6N with full fine-tuning (the weights' gradients too)}."""
+    import torch
+
+    head = model.get_output_embeddings()
+    seen, n = set(), 0
+    for name, mod in model.named_modules():
+        # the adapters' own r x d matrices (peft's lora_A / lora_B) are not counted: they are the base layer's delta
+        if isinstance(mod, torch.nn.Linear) and mod is not head and "lora_" not in name and id(mod.weight) not in seen:
+            seen.add(id(mod.weight))
+            n += mod.weight.numel()
+    full = any(p.requires_grad for p in model.get_input_embeddings().parameters())
+    return {"forward": 2.0 * n, "train": (6.0 if full else 4.0) * n, "linear_weights": float(n)}

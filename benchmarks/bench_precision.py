@@ -51,9 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     overrides = dict(parse_set(s) for s in args.set)
     if args.smoke:
         overrides = {"tasks_per_step": 1, "group_size": 2, "rollout.max_turns": 3, **overrides}
-    # old_logp from each trainer's own forward: the sampler's log-probs (float32's, here) would stand in for bfloat16's
-    overrides = {"arm": args.arm, "tracking": False, "eval.every": 0, "checkpoint.every": 0,
-                 "ppo.old_logp_from_sampler": False, **overrides}
+    # old_logp from each trainer's own score phase: the sampler's log-probs (float32's, here) would stand in for
+    # bfloat16's, and rows left to the update's first forward would be compared before they are filled
+    overrides = {"arm": args.arm, "tracking": False, "eval.every": 0,
+                 "ppo.old_logp_from_sampler": False, "ppo.reuse_old_logp": False, **overrides}
     base = load_config(args.config, overrides)
     ensure_warm_start(base)
     start = warm_start_path(base)
@@ -92,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     def per_token(name: str, a: torch.Tensor, b: torch.Tensor) -> None:
         d = (a.float().cpu() - b.float().cpu())[free].abs()
         mx, mean = float(d.max()) if d.numel() else 0.0, float(d.mean()) if d.numel() else 0.0
-        rows.append((f"{name} per token (max | mean abs diff)", "", "", f"{mx:.4f} | {mean:.4f}",
-                     f"{TOLERANCE['token_max']} | {TOLERANCE['token_mean']}"))
+        rows.append((f"{name} per token (max / mean abs diff)", "", "", f"{mx:.4f} / {mean:.4f}",
+                     f"{TOLERANCE['token_max']} / {TOLERANCE['token_mean']}"))
         if mx > TOLERANCE["token_max"] or mean > TOLERANCE["token_mean"]:
             failures.append(name)
 

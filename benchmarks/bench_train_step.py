@@ -3,7 +3,8 @@ phase's seconds, its forwards of the model, positions per forward, the share of 
 outside the model (host: Python, sampling, environments, the optimizer) and, for the rollout, the host seconds per
 decode step. Then SDAR/GRPO per phase and per step.
 
-The model is a shape: `tiny` (the config's own model, warm-started) or a published one with random weights
+The model: `tiny` (the config's own model, warm-started), `smollm2` (SmolLM2-135M-Instruct's real weights, warm-started
+when the config says so: configs/household-smollm2.yaml), or a published shape with random weights
 (`qwen2.5-0.5b`, `qwen2.5-1.5b`: the configs in benchmarks/_shared.py, the Qwen2.5 tokenizer sdar.models.qwen
 builds, no download); `--layers N` keeps the first N decoder layers (the same width and vocabulary, for a CPU).
 Forwards are counted by hooks on the decoder's class (benchmarks/_shared.py:ForwardMeter), whichever module
@@ -24,8 +25,10 @@ phases' raw limits with a plain module (a LoRA adapter merged in):
   update:  plain forward + backward + AdamW over the update's sequences in the same micro-batches.
 For the arms with a teacher it prints the teacher pass's positions (padding included) beside the exact minimum, the
 nodes of its sequences' prefix trie (`sdar.models.scoring.prefix_trie_positions`), and the SDAR/GRPO floor that
-minimum implies at the same seconds per position. Run:
-  .venv/bin/python benchmarks/bench_train_step.py [--model tiny|qwen2.5-0.5b|qwen2.5-1.5b] [--layers N] [--steps 2]
+minimum implies at the same seconds per position. --floor (on for smollm2) prints each phase's arithmetic floor: its
+forwarded positions x the decoder's linear FLOPs per position (2N no-grad, 4N for a LoRA update, 6N full) at the
+matrix-multiply rate measured at the start of the same run, in the config's dtype. Run:
+  .venv/bin/python benchmarks/bench_train_step.py [--model tiny|smollm2|qwen2.5-0.5b|qwen2.5-1.5b] [--layers N] [--steps 2]
       [--config configs/household-tiny.yaml] [--set KEY=VALUE] [--compare-off] [--modes on,batched,packed] [--limits]
       [--smoke]
 """
@@ -41,7 +44,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _shared import QWEN25_SHAPES, SHAPES, ForwardMeter, random_policy
+from _shared import (
+    QWEN25_SHAPES,
+    REAL,
+    SHAPES,
+    ForwardMeter,
+    linear_flops_per_position,
+    matmul_rate,
+    random_policy,
+)
 
 # the speed-ups, each a config flag (default on); --compare-off sets every one of them to its "off" value
 SPEEDUPS_OFF = {"rollout.jump_forward": False, "rollout.share_prefix": False, "ppo.old_logp_from_sampler": False, "ppo.reuse_old_logp": False,
@@ -163,12 +174,17 @@ def limits(trainer, trajs) -> dict[str, float]:
 
 
 def build_trainer(cfg, shape: str, layers: int | None, console):
-    """The trainer of `cfg` on a model of `shape` (tiny: the config's warm-started model)."""
+    """The trainer of `cfg` on a model of `shape` (tiny: the config's warm-started model; smollm2: SmolLM2-135M-Instruct,
+    its real weights, warm-started when the config says so)."""
+    from dataclasses import replace
+
     from sdar.train import Trainer
 
-    if shape == "tiny":
+    if shape in REAL:
         from sdar.train.warmstart import ensure_warm_start
 
+        if shape != cfg.model.name_or_path:
+            cfg = replace(cfg, model=replace(cfg.model, name_or_path=shape))
         ensure_warm_start(cfg, console)
         return Trainer(cfg, console=console)
     return Trainer(cfg, policy=random_policy(shape, cfg.model, layers=layers, device=str(cfg.resolved_device()), seed=cfg.seed),
@@ -241,10 +257,11 @@ def arm_steps(args, shape: str, arm: str, overrides: dict, console):
                     trainer.train_step(step)
                 steps.append(step_figures(meter, last["rollout"].trajs, record))
         timed = steps[1:] or steps  # the first step warms up, unless it is the only one
+        flops = linear_flops_per_position(model)
         if not args.limits:
-            return summary(timed, counts, model, cfg)
+            return {**summary(timed, counts, model, cfg), "flops_per_position": flops}
         yield  # the limits are timed after every arm's steps (a round of their own)
-        out = summary(timed, counts, model, cfg)
+        out = {**summary(timed, counts, model, cfg), "flops_per_position": flops}
         lim = limits(trainer, last["rollout"].trajs)
         lim["score_s"] = (lim["student_forward_s"] if trainer.arm.kl_coef else 0.0) + \
             (lim["teacher_forward_s"] if trainer.arm.needs_teacher else 0.0)
@@ -343,6 +360,30 @@ def report(rows: dict, args, shape: str, cfg_note: str) -> str:
                 lines.append(f"teacher pass, speed-ups {m}: {t['seconds']:.2f} s, {t['positions'] / 1e3:.1f}k positions forwarded, "
                              f"the exact minimum (its prefix trie) {t['trie'] / 1e3:.1f}k ({t['trie'] / max(t['positions'], 1):.2f}x); "
                              f"SDAR/GRPO floor {1 + sd['teacher_floor_s'] / gr['step_s']:.2f}x = 1 + the pass at its minimum / GRPO's step")
+    if args.floor:
+        rate, fl0 = args.floor_rate, first["flops_per_position"]
+        train_n = "6N" if fl0["train"] > 4.5 * fl0["linear_weights"] else "4N"
+        note = (f"The arithmetic floor: each phase's forwarded positions (padding included) x the FLOPs per position of "
+                f"the decoder's linear layers (no-grad passes 2N, the update {train_n}; N = "
+                f"{fl0['linear_weights'] / 1e6:,.1f}M weights) at the matrix-multiply rate measured in this run "
+                f"({rate / 1e9:,.0f} GFLOP/s in {first['dtype']}, 2048 x 2048); the head and attention's scores are left "
+                "out, so the floor is a lower bound.")
+        lines += ["", note, "", "| arm | speed-ups | phase | positions | floor s | seconds | x floor |",
+                  "|---|---|---|---:|---:|---:|---:|"]
+        for (arm, mode), r in rows.items():
+            fl = r["flops_per_position"]
+            total = 0.0
+            for name in PHASES:
+                ph = r["phases"].get(name)
+                if ph is None:
+                    continue
+                floor = ph["positions"] * (fl["train"] if name == "update" else fl["forward"]) / rate
+                total += floor
+                ratio = f"{ph['seconds'] / floor:.2f}x" if floor > 0 else "-"
+                lines.append(f"| {arm} | {mode} | {name} | {ph['positions']:,.0f} | {floor:.3f} | {ph['seconds']:.2f} "
+                             f"| {ratio} |")
+            ratio = f"**{r['step_s'] / total:.2f}x**" if total > 0 else "-"
+            lines.append(f"| {arm} | {mode} | **step** | | **{total:.3f}** | **{r['step_s']:.2f}** | {ratio} |")
     if args.limits:
         lines += ["", "| arm | speed-ups | rollout / limit | score / limit | update / limit |", "|---|---|---:|---:|---:|"]
         for (arm, mode), r in rows.items():
@@ -358,7 +399,11 @@ def report(rows: dict, args, shape: str, cfg_note: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="tiny", choices=SHAPES, help="the model's shape (random weights but for tiny)")
+    ap.add_argument("--model", default="tiny", choices=SHAPES,
+                    help="the model: tiny (the config's warm start), smollm2 (SmolLM2-135M-Instruct's real weights, "
+                         "warm-started when the config says so) or a published shape with random weights")
+    ap.add_argument("--floor", action="store_true", help="also print each phase's arithmetic floor: its positions x "
+                    "the FLOPs per position at the matrix-multiply rate measured in this run (on by default for smollm2)")
     ap.add_argument("--layers", type=int, default=None, help="keep the first N decoder layers of a published shape")
     ap.add_argument("--config", default="configs/household-tiny.yaml")
     ap.add_argument("--arms", default="grpo,sdar")
@@ -388,6 +433,16 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--modes {args.modes}: choose among {', '.join(MODES)}")
     modes = {name: MODES[name] for name in names}
     arms = args.arms.split(",")
+    args.floor = args.floor or args.model == "smollm2"
+    if args.floor:  # the rate of the precision that runs, measured before the arms (the same machine, the same run)
+        import torch
+
+        from sdar.config import load_config as _load
+
+        probe = _load(args.config, overrides)
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[probe.model.dtype]
+        args.floor_rate = matmul_rate(dtype, str(probe.resolved_device()))
+        console.print(f"matrix-multiply rate: {args.floor_rate / 1e9:,.0f} GFLOP/s ({probe.model.dtype}, 2048 x 2048)")
     runs = {(arm, mode): arm_steps(args, args.model, arm, {**overrides, **extra}, console) for arm in arms for mode, extra in modes.items()}
     # interleaved: a round runs one step of every arm in turn, so a machine that drifts (another tenant, heat)
     # slows every arm alike and the ratios between them stay side by side

@@ -170,3 +170,31 @@ def check_train_step_figures(out: str, arms: set[str], modes: set[str]) -> None:
         for phase in ("rollout seconds", "score seconds", "update seconds", "**step**"):
             assert all(number(c) > 0 for c in ratios[phase])
         assert re.search(r"SDAR/GRPO, speed-ups on: [\d.]+x per step; forwards \d+ against \d+", out)
+
+
+def test_bench_precision(tmp_path):
+    """bfloat16 against float32 on the same trajectories, the training tests' miniature (the tiny model)."""
+    out = bench("bench_precision.py", "--config", "configs/household-tiny.yaml", "--smoke", *SMALL,
+                "--json", str(tmp_path / "precision.json"))
+    rows = {r[0]: r for r in table_rows(out)}
+    for name in ("old_logp", "teacher logp", "gap"):
+        (diff, bound) = rows[f"{name} per token (max / mean abs diff)"][3:5]
+        assert all(number(x) >= 0 for x in diff.split(" / ") + bound.split(" / "))
+    for key in ("sdar/gap_mean", "sdar/gate_mean", "loss/pg", "loss/sdar", "loss/total"):
+        assert all(number(c) >= 0 or c.startswith("-") for c in rows[key][1:5]) and number(rows[key][3]) >= 0
+    assert re.search(r"bfloat16 against float32 on the same \d+ episodes \(\d+ turn-samples, \d+ choice tokens", out)
+    assert "within every bound" in out
+    assert json.loads((tmp_path / "precision.json").read_text())["failures"] == []
+
+
+def test_bench_train_step_on_smollm2_prints_each_phases_arithmetic_floor(tmp_path):
+    """`--model smollm2`: SmolLM2-135M-Instruct's real weights (no warm start in household-tiny), one step of one task;
+    the floor table: positions, floor seconds and the multiple of it per phase."""
+    out = bench("bench_train_step.py", "--model", "smollm2", "--smoke", "--arms", "grpo",
+                "--json", str(tmp_path / "step.json"), timeout_s=600)
+    assert re.search(r"model smollm2 \(139\.4M parameters, [\d.]+M trainable, float32 on cpu\)", out), out[:400]
+    assert re.search(r"N = 10[0-9]\.\dM weights\) at the matrix-multiply rate measured in this run \([\d,]+ GFLOP/s", out)
+    floor = [r for r in table_rows(out) if len(r) == 7 and r[0] == "grpo"]
+    assert [r[2] for r in floor] == ["rollout", "score", "update", "**step**"]
+    for r in floor[:3]:
+        assert number(r[3]) > 0 and number(r[4]) > 0 and number(r[6]) >= 1.0  # never faster than the floor
