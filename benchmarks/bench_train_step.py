@@ -61,7 +61,10 @@ SPEEDUPS_OFF = {"rollout.jump_forward": False, "rollout.share_prefix": False, "p
 # issue 40's fast paths, each a config switch (default off): what --modes batched and packed set
 FAST = {"batched": {"rollout.sampler": "batched", "scoring.packed": True},
         "packed": {"rollout.sampler": "lookahead", "scoring.packed": True}}
-MODES = {"on": {}, "off": SPEEDUPS_OFF, **FAST}
+# the precision a real model runs in, each on the defaults: fp32 against bf16 side by side (the same warm start, trained
+# in the config's warmstart.dtype, loaded in each)
+PRECISION = {"fp32": {"model.dtype": "float32"}, "bf16": {"model.dtype": "bfloat16"}}
+MODES = {"on": {}, "off": SPEEDUPS_OFF, **FAST, **PRECISION}
 # the trainer's named phases, Trainer.<name>_phase: the meter attributes each forward to the one running
 PHASES = ("rollout", "score", "update")
 # --smoke: the training tests' miniature of household-tiny (tests/train/conftest.py, the same warm start), one task
@@ -361,17 +364,18 @@ def report(rows: dict, args, shape: str, cfg_note: str) -> str:
                              f"the exact minimum (its prefix trie) {t['trie'] / 1e3:.1f}k ({t['trie'] / max(t['positions'], 1):.2f}x); "
                              f"SDAR/GRPO floor {1 + sd['teacher_floor_s'] / gr['step_s']:.2f}x = 1 + the pass at its minimum / GRPO's step")
     if args.floor:
-        rate, fl0 = args.floor_rate, first["flops_per_position"]
+        fl0 = first["flops_per_position"]
+        rates = ", ".join(f"{r / 1e9:,.0f} GFLOP/s in {d}" for d, r in args.floor_rate.items())
         train_n = "6N" if fl0["train"] > 4.5 * fl0["linear_weights"] else "4N"
         note = (f"The arithmetic floor: each phase's forwarded positions (padding included) x the FLOPs per position of "
                 f"the decoder's linear layers (no-grad passes 2N, the update {train_n}; N = "
-                f"{fl0['linear_weights'] / 1e6:,.1f}M weights) at the matrix-multiply rate measured in this run "
-                f"({rate / 1e9:,.0f} GFLOP/s in {first['dtype']}, 2048 x 2048); the head and attention's scores are left "
-                "out, so the floor is a lower bound.")
+                f"{fl0['linear_weights'] / 1e6:,.1f}M weights) at the matrix-multiply rate of the row's dtype measured "
+                f"in this run ({rates}; 2048 x 2048); the head and attention's scores are left out, so the floor is a "
+                "lower bound.")
         lines += ["", note, "", "| arm | speed-ups | phase | positions | floor s | seconds | x floor |",
                   "|---|---|---|---:|---:|---:|---:|"]
         for (arm, mode), r in rows.items():
-            fl = r["flops_per_position"]
+            fl, rate = r["flops_per_position"], args.floor_rate[r["dtype"]]
             total = 0.0
             for name in PHASES:
                 ph = r["phases"].get(name)
@@ -440,9 +444,10 @@ def main(argv: list[str] | None = None) -> None:
         from sdar.config import load_config as _load
 
         probe = _load(args.config, overrides)
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[probe.model.dtype]
-        args.floor_rate = matmul_rate(dtype, str(probe.resolved_device()))
-        console.print(f"matrix-multiply rate: {args.floor_rate / 1e9:,.0f} GFLOP/s ({probe.model.dtype}, 2048 x 2048)")
+        dtypes = {probe.model.dtype, *(extra.get("model.dtype", probe.model.dtype) for extra in modes.values())}
+        args.floor_rate = {d: matmul_rate(getattr(torch, d), str(probe.resolved_device())) for d in sorted(dtypes)}
+        console.print("matrix-multiply rate (2048 x 2048): " + ", ".join(f"{r / 1e9:,.0f} GFLOP/s in {d}"
+                                                                        for d, r in args.floor_rate.items()))
     runs = {(arm, mode): arm_steps(args, args.model, arm, {**overrides, **extra}, console) for arm in arms for mode, extra in modes.items()}
     # interleaved: a round runs one step of every arm in turn, so a machine that drifts (another tenant, heat)
     # slows every arm alike and the ratios between them stay side by side

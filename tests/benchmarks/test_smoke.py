@@ -193,7 +193,8 @@ def test_bench_train_step_on_smollm2_prints_each_phases_arithmetic_floor(tmp_pat
     out = bench("bench_train_step.py", "--model", "smollm2", "--smoke", "--arms", "grpo",
                 "--json", str(tmp_path / "step.json"), timeout_s=600)
     assert re.search(r"model smollm2 \(139\.4M parameters, [\d.]+M trainable, float32 on cpu\)", out), out[:400]
-    assert re.search(r"N = 10[0-9]\.\dM weights\) at the matrix-multiply rate measured in this run \([\d,]+ GFLOP/s", out)
+    assert re.search(r"N = 10[0-9]\.\dM weights\) at the matrix-multiply rate of the row's dtype measured in this run "
+                     r"\([\d,]+ GFLOP/s in float32; 2048 x 2048\)", out)
     floor = [r for r in table_rows(out) if len(r) == 7 and r[0] == "grpo"]
     assert [r[2] for r in floor] == ["rollout", "score", "update", "**step**"]
     for r in floor[:3]:

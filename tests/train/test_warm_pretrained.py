@@ -160,6 +160,11 @@ def test_the_pretrained_key_follows_what_shapes_the_weights_and_not_the_report(t
     # a fixed warm-start seed: the runs of every seed share one warm start
     fixed = {**base, "warmstart.seed": 0}
     assert pretrained_key(load_config(CONFIG, {**fixed, "seed": 2})) == pretrained_key(load_config(CONFIG, fixed)) == key
+    # a warm start trained in a dtype of its own serves runs in either precision
+    trained = {**base, "warmstart.dtype": "bfloat16"}
+    assert pretrained_key(load_config(CONFIG, {**trained, "model.dtype": "float32"})) == key
+    with pytest.raises(ValueError, match="warmstart.dtype='fp16' is not one of float32, bfloat16"):
+        pretrained_key(load_config(CONFIG, {**base, "warmstart.dtype": "fp16"}))
     # full fine-tuning does not depend on the LoRA rank
     full = {**base, "warmstart.lora": False}
     assert pretrained_key(load_config(CONFIG, full)) == pretrained_key(load_config(CONFIG, {**full, "model.lora_r": 8}))

@@ -197,6 +197,10 @@ class WarmStartConfig:
         "help": "Pretrained warm start: the seed of its expert episodes, adapter initialisation and batch order; null = "
                 "the run's seed. A fixed value lets the runs of several seeds share one warm start (a study then "
                 "measures RL's seed variance, not the warm start's).", "added": True})
+    dtype: str | None = field(default=None, metadata={
+        "help": "Pretrained warm start: the dtype it is trained in (float32 | bfloat16); null = model.dtype. Set, one "
+                "warm start serves runs in either precision (training loads it in model.dtype: the base in that dtype, "
+                "the adapter merged in).", "added": True})
 
 
 @dataclass

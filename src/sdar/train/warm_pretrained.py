@@ -43,7 +43,7 @@ from sdar.train.imitation import (
 PRETRAINED_VERSION = 1
 MARKER = "warmstart.json"
 # what the key leaves out of cfg.warmstart: knobs of the tiny model's build, the switch itself, the report's size
-_NOT_IN_KEY = ("tokenizer_episodes", "vocab_size", "pretokenizer", "pretrained", "eval_tasks", "seed")
+_NOT_IN_KEY = ("tokenizer_episodes", "vocab_size", "pretokenizer", "pretrained", "eval_tasks", "seed", "dtype")
 
 
 def wants_pretrained_warm_start(cfg: TrainConfig) -> bool:
@@ -72,6 +72,16 @@ def warm_seed(cfg: TrainConfig) -> int:
     return cfg.seed if cfg.warmstart.seed is None else int(cfg.warmstart.seed)
 
 
+def warm_dtype(cfg: TrainConfig) -> str:
+    """The dtype `cfg`'s pretrained warm start is trained in: `warmstart.dtype`, else model.dtype."""
+    from sdar.models.policy import DTYPES
+
+    dtype = cfg.warmstart.dtype or cfg.model.dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"warmstart.dtype={dtype!r} is not one of {', '.join(DTYPES)} (null = model.dtype)")
+    return dtype
+
+
 def pretrained_key(cfg: TrainConfig) -> str:
     """The cache key of `cfg`'s pretrained warm start: the base's identity, the model settings that shape the SFT (dtype,
     LoRA), the expert episodes (env, rollout format, prompts as rendered), the warm-start settings and the seed."""
@@ -81,7 +91,8 @@ def pretrained_key(cfg: TrainConfig) -> str:
     m = cfg.model
     blob = json.dumps({
         "v": PRETRAINED_VERSION, "base": base_identity(m.name_or_path),
-        "model": {"dtype": m.dtype, **({"lora_r": m.lora_r, "lora_alpha": m.lora_alpha} if cfg.warmstart.lora else {})},
+        "model": {"dtype": warm_dtype(cfg), **({"lora_r": m.lora_r, "lora_alpha": m.lora_alpha} if cfg.warmstart.lora
+                                                else {})},
         "prompts": hashlib.sha256(prompt_fingerprint(cfg).encode()).hexdigest(),
         "env": {k: v for k, v in asdict(cfg.env).items() if k != "url"}, "warmstart": ws,
         "rollout": {k: getattr(cfg.rollout, k) for k in ("history", "use_memory", "max_prompt_tokens", "max_turns",
@@ -129,7 +140,8 @@ def build_pretrained(cfg: TrainConfig, out_dir: Path, console=None) -> dict[str,
     ws, m = wcfg.warmstart, wcfg.model
     seed = warm_seed(cfg)
     seed_everything(seed)  # the adapter's initialisation draws from the global RNG
-    policy = load_policy(ModelSpec(name_or_path=m.name_or_path, dtype=m.dtype, lora=ws.lora, lora_r=m.lora_r,
+    dtype = warm_dtype(cfg)
+    policy = load_policy(ModelSpec(name_or_path=m.name_or_path, dtype=dtype, lora=ws.lora, lora_r=m.lora_r,
                                    lora_alpha=m.lora_alpha, lora_dropout=m.lora_dropout,
                                    gradient_checkpointing=m.gradient_checkpointing))
     device = cfg.resolved_device()
@@ -144,7 +156,7 @@ def build_pretrained(cfg: TrainConfig, out_dir: Path, console=None) -> dict[str,
                 seed=seed, console=console, prompt_lm=ws.prompt_lm_weight)
     after = held_out(cfg, policy, console, "warm start") if ws.eval_tasks else {}
     policy.to("cpu").save(out_dir)
-    info = {"model": m.name_or_path, "base": base_identity(m.name_or_path), "dtype": m.dtype, "lora": ws.lora,
+    info = {"model": m.name_or_path, "base": base_identity(m.name_or_path), "dtype": dtype, "lora": ws.lora,
             "device": str(device), "examples": len(examples), "episodes": ws.episodes,
             "privileged_examples": sum(t["privileged"] for t in turns),
             "trainable_parameters": policy.parameter_counts()["trainable"],
