@@ -10,9 +10,6 @@ import argparse
 from dataclasses import dataclass
 
 
-
-
-
 @dataclass
 class ToyConfig:
     """A contextual token bandit: T positions, V tokens each, reward = share of correct tokens."""
@@ -117,12 +114,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _selfcheck(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from sdar.algos import get_arm
+    from sdar.console import make_console
 
-    console = Console()
+    console = make_console()
     cfg = ToyConfig(steps=30 if args.mode == "quick" else 60)
     console.print(
         "[bold]sdar algorithm self-check[/bold]: a toy token policy trained by each arm with the real loss code."

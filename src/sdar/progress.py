@@ -30,10 +30,10 @@ class Progress:
 
     def __init__(self, label: str, total: int, unit: str = "items", *, console: Any = None, every: int | None = None,
                  every_s: float = 60.0) -> None:
-        from rich.console import Console
+        from sdar.console import make_console
 
         self.label, self.total, self.unit = label, max(int(total), 0), unit
-        self.console = console if console is not None else Console(stderr=True)
+        self.console = console if console is not None else make_console(stderr=True)
         self.every = every or max(1, self.total // 10)
         self.every_s = every_s
         self.done = 0
@@ -45,7 +45,13 @@ class Progress:
     def __enter__(self) -> Progress:
         self._t0 = self._last_t = time.monotonic()
         if self.console.is_terminal:
-            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
             from rich.progress import Progress as Bar
 
             self._bar = Bar(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),

@@ -138,11 +138,11 @@ def run_local(settings: RunSettings | None = None, *, quick: bool = False, root:
     ui_command, view_url}: `ui_command` serves the store on 127.0.0.1:5000, where `view_url` opens the comparison.
     """
     from kfp import local
-    from rich.console import Console
 
+    from sdar.console import make_console
     from sdar.tracking import Tracker, resolve_tracking_uri
 
-    console = console or Console()
+    console = console or make_console()
     s = settings or (RunSettings.quick() if quick else RunSettings())
     root = Path(root).resolve()
     root.mkdir(parents=True, exist_ok=True)

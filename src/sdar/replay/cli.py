@@ -10,12 +10,11 @@ from pathlib import Path
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
+    from sdar.console import make_console
     from sdar.replay.config import DEFAULT_LOCAL_EXPERTS
     from sdar.replay.server import serve_local_pool
 
-    console = Console(stderr=True)
+    console = make_console(stderr=True)
     experts = args.expert if args.expert is not None else list(DEFAULT_LOCAL_EXPERTS)
     try:
         ctx = serve_local_pool(args.family, policies=args.policy or (), experts=experts, host=args.host,
@@ -48,16 +47,16 @@ def _family_of(path: Path) -> str:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from sdar.agent.prompts import PromptBuilder
     from sdar.config import load_config
+    from sdar.console import make_console
     from sdar.eval.report import read_trajectories
     from sdar.replay.pairs import build_pairs, write_pairs
     from sdar.replay.server import open_teacher_pool
 
-    console = Console(stderr=True)
+    console = make_console(stderr=True)
     src = Path(args.trajectories)
     if not src.is_file():
         console.print(f"[red]error:[/red] no trajectory file at {src}; write one with the rollout step "

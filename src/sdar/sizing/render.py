@@ -14,9 +14,9 @@ from sdar.sizing.units import GiB
 
 def render(sizing: Sizing, console=None) -> None:
     """Print the sizing as rich tables."""
-    from rich.console import Console
+    from sdar.console import make_console
 
-    console = console or Console()
+    console = console or make_console()
     m = sizing.memory
     _print_settings(m, console)
     _print_memory(m, console)

@@ -32,13 +32,12 @@ def _only(spec: str | None):
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
+    from sdar.console import make_console
     from sdar.study.analysis import write_report
     from sdar.study.runner import StaleResult, StudyRunner
     from sdar.study.spec import load_spec
 
-    console = Console(stderr=True)
+    console = make_console(stderr=True)
     spec = load_spec(args.spec)
     runner = StudyRunner(spec, args.results, args.work or _default_work(), console=console, commit=args.commit,
                          redo_stale=args.redo_stale)
@@ -56,12 +55,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_transfer(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
+    from sdar.console import make_console
     from sdar.study.runner import StudyRunner
     from sdar.study.spec import load_spec
 
-    console = Console(stderr=True)
+    console = make_console(stderr=True)
     runner = StudyRunner(load_spec(args.spec), args.results, args.work or _default_work(), console=console,
                          commit=args.commit)
     written = runner.transfer(backend=args.backend, split=args.split, only=_only(args.only), games=args.games,
@@ -71,9 +69,9 @@ def _cmd_transfer(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
+    from sdar.console import make_console
     from sdar.study.runner import StudyRunner
     from sdar.study.spec import load_spec
 
@@ -85,7 +83,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     for r in rows:
         table.add_row(r["cell"], r["state"], ",".join(map(str, r["evaluated"])) or "-",
                       f"{r['wall_s'] / 60:.1f}" if r["wall_s"] else "-")
-    Console().print(table)
+    make_console().print(table)
     if args.json:
         print(json.dumps(rows))
     return 0

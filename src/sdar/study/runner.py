@@ -148,12 +148,12 @@ class StudyRunner:
 
     def __init__(self, spec: StudySpec, results: str | Path, work: str | Path, console=None,
                  commit: bool = False, redo_stale: bool = False) -> None:
-        from rich.console import Console
+        from sdar.console import make_console
 
         self.spec = spec
         self.results = Path(results) / spec.name
         self.work = Path(work).expanduser().resolve() / spec.name
-        self.console = console or Console(stderr=True)
+        self.console = console or make_console(stderr=True)
         self.commit = commit
         self.redo_stale = redo_stale
         self.parent_run_id: str | None = None

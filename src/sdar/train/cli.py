@@ -23,17 +23,16 @@ def _overrides(args: argparse.Namespace) -> dict:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from sdar.config import load_config
+    from sdar.console import make_console
     from sdar.train import distributed, train
-
     from sdar.train.guards import TrainingFailed
     from sdar.train.warmstart import ensure_warm_start
 
     cfg = load_config(args.config, _overrides(args))
-    console = Console(stderr=True)
+    console = make_console(stderr=True)
     ensure_warm_start(cfg, console)  # the tiny model's warm start: its own step, before the trainer loads it
     try:
         summary = train(cfg, console=console)
@@ -80,13 +79,12 @@ def _publish(cfg, summary: dict) -> None:
 
 
 def _cmd_warmstart(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from sdar.config import load_config
+    from sdar.console import make_console
     from sdar.train.warmstart import MARKER, ensure_warm_start
 
     cfg = load_config(args.config, _overrides(args))
-    console = Console(stderr=True)
+    console = make_console(stderr=True)
     if cfg.model.name_or_path != "tiny" and not cfg.warmstart.pretrained:
         console.print(f"[red]error:[/red] this config trains {cfg.model.name_or_path!r} from its pretrained weights "
                       "(warmstart.pretrained is false): there is no warm start to build. To warm-start it on the "
@@ -126,16 +124,16 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     teacher-student gap."""
     from collections import Counter
 
-    from rich.console import Console
     from rich.table import Table
 
     from sdar.config import load_config
+    from sdar.console import make_console
     from sdar.eval.tasks import task_type_of
     from sdar.train.runtime import build_runtime
     from sdar.train.warmstart import ensure_warm_start
 
     cfg = load_config(args.config, _eval_overrides(args))
-    console = Console(stderr=True)
+    console = make_console(stderr=True)
     ensure_warm_start(cfg, console)
     # evaluation only: the train split is never read (a data tree may hold just the eval split)
     rt = build_runtime(cfg, train=False)

@@ -196,11 +196,11 @@ def replay_trajectories(runtime, trajs, *, out_dir, console=None) -> tuple[PairS
     the tokenised DPO pairs and the pool's accounting. runtime: an `sdar.train.runtime.Runtime`."""
     from pathlib import Path
 
-    from rich.console import Console
+    from sdar.console import make_console
 
     channel = ReplayChannel(runtime.cfg.replay, family=runtime.cfg.env.family, builder=runtime.builder,
                             tokenizer=runtime.tokenizer, constrained=runtime.rollout_cfg.constrained,
-                            out_dir=Path(out_dir), console=console or Console(stderr=True), lag=0)
+                            out_dir=Path(out_dir), console=console or make_console(stderr=True), lag=0)
     try:
         channel.submit(trajs)
         pairs = channel.take() or PairSet()

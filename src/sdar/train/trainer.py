@@ -43,9 +43,9 @@ class Trainer:
                  console=None, train: bool = True, runtime: Runtime | None = None) -> None:
         """policy: default the config's model, loaded (the tiny model's warm start must have been built:
         `sdar.train.warmstart.ensure_warm_start`). runtime: parts already built (`build_runtime`)."""
-        from rich.console import Console
+        from sdar.console import make_console
 
-        self.cfg, self.console = cfg, console or Console(stderr=True)
+        self.cfg, self.console = cfg, console or make_console(stderr=True)
         # rank 0 of 1 unless started by torchrun (fsdp: with a process group of one, to shard over)
         self.strategy = Strategy.of(cfg.distributed.strategy, cfg.resolved_device())
         self.dist = self.strategy.dist

@@ -118,9 +118,9 @@ def pretrained_warm_start(cfg: TrainConfig, console=None) -> Path:
     target = pretrained_path(cfg)
     if not (target / MARKER).is_file():
         if console is None:
-            from rich.console import Console
+            from sdar.console import make_console
 
-            console = Console(stderr=True)
+            console = make_console(stderr=True)
         console.print(f"warm-starting {cfg.model.name_or_path} on the {cfg.env.family} experts' episodes "
                       f"(cached at {target}) ...", soft_wrap=True, highlight=False)
     say = (lambda msg: console.print(msg, soft_wrap=True, highlight=False)) if console is not None else None

@@ -120,9 +120,9 @@ def tiny_checkpoint(cfg: TrainConfig, console=None) -> Path:
     target = tiny_checkpoint_path(cfg)
     cfg = warmstart_config(cfg)
     if console is None and not (target / MARKER).is_file():  # a build takes minutes: it shows its progress
-        from rich.console import Console
+        from sdar.console import make_console
 
-        console = Console(stderr=True)
+        console = make_console(stderr=True)
     if backend != "sim" and console is not None:
         console.print(f"the tiny warm start imitates the household sim's experts; backend {backend!r} plays the episodes")
     if not (target / MARKER).is_file() and console is not None:
