@@ -440,13 +440,15 @@ class Policy:
 
 
 def _merged_start(where: str, spec: ModelSpec) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """A LoRA checkpoint's base with its adapter folded in, as a plain transformers model in `spec`'s dtype (the base
-    loaded in that dtype, the adapter in float32, merged by peft: a bfloat16 start is not rounded twice, a float32 run
-    from a start trained in bfloat16 gets the base's float32 weights)."""
+    """A LoRA checkpoint's base with its adapter folded in, as a plain transformers model in `spec`'s dtype. The merge
+    runs in float32 (the base loaded in float32, the adapter's delta added by peft) and the sum is cast once: merged in
+    bfloat16, the small delta is rounded against the large weight (SmolLM2's warm start: up to 0.64 nats per token
+    from the unmerged float32 policy, mean 0.096, against 0.19 and 0.048 merged in float32 and cast; the unmerged
+    bfloat16 forward itself is 0.14 and 0.034 off). Costs a float32 copy of the base while it loads."""
     meta = json.loads((Path(where) / POLICY_META).read_text())
     recorded = ModelSpec.from_dict(meta["spec"])
     base = str(Path(where) / BASE_SUBDIR) if meta["base"] == BASE_SUBDIR else meta["base"]
-    start = Policy.load(where, base=dataclasses.replace(recorded, name_or_path=base, dtype=spec.dtype))
+    start = Policy.load(where, base=dataclasses.replace(recorded, name_or_path=base, dtype="float32"))
     model = start.model
     with _quiet_peft():
         merged = model.merge_and_unload() if hasattr(model, "merge_and_unload") else model
