@@ -199,3 +199,36 @@ def test_bench_train_step_on_smollm2_prints_each_phases_arithmetic_floor(tmp_pat
     assert [r[2] for r in floor] == ["rollout", "score", "update", "**step**"]
     for r in floor[:3]:
         assert number(r[3]) > 0 and number(r[4]) > 0 and number(r[6]) >= 1.0  # never faster than the floor
+
+
+def test_bench_vs_trl_trains_both_sides_on_the_same_tasks(tmp_path):
+    """TRL's GRPOTrainer and sdar's grpo interleaved on the tests' miniature: the same tasks at every step (what each
+    side's rollout played), both sides' step figures, the settings table side by side, and held-out success of the
+    warm start and of each side with their paired differences."""
+    out = bench("bench_vs_trl.py", "--smoke", "--steps", "1", "--eval-tasks", "2", "--json", str(tmp_path / "vs.json"),
+                timeout_s=600)
+    data = json.loads((tmp_path / "vs.json").read_text())
+    sdar, trl = data["rows"]["sdar"], data["rows"]["trl"]
+    assert len(sdar) == len(trl) == 2  # a warm-up step and a timed one each
+    for ours, theirs in zip(sdar, trl):
+        assert ours["tasks"] == theirs["tasks"] and len(ours["tasks"]) == 1
+        assert ours["episodes"] == theirs["episodes"] == 2
+        assert ours["step_s"] > 0 and theirs["step_s"] > 0 and ours["trained_tokens"] > 0 and theirs["trained_tokens"] > 0
+    assert sdar[0]["tasks"] != sdar[1]["tasks"]
+    settings = {r[0]: r[1:] for r in table_rows(out) if len(r) == 3}
+    assert settings["tasks x group per step"] == ["1 x 2", "1 x 2"]
+    assert settings["turn limit"] == ["rollout.max_turns 3", "max_tool_calling_iterations 3"]
+    assert settings["learning rate"][0].split()[0] == settings["learning rate"][1].split()[0]
+    sides = {r[0]: r[1:] for r in table_rows(out) if len(r) == 6}
+    assert set(sides) == {"sdar", "trl"}
+    for cells in sides.values():
+        s, tokens, rate = number(cells[0]), number(cells[1]), number(cells[2])
+        assert s > 0 and tokens > 0 and abs(rate - tokens / s) <= 0.05 * rate + 0.1
+    assert re.search(r"sdar / TRL seconds per step: \*\*[\d.]+x\*\*", out)
+    policies = {r[0]: r[1:] for r in table_rows(out) if len(r) == 4}
+    assert set(policies) == {"warm start", "sdar", "trl"}
+    assert set(data["evals"]) == {"warm start", "sdar", "trl"}
+    for ev in data["evals"].values():
+        assert len(ev["constrained"]["won"]) == len(ev["free"]["won"]) == 2
+    diffs = {r[0]: r[1:] for r in table_rows(out) if r[0] in ("sdar - trl", "sdar - warm start", "trl - warm start")}
+    assert len(diffs) == 3

@@ -174,7 +174,8 @@ def held_out(cfg: TrainConfig, policy, console=None, label: str = "") -> dict[st
     """`policy` on the first `warmstart.eval_tasks` held-out tasks of `cfg`, at the eval temperature with the eval
     sampling seed (paired draw for draw with any other policy evaluated so): {constrained: ..., free: ...}, each
     {success, ci95, n, invalid_rate, well_formed_rate (free: the share of turns whose response held a well-formed
-    action), admissible_rate (the share whose action was admissible)}."""
+    action), admissible_rate (the share whose action was admissible), won (each task's 0/1, in the held-out order: what
+    a paired difference with another policy reads)}."""
     from sdar.train.runtime import build_runtime
 
     out = {}
@@ -187,9 +188,11 @@ def held_out(cfg: TrainConfig, policy, console=None, label: str = "") -> dict[st
         res = rt.evaluate(tasks=tasks)
         turns = [t for tr in res.trajectories for t in tr.turns]
         n = max(len(turns), 1)
+        won = {tr.task_id: int(tr.won) for tr in res.trajectories}  # one episode per task
         out[mode] = {"success": res.success, "ci95": list(res.ci95), "n": res.n, "invalid_rate": res.invalid_rate,
                      "well_formed_rate": sum(t.format_valid for t in turns) / n,
-                     "admissible_rate": sum(t.valid for t in turns) / n, "turns": len(turns)}
+                     "admissible_rate": sum(t.valid for t in turns) / n, "turns": len(turns),
+                     "won": [won[t] for t in tasks]}
     return out
 
 
