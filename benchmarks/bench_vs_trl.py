@@ -231,8 +231,8 @@ def report(out: dict) -> str:
 
     timed = slice(1, None) if len(out["rows"]["sdar"]) > 1 else slice(None)
     n = len(out["rows"]["sdar"][timed])
-    lines = [f"model {out['model']} ({out['dtype']}), {out['config']}; {out['tasks_per_step']} tasks x "
-             f"{out['group_size']} rollouts a step; median of {n} timed step(s) after a warm-up", "",
+    lines = [(f"model {out['model']} ({out['dtype']}), {out['config']}; {out['tasks_per_step']} tasks x "
+              f"{out['group_size']} rollouts a step; median of {n} timed step(s) after a warm-up"), "",
              "| setting | sdar train --arm grpo | TRL GRPOTrainer |", "|---|---|---|"]
     lines += [f"| {a} | {b} | {c} |" for a, b, c in out["settings"]]
     lines += ["", "| side | s / step | trained tokens / step | trained tokens / s | turns / step | train success |",
@@ -247,8 +247,8 @@ def report(out: dict) -> str:
     lines.append(f"\nsdar / TRL seconds per step: **{per['sdar'] / per['trl']:.2f}x**; wall-clock of the {n + 1} steps: "
                  f"sdar {sum(r['step_s'] for r in out['rows']['sdar']):.1f} s, TRL {sum(r['step_s'] for r in out['rows']['trl']):.1f} s")
     if out["evals"]:
-        lines += ["", f"Held-out success on {out['eval_tasks']} tasks after {n + 1} steps (the same tasks and sampling seed "
-                  "for every policy), [95% Wilson interval]:", "",
+        lines += ["", (f"Held-out success on {out['eval_tasks']} tasks after {n + 1} steps (the same tasks and sampling "
+                       "seed for every policy), [95% Wilson interval]:"), "",
                   "| policy | constrained | sampled freely | well-formed (free) |", "|---|---:|---:|---:|"]
         for name, ev in out["evals"].items():
             c, f = ev["constrained"], ev["free"]
