@@ -36,3 +36,27 @@ def test_the_printed_url_opens_the_arms_side_by_side_in_a_fresh_browser(tmp_path
     for chart in ("held-out success", "held-out success - own warm start", "training success", "gate"):
         assert f"\n{chart}\n" in shown, chart
     assert len(page.png) > 20_000 and page.png[:4] == b"\x89PNG"
+
+
+def test_a_tracking_servers_comparison_url_is_on_that_server(tmp_path, mlflow_uri):
+    """With MLFLOW_TRACKING_URI an `mlflow server`, the pipeline's summary sends the user to that server's own UI (the
+    URL opens the job's view there) rather than to a `sdar ui` on port 5000, where nothing listens."""
+    import urllib.request
+
+    from rich.console import Console
+
+    from sdar.mlflow_ui import serve
+    from sdar.pipeline.runner import _print_summary, _view
+
+    info = build_comparison_store(mlflow_uri, "job-remote", ARMS, [0])
+    with serve(mlflow_uri) as base:
+        view = _view(base, info["parent_run_id"], tmp_path / "root")
+        assert view["ui_command"] == "" and view["job_id"] == "job-remote"
+        assert view["view_url"].startswith(f"{base}/#/experiments/") and "viewStateShareKey=" in view["view_url"]
+        with urllib.request.urlopen(view["view_url"].split("#")[0], timeout=30) as r:  # the server serves the UI
+            assert r.status == 200 and b"<html" in r.read(2048).lower()
+    console = Console(width=300, record=True)
+    _print_summary(console, {**view, "summaries": [], "error": None, "seconds": 1.0, "parent_run_id": "p",
+                             "child_runs": [], "experiment": "sdar-comparison"}, base)
+    text = console.export_text()
+    assert "open the tracking server's own UI at" in text and "sdar ui" not in text and view["view_url"] in text

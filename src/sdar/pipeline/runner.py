@@ -135,7 +135,8 @@ def run_local(settings: RunSettings | None = None, *, quick: bool = False, root:
     verbose: stream the runner's and components' full logs to the terminal instead.
     parallelism: arms trained at once (default LOCAL_PARALLELISM = 2, the runner's cap; 1 = one at a time).
     Returns {table, plot, report_dir, parent_run_id, child_runs, tracking_uri, seconds, status, summaries, job_id,
-    ui_command, view_url}: `ui_command` serves the store on 127.0.0.1:5000, where `view_url` opens the comparison.
+    ui_command, view_url}: `ui_command` serves the store on 127.0.0.1:5000, where `view_url` opens the comparison; with
+    an http(s) tracking URI `ui_command` is empty and `view_url` is on that server, whose UI it is.
     """
     from kfp import local
 
@@ -260,6 +261,8 @@ def _view(uri: str, parent_run_id: str, root: Path, port: int = 5000) -> dict[st
     publish_view(uri, parent.info.experiment_id, job)
     default_root = Path("runs/kfp-local").resolve() == root
     command = "sdar ui" + ("" if default_root else f" --root {root}") + (f" --job {job}" if job else "")
+    if uri.startswith(("http://", "https://")):  # a tracking server serves its own UI: nothing to start
+        return {"job_id": job, "ui_command": "", "view_url": view_url(uri, parent.info.experiment_id, job)}
     if not uri.startswith("sqlite:///") or Path(uri[len("sqlite:///"):]).resolve() != root / "mlflow.db":
         command = f"sdar ui --tracking-uri {uri} --job {job}"
     return {"job_id": job, "ui_command": command, "view_url": view_url(f"http://127.0.0.1:{port}",
@@ -292,7 +295,8 @@ def _print_summary(console, result: dict[str, Any], uri: str) -> None:
         console.print(f"[red]pipeline failed[/red] after {result['seconds']:.0f} s: {result['error']}")
     else:
         console.print(f"[green]pipeline finished[/green] in {result['seconds']:.0f} s")
+    serve = (f"`{result['ui_command']}` starts the MLflow UI on this store, then open" if result["ui_command"]
+             else "open the tracking server's own UI at")
     console.print(f"MLflow: parent run {result['parent_run_id']} with {len(result['child_runs'])} run(s) in "
-                  f"experiment {result['experiment']!r}. The arms side by side: `{result['ui_command']}` starts the "
-                  "MLflow UI on this store, then open", soft_wrap=True)
+                  f"experiment {result['experiment']!r}. The arms side by side: {serve}", soft_wrap=True)
     console.print(f"  {result['view_url']}", soft_wrap=True, markup=False, highlight=False)
