@@ -136,7 +136,7 @@ def test_study_runs_resumes_skips_and_reports(tmp_path, monkeypatch):
     rec.pop("history")
     partial.write_text(json.dumps(rec))
     (results / "t/household/seed0/sdar.json").unlink()
-    ckpts = work / "t/household/seed0/sdar/checkpoints"
+    ckpts = work / "t/household/seed0/sdar"  # the run's store: <output>/checkpoints/step-NNNNNN
     assert (ckpts / checkpoint_path(1)).is_dir() and (ckpts / checkpoint_path(2)).is_dir()
     shutil.rmtree(ckpts / checkpoint_path(2))  # the kill came before step 2's checkpoint: resume from step 1
     assert StudyRunner(spec, results, work).status()[1]["state"] == "partial"

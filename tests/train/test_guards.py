@@ -31,7 +31,7 @@ def test_an_update_that_breaks_the_policy_is_restored_and_the_run_fails_loudly(t
     after = _weights(trainer)
     assert all(torch.equal(before[n], after[n]) for n in before)  # restored, exactly
     # step 2 ran on healthy weights (a poisoned rollout would have raised in multinomial) and was saved
-    store = open_store(str(tmp_path / "checkpoints"))
+    store = open_store(str(tmp_path))
     assert latest_checkpoint(store)[0] == 2
     runs = MlflowClient(mlflow_uri).search_runs(
         [MlflowClient(mlflow_uri).get_experiment_by_name("household-tiny").experiment_id])
@@ -63,7 +63,7 @@ def test_a_run_whose_loss_is_never_finite_exits_non_zero(tiny_ckpt, tmp_path, ml
 
 def test_resume_passes_over_a_checkpoint_with_non_finite_weights(tiny_ckpt, tmp_path):
     make_trainer(small_config(tmp_path, arm="grpo", steps=2, tracking=False, **{"checkpoint.keep": 3})).run()
-    store = open_store(str(tmp_path / "checkpoints"))
+    store = open_store(str(tmp_path))
     assert [s for s, _ in list_checkpoints(store)] == [1, 2]
     # poison step 2's weights in place (as an unguarded run with a diverged update would have saved them)
     local = tmp_path / "poison"
@@ -78,7 +78,7 @@ def test_resume_passes_over_a_checkpoint_with_non_finite_weights(tiny_ckpt, tmp_
 
 def test_a_newer_complete_checkpoint_wins_over_a_stale_marker(tiny_ckpt, tmp_path):
     make_trainer(small_config(tmp_path, arm="grpo", steps=2, tracking=False, **{"checkpoint.keep": 3})).run()
-    store = open_store(str(tmp_path / "checkpoints"))
+    store = open_store(str(tmp_path))
     # killed between step 2's _COMPLETE.json and latest.json: the marker still names step 1
     store.write_json(LATEST_MARKER, {"step": 1, "path": checkpoint_path(1)})
     assert store.exists(f"{checkpoint_path(2)}/{COMPLETE_FILE}")
@@ -183,19 +183,19 @@ def test_resume_falls_back_from_a_damaged_newest_checkpoint(two_steps, tmp_path,
 
     shutil.copytree(two_steps / "checkpoints", tmp_path / "checkpoints")
     name, damage, why = DAMAGE[kind]
-    damage(tmp_path / "checkpoints" / checkpoint_path(2) / name)
+    damage(tmp_path / checkpoint_path(2) / name)
     resumed = make_trainer(small_config(tmp_path, arm="grpo", steps=3, tracking=False, **{"checkpoint.keep": 3}))
     assert resumed.resume() and resumed.step == 1
     said = "".join(capsys.readouterr())
     assert "step-000002 cannot be loaded" in said and why in said and "kept, not deleted" in said, said
     # moved aside with the reason, never deleted; out of what resume and pruning look at
-    (moved,) = (tmp_path / "checkpoints" / DAMAGED_DIR).iterdir()
+    (moved,) = (tmp_path / DAMAGED_DIR).iterdir()
     assert moved.name.startswith("step-000002-") and why in (moved / DAMAGED_FILE).read_text()
     assert (moved / name).exists() or name == WEIGHTS_FILE and kind == "weights missing"
-    assert [s for s, _ in list_checkpoints(open_store(str(tmp_path / "checkpoints")))] == [1]
+    assert [s for s, _ in list_checkpoints(open_store(str(tmp_path)))] == [1]
     # and the run goes on from step 1 to its end
     assert resumed.run()["steps"] == 3
-    assert [s for s, _ in list_checkpoints(open_store(str(tmp_path / "checkpoints")))] == [1, 2, 3]
+    assert [s for s, _ in list_checkpoints(open_store(str(tmp_path)))] == [1, 2, 3]
     assert moved.exists()
 
 
@@ -203,7 +203,7 @@ def test_resume_reads_past_a_garbage_marker(two_steps, tmp_path, capsys):
     import shutil
 
     shutil.copytree(two_steps / "checkpoints", tmp_path / "checkpoints")
-    marker = tmp_path / "checkpoints" / LATEST_MARKER
+    marker = tmp_path / LATEST_MARKER
     marker.write_bytes(b"\x00\x01 not a marker")
     resumed = make_trainer(small_config(tmp_path, arm="grpo", steps=3, tracking=False))
     assert resumed.resume() and resumed.step == 2
@@ -216,7 +216,7 @@ def test_no_loadable_checkpoint_is_an_error_naming_each(two_steps, tmp_path):
 
     shutil.copytree(two_steps / "checkpoints", tmp_path / "checkpoints")
     for step in (1, 2):
-        _truncate(tmp_path / "checkpoints" / checkpoint_path(step) / WEIGHTS_FILE)
+        _truncate(tmp_path / checkpoint_path(step) / WEIGHTS_FILE)
     resumed = make_trainer(small_config(tmp_path, arm="grpo", steps=3, tracking=False))
     with pytest.raises(RuntimeError, match=r"no checkpoint .* can be resumed from .*step-000002.*trainable.pt is .*step-000001"):
         resumed.resume()
@@ -228,7 +228,32 @@ def test_loading_a_damaged_checkpoint_for_evaluation_is_an_error_not_another_ste
     from sdar.train.runtime import build_runtime
 
     shutil.copytree(two_steps / "checkpoints", tmp_path / "checkpoints")
-    _scramble(tmp_path / "checkpoints" / checkpoint_path(2) / WEIGHTS_FILE)
+    _scramble(tmp_path / checkpoint_path(2) / WEIGHTS_FILE)
     rt = build_runtime(small_config(tmp_path / "eval", arm="grpo", tracking=False), train=False)
     with pytest.raises(RuntimeError, match=r"newest checkpoint .*step-000002 cannot be loaded \(trainable.pt does not load"):
         rt.load_weights(str(tmp_path))
+
+
+def test_checkpoints_sit_in_the_output_directory_and_an_older_runs_layout_still_resumes(two_steps, tmp_path):
+    """<output>/checkpoints/step-NNNNNN (issue 44: not checkpoints/checkpoints/); a run written in the layout before
+    (<output>/checkpoints/checkpoints/...) resumes and goes on in it, and evaluation finds its weights from the output
+    directory or either checkpoints folder."""
+    import shutil
+
+    from sdar.train.checkpoint.checkpointer import checkpoint_stores
+    from sdar.train.runtime import build_runtime
+
+    assert (two_steps / checkpoint_path(2)).is_dir() and not (two_steps / "checkpoints" / "checkpoints").exists()
+    old = tmp_path / "checkpoints"
+    shutil.copytree(two_steps / "checkpoints", old / "checkpoints")  # how the same run was laid out before
+    resumed = make_trainer(small_config(tmp_path, arm="grpo", steps=3, tracking=False, **{"checkpoint.keep": 3}))
+    assert resumed.resume() and resumed.step == 2
+    assert resumed.run()["steps"] == 3
+    assert [s for s, _ in list_checkpoints(open_store(str(old)))] == [1, 2, 3]
+    assert not (tmp_path / checkpoint_path(3)).exists()  # one layout per run, never both
+    rt = build_runtime(small_config(tmp_path / "eval", arm="grpo", tracking=False), train=False)
+    for where in (tmp_path, old, old / "checkpoints"):
+        assert rt.load_weights(str(where)) == 3
+    assert checkpoint_stores("s3://b/run/checkpoints/") == ["s3://b/run/checkpoints", "s3://b/run",
+                                                           "s3://b/run/checkpoints/checkpoints"]
+    assert checkpoint_stores("s3://checkpoints") == ["s3://checkpoints", "s3://checkpoints/checkpoints"]

@@ -216,7 +216,7 @@ def test_each_launcher_at_each_rank_count_trains_as_one_process(cell, references
     from sdar.storage import open_store
     from sdar.train.checkpoint import latest_checkpoint
 
-    store = open_store(uri or str(out / "checkpoints"))
+    store = open_store(uri or str(out))
     step, rel = latest_checkpoint(store)
     assert step == 1
     if s1 == "fsdp":  # every rank's shard of the checkpoint reached the store
@@ -267,7 +267,7 @@ def test_a_rank_killed_mid_step_ends_the_job_and_a_restart_resumes(references, t
                             text=True, start_new_session=True)
     from sdar.train.checkpoint import LATEST_MARKER
 
-    marker = out / "checkpoints" / LATEST_MARKER  # the default store, <output_dir>/checkpoints
+    marker = out / LATEST_MARKER  # the default store, <output_dir> (its checkpoints/latest.json)
     killed, rank1, deadline = None, None, time.monotonic() + 300
     try:
         # find rank 1 first (`ps` takes a while on a loaded machine), then kill it the moment step 0's checkpoint is

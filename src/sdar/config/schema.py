@@ -124,8 +124,14 @@ class TrainConfig:
         return dev
 
     def resolved_checkpoint_uri(self) -> str:
-        """checkpoint.uri, else <output_dir>/checkpoints (where the trainer keeps its checkpoints)."""
-        return self.checkpoint.uri or str(self.resolved_output_dir() / "checkpoints")
+        """The store the run's checkpoints live in (each under its `checkpoints/` prefix): checkpoint.uri, else the
+        output directory, so that they are <output_dir>/checkpoints/step-NNNNNN. A run written before 0.9 kept them one
+        level deeper (<output_dir>/checkpoints/checkpoints/...): its store stays <output_dir>/checkpoints, so that
+        it resumes where it was."""
+        if self.checkpoint.uri:
+            return self.checkpoint.uri
+        out = self.resolved_output_dir()
+        return str(out / "checkpoints") if (out / "checkpoints" / "checkpoints").is_dir() else str(out)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -420,7 +420,8 @@ class CheckpointConfig:
         "help": "Steps between checkpoints (and after the last step).", "bound": ">= 1"})
     keep: int = field(default=2, metadata={"help": "Newest checkpoints kept; older ones are deleted.", "bound": ">= 1"})
     uri: str | None = field(default=None, metadata={
-        "help": "Local dir or s3://bucket/prefix; null = <output_dir>/checkpoints."})
+        "help": "Local dir or s3://bucket/prefix whose checkpoints/ holds the run's checkpoints; null = the output "
+                "directory (<output_dir>/checkpoints/step-NNNNNN)."})
     retry_s: float = field(default=600.0, metadata={
         "help": "How long checkpoint uploads to a remote store (s3://) are retried, with backoff, before the run "
                 "stops (the checkpoints wait in <output_dir>/checkpoint-spool meanwhile, and a rerun resumes from "

@@ -65,7 +65,7 @@ class Trainer:
         if not self.params:
             raise ValueError("the policy has no trainable parameters; enable LoRA or full fine-tuning")
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
-        self.checkpoints = Checkpointer(cfg.checkpoint.uri or str(self.out / "checkpoints"), self.out, self.strategy,
+        self.checkpoints = Checkpointer(cfg.resolved_checkpoint_uri(), self.out, self.strategy,
                                         keep=cfg.checkpoint.keep, retry_s=cfg.checkpoint.retry_s, say=self.console.print)
         self.guard = UpdateGuard(cfg.optim.guard_updates, cfg.optim.max_skipped_update_frac)
         self.hints = HintChannel(cfg.env.family, self.tokenizer, self.scorer) if self.arm.hint_distill_coef else None

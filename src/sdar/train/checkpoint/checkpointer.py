@@ -26,7 +26,8 @@ class CheckpointUnreadable(Exception):
 
 
 class Checkpointer:
-    """The checkpoints of a run whose output directory is `out`, in `uri` (default <out>/checkpoints)."""
+    """The checkpoints of a run whose output directory is `out`, in the store `uri` (`cfg.resolved_checkpoint_uri()`:
+    checkpoint.uri, else `out` itself), each under the store's checkpoints/ prefix."""
 
     def __init__(self, uri: str, out: Path, strategy: Strategy, *, keep: int | None, retry_s: float,
                  say: Callable[[str], None]) -> None:
@@ -215,6 +216,19 @@ def _load(path: Path, weights_only: bool):
         raise CheckpointUnreadable(f"{path.name} does not load: {type(exc).__name__}: {str(exc)[:200]}") from exc
 
 
+def checkpoint_stores(uri: str) -> list[str]:
+    """The stores a user's `uri` may mean, in the order tried: the store itself (a run's output directory or
+    checkpoint.uri), its checkpoints/ folder given instead (the store is its parent), and a run written before 0.9,
+    whose store was <output_dir>/checkpoints."""
+    base = uri.rstrip("/")
+    head, _, tail = base.rpartition("/")
+    out = [base]
+    if tail == "checkpoints" and head and not head.endswith(":/"):
+        out.append(head)
+    out.append(base + "/checkpoints")
+    return out
+
+
 def load_weights(model, uri: str) -> int:
     """Load the trainable weights of the newest complete checkpoint under `uri` (a run's output or checkpoint
     directory, or s3://...) into `model`: weights only, no optimizer or trainer state (`sdar eval`). Returns the
@@ -222,11 +236,11 @@ def load_weights(model, uri: str) -> int:
     from sdar.storage import open_store
     from sdar.train.strategy import load_trainable
 
-    store = open_store(uri)
-    found = latest_checkpoint(store)
-    if found is None and not uri.rstrip("/").endswith("checkpoints"):  # a run's output directory
-        store = open_store(uri.rstrip("/") + "/checkpoints")
-        found = latest_checkpoint(store)
+    found = None
+    for where in checkpoint_stores(uri):
+        store = open_store(where)
+        if (found := latest_checkpoint(store)) is not None:
+            break
     if found is None:
         raise FileNotFoundError(f"no complete checkpoint under {uri}: give a run's output directory, its "
                                 "checkpoints/ directory or checkpoint.uri")
