@@ -178,6 +178,8 @@ def run(args) -> dict:
                 rows["sdar"].append({"step_s": time.perf_counter() - t0, "trained_tokens": m["tokens/free"],
                                      "success": m["success"], "episodes": cfg.tasks_per_step * cfg.group_size,
                                      "turns": m["turn_samples"], "tasks": played[-1]})
+                console.print(f"step {step + 1}/{steps}{' (warm-up)' if step == 0 else ''}: TRL {rows['trl'][-1]['step_s']:.1f} s, "
+                              f"sdar {rows['sdar'][-1]['step_s']:.1f} s", highlight=False)
                 self.t0 = time.perf_counter()
 
         played: list[list[str]] = []  # the tasks sdar's rollout played, step by step

@@ -69,3 +69,58 @@ def group_members(pgid: int) -> list[int]:
         if int(pgrp) == pgid and state != "Z":
             out.append(int(stat.parent.name))
     return out
+
+
+def descendants(pid: int) -> list[int]:
+    """The live processes whose parent chain leads to `pid` (children first), read from /proc; [] without /proc."""
+    from pathlib import Path
+
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, ppid = stat.read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):
+            continue
+        if state != "Z":
+            children.setdefault(int(ppid), []).append(int(stat.parent.name))
+    out, todo = [], list(children.get(pid, []))
+    while todo:
+        p = todo.pop(0)
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def stop_processes(pids: list[int], grace_s: float = 10.0) -> list[int]:
+    """SIGTERM each of `pids`, wait up to `grace_s` for them all to end, then SIGKILL what is left; returns the pids
+    that had to be killed. Our own children are reaped; a pid already gone is skipped."""
+    import os
+    import time
+
+    def alive(p: int) -> bool:
+        try:
+            if os.waitpid(p, os.WNOHANG)[0] == p:  # our child, now reaped
+                return False
+        except ChildProcessError:
+            pass
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.1)
+    killed = [p for p in pids if alive(p)]
+    for p in killed:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return killed

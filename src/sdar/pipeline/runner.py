@@ -163,8 +163,19 @@ def run_local(settings: RunSettings | None = None, *, quick: bool = False, root:
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), raise_on_error=True)
     pipeline = build_pipeline("local", parallelism=LOCAL_PARALLELISM if parallelism is None else parallelism,
                               replay_rounds=s.replay_rounds)
+    from sdar.env_service import local as local_envs
+    from sdar.lifecycle import Terminated, ending_on_signals
+
+    for line in local_envs.stop_orphans(args["output_root"]):  # servers of a run that was killed outright
+        console.print(f"stopped a leftover env server: {line}", soft_wrap=True, highlight=False)
     t0 = time.perf_counter()
-    error, view = _run_logged(pipeline, args, log_dir, console, quiet=quiet, verbose=verbose)
+    try:
+        # SIGTERM and SIGHUP end the run as Ctrl-C does: its task processes and env servers stop with it
+        with ending_on_signals():
+            error, view = _run_logged(pipeline, args, log_dir, console, quiet=quiet, verbose=verbose)
+    except (Terminated, KeyboardInterrupt) as exc:
+        _stop_run(console, args["output_root"], parent.run_id, uri, exc)
+        raise
     seconds = time.perf_counter() - t0
     result = _local_result(s.experiment, parent.run_id, uri, error, seconds, view, log_dir, report_dir)
     # the exit handler ended the parent run; make sure it is not left RUNNING if the runner itself failed
@@ -177,6 +188,35 @@ def run_local(settings: RunSettings | None = None, *, quick: bool = False, root:
         parent.end("FAILED" if error else "FINISHED")
     _print_summary(console, result, uri)
     return result
+
+
+def _stop_run(console, output_root: str, parent_run_id: str, uri: str, why: BaseException) -> None:
+    """The runner was ended by a signal (or Ctrl-C): stop its task processes and the env servers it started, mark its
+    MLflow runs that are still open KILLED, and say so in one line."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from sdar.env_service import local as local_envs
+    from sdar.lifecycle import descendants, stop_processes
+
+    tasks = descendants(os.getpid())
+    stop_processes(tasks, grace_s=10.0)
+    servers = local_envs.stop_runner_servers(output_root, os.getpid())
+    closed = 0
+    try:
+        client = MlflowClient(tracking_uri=uri)
+        parent = client.get_run(parent_run_id)
+        runs = [parent, *client.search_runs([parent.info.experiment_id],
+                                            f"tags.`mlflow.parentRunId` = '{parent_run_id}'")]
+        for run in runs:
+            if run.info.status == "RUNNING":
+                client.set_terminated(run.info.run_id, "KILLED")
+                closed += 1
+    except (MlflowException, OSError) as exc:  # the store is unreachable: the runs stay open, the processes stopped
+        console.print(f"[yellow]could not mark the MLflow runs KILLED: {str(exc)[:200]}[/yellow]")
+    what = "Ctrl-C" if isinstance(why, KeyboardInterrupt) else str(why)
+    console.print(f"sdar run: {what}; stopped {len(tasks)} task process(es) and {len(servers)} env server(s), "
+                  f"marked {closed} MLflow run(s) KILLED", soft_wrap=True, highlight=False)
 
 
 def config_file(config_path: str | os.PathLike) -> Path:
@@ -197,7 +237,10 @@ def _run_logged(pipeline, args: dict[str, Any], log_dir: Path, console, *, quiet
 
     error: str | None = None
     with warnings.catch_warnings(), contextlib.ExitStack() as stack:
-        stack.enter_context(_environ(UNBUFFERED))  # the tasks' output line by line, as it is written
+        # the tasks' output line by line, as it is written; and whose run an env server belongs to
+        from sdar.env_service.local import RUNNER_PID_ENV
+
+        stack.enter_context(_environ({**UNBUFFERED, RUNNER_PID_ENV: str(os.getpid())}))
         # the runner warns that our image name has no "python" in it: the components run in this Python
         warnings.filterwarnings("ignore", message=".*non-Python base image.*", category=RuntimeWarning)
         view = None
