@@ -21,11 +21,13 @@ import re
 import zlib
 from typing import Any
 
+from sdar.tags import PIPELINE_JOB_TAG
+
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 TRAINING_KIND = "custom_model_development"  # MLflow's model-training kind (genai_development is the other)
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 RUN_COLOR_TAG = "mlflow.runColor"
-JOB_TAG = "sdar.pipeline_job_id"  # = sdar.tracking.PIPELINE_JOB_TAG
+JOB_TAG = PIPELINE_JOB_TAG  # the pipeline job a run belongs to
 WARM_START = "warm-start"  # the `arm` tag of a warm start's evaluation run (the reference of every chart)
 
 # one colour per arm, everywhere (MLflow's run colours and the report's plot); matplotlib's tab10 order

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from sdar.retry import Outage
+from sdar.tags import PIPELINE_JOB_TAG
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +33,6 @@ ARTIFACTS_DIR = "mlartifacts"
 NONFINITE_METRIC = "tracking/nonfinite_metrics"
 PARENT_TAG = "mlflow.parentRunId"
 RESUME_TAG = "sdar.resume_count"
-# the tag that ties a pipeline's runs to its KFP job (sdar.pipeline.mlflow_runs opens and ends its parent run; the
-# arms' runs inherit it from their parent)
-PIPELINE_JOB_TAG = "sdar.pipeline_job_id"
 # MLflow's limits (mlflow.utils.validation): per log_batch call and per param value / key
 _MAX_METRICS_PER_BATCH = 1000
 _MAX_PARAMS_PER_BATCH = 100
