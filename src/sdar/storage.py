@@ -44,6 +44,53 @@ class CredentialsError(StorageError):
     """No usable credentials were found in the standard AWS chain."""
 
 
+class DiskFull(StorageError):
+    """A local write the file system has no room for: `path` (where), `needed` bytes (None when unknown), `free`
+    bytes there. Nothing half-written is left under the name (writes go to a temp name first)."""
+
+    def __init__(self, path: str | os.PathLike, needed: int | None, free: int | None, what: str = "a file") -> None:
+        self.path, self.needed, self.free, self.what = str(path), needed, free, what
+        need = f"needs {_size(needed)}" if needed is not None else "needs more room"
+        have = f", {_size(free)} free there" if free is not None else ""
+        super().__init__(f"the disk is full: writing {what} to {self.path} {need}{have}")
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "?"
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("kB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """An OSError that means no space (or quota) is left; torch.save reports it as a RuntimeError naming a failed
+    write, which counts when the target's file system is full."""
+    import errno
+
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def free_bytes(path: str | os.PathLike) -> int | None:
+    """Free bytes of the file system holding `path` (its nearest existing ancestor); None when it cannot be read."""
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return shutil.disk_usage(p).free
+    except OSError:
+        return None
+
+
+def ensure_room(path: str | os.PathLike, needed: int, what: str) -> None:
+    """Raise DiskFull before writing `needed` bytes under `path` when its file system has less free (the write
+    would fail part-way)."""
+    free = free_bytes(path)
+    if free is not None and free < needed:
+        raise DiskFull(path, needed, free, what)
+
+
 def _clean_rel(rel: str | os.PathLike, *, allow_empty: bool = False) -> str:
     """`rel` as a normalised POSIX path relative to the store root; rejects absolute paths and '..'."""
     text = str(rel).replace("\\", "/").strip("/")
@@ -239,8 +286,13 @@ class LocalStore(ArtifactStore):
             raise
 
     def _put_file(self, local: Path, key: str) -> None:
-        with self._atomic_target(key) as tmp:
-            shutil.copyfile(local, tmp)
+        try:
+            with self._atomic_target(key) as tmp:
+                shutil.copyfile(local, tmp)
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            raise DiskFull(self._path(key), Path(local).stat().st_size, free_bytes(self._path(key))) from None
 
     def _get_file(self, key: str, local: Path) -> None:
         src = self._path(key)
@@ -249,8 +301,13 @@ class LocalStore(ArtifactStore):
         shutil.copyfile(src, local)
 
     def _put_bytes(self, key: str, data: bytes) -> None:
-        with self._atomic_target(key) as tmp:
-            tmp.write_bytes(data)
+        try:
+            with self._atomic_target(key) as tmp:
+                tmp.write_bytes(data)
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            raise DiskFull(self._path(key), len(data), free_bytes(self._path(key))) from None
 
     def _get_bytes(self, key: str) -> bytes:
         src = self._path(key)

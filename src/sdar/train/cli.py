@@ -27,6 +27,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     from sdar.config import load_config
     from sdar.console import make_console
+    from sdar.storage import DiskFull, free_bytes, is_disk_full
     from sdar.train import distributed, train
     from sdar.train.guards import TrainingFailed
     from sdar.train.warmstart import ensure_warm_start
@@ -39,6 +40,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
     except TrainingFailed as exc:
         console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
         return 3
+    except (DiskFull, OSError) as exc:
+        if not isinstance(exc, DiskFull) and not is_disk_full(exc):
+            raise
+        # one line, no traceback: the checkpoints written so far and the metrics logged are intact
+        where = exc if isinstance(exc, DiskFull) else DiskFull(exc.filename or cfg.resolved_output_dir(), None,
+                                                                free_bytes(exc.filename or cfg.resolved_output_dir()))
+        console.print(f"[red]error:[/red] {where}; free space there (or point output_dir / checkpoint.uri at another "
+                      "disk) and rerun the same command: it resumes from its last checkpoint", soft_wrap=True,
+                      highlight=False)
+        return 5
     except Exception as exc:
         why = distributed.explain_failure(exc)
         if why is None:

@@ -13,7 +13,8 @@ from typing import Any, Callable
 import torch
 
 from sdar.retry import Outage
-from sdar.storage import ArtifactStore, BucketNotFoundError, CredentialsError, LocalStore, StorageError
+from sdar.storage import (ArtifactStore, BucketNotFoundError, CredentialsError, LocalStore, StorageError,
+                          ensure_room)
 from sdar.train.checkpoint.layout import (COMPLETE_FILE, DamagedCheckpointError, checkpoint_path, fetch_checkpoint,
                                           latest_checkpoint, list_checkpoints, quarantine_checkpoint, write_checkpoint)
 from sdar.train.strategy import WEIGHTS_FILE, Strategy
@@ -71,7 +72,12 @@ class Checkpointer:
             if not st.dist.is_main:
                 return
             torch.save({**state, "step": step, "optimizer": optim_state, "sharded": st.sharded}, Path(tmp) / STATE_FILE)
-            write_checkpoint(self.spool or self.store, step, tmp, keep_last=self.keep)
+            target = self.spool or self.store
+            if isinstance(target, LocalStore):  # a full disk stops the run here, before any file of it is written
+                needed = sum(f.stat().st_size for f in Path(tmp).rglob("*") if f.is_file())
+                ensure_room(target.root / checkpoint_path(step), needed + (64 << 10),  # and its manifest and marker
+                            f"the checkpoint of step {step}")
+            write_checkpoint(target, step, tmp, keep_last=self.keep)
         if self.spool is not None:
             self.pending = step  # an older pending step is superseded: resume wants the newest
             self.flush(wait=False)
