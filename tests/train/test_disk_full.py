@@ -39,7 +39,7 @@ def _train(out: Path, env: dict, *sets: str) -> subprocess.CompletedProcess:
     args = [a for k, v in SMALL.items() for a in ("--set", f"{k}={json.dumps(v) if isinstance(v, dict) else v}")]
     return subprocess.run([sys.executable, "-m", "sdar.cli", "train", "--config", CONFIG, "--arm", "grpo", "--output",
                            str(out), *args, "--set", "checkpoint.keep=3", *sets], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+                          check=False, capture_output=True, text=True, timeout=600)  # fmt: skip
 
 
 def _fill(disk: Path, leave: int) -> Path:
