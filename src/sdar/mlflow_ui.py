@@ -13,7 +13,6 @@ import base64
 import contextlib
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -71,10 +70,13 @@ def serve(tracking_uri: str, port: int = 0, timeout_s: float = 120.0, quiet: boo
 
 
 def chromium_path() -> str:
-    """Debian's chromium; FileNotFoundError naming the install command when it is missing."""
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    """A headless Chrome or Chromium (`sdar.browser.find_browser`: $CHROMIUM, PATH, Playwright's, the macOS apps);
+    FileNotFoundError with the commands that install one on this system when there is none."""
+    from sdar.browser import find_browser, install_hint
+
+    found = find_browser()
     if not found:
-        raise FileNotFoundError("chromium is not installed; apt-get install -y chromium (make install does it)")
+        raise FileNotFoundError(install_hint())
     return found
 
 
