@@ -58,7 +58,7 @@ def step_tasks(trainer, steps: int) -> list[list[str]]:
     return [list(dict.fromkeys(trainer.sample_tasks(s)[0])) for s in range(steps)]
 
 
-def trl_side(cfg, policy, tasks: list[list[str]], out_dir: str, max_completion: int):
+def trl_side(cfg, policy, tasks: list[list[str]], out_dir: str, max_completion: int, micro: int):
     """TRL's GRPOTrainer over `policy` (trained in place), its dataset the tasks of each step in order, and the
     GRPOConfig mapped from `cfg`; returns (trainer, factory, config)."""
     from datasets import Dataset
@@ -72,7 +72,9 @@ def trl_side(cfg, policy, tasks: list[list[str]], out_dir: str, max_completion: 
     dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": ""}]] * len(ids), "task_id": ids})
     config = GRPOConfig(
         output_dir=out_dir, max_steps=len(tasks), num_generations=cfg.group_size,
-        per_device_train_batch_size=cfg.tasks_per_step * cfg.group_size, gradient_accumulation_steps=1,
+        # one optimizer step per RL step over all its episodes, the loss `micro` episodes at a time: a whole
+        # episode's logits are [tokens x vocabulary] in float32 (SmolLM2: 2,800 x 49,152 x 4 bytes = 0.55 GB a row)
+        per_device_train_batch_size=micro, gradient_accumulation_steps=cfg.tasks_per_step * cfg.group_size // micro,
         shuffle_dataset=False, max_completion_length=max_completion, max_tool_calling_iterations=r.max_turns,
         temperature=r.temperature, top_p=1.0, top_k=0, learning_rate=cfg.optim.lr, lr_scheduler_type="constant",
         warmup_steps=0, weight_decay=cfg.optim.weight_decay, max_grad_norm=cfg.optim.grad_clip, beta=arm.kl_coef,
@@ -99,7 +101,9 @@ def settings_rows(cfg, config, max_completion: int) -> list[tuple[str, str, str]
         ("model", f"{m.name_or_path} warm start, {m.dtype}", "the same module (a copy of sdar's policy)"),
         ("LoRA", f"r{m.lora_r}, alpha {m.lora_alpha}, fresh adapter", "the same adapter (peft), trained in place"),
         ("tasks x group per step", f"{cfg.tasks_per_step} x {cfg.group_size}",
-         f"{config.per_device_train_batch_size // config.num_generations} x {config.num_generations}"),
+         f"{config.generation_batch_size // config.num_generations} x {config.num_generations}"),
+        ("micro-batch", f"{cfg.ppo.micro_batch_size} turn-samples",
+         f"{config.per_device_train_batch_size} episodes ({config.gradient_accumulation_steps} accumulated)"),
         ("tasks", "sdar's sample_tasks(step)", "the same ids in the same order (shuffle_dataset false)"),
         ("turn limit", f"rollout.max_turns {r.max_turns}", f"max_tool_calling_iterations {config.max_tool_calling_iterations}"),
         ("response limit", f"{r.max_response_tokens} tokens a turn", f"{max_completion} tokens an episode (replies and tool results)"),
@@ -191,7 +195,9 @@ def run(args) -> dict:
             return r
 
         ours.rollout_phase = rollout_phase
-        trl_trainer, factory, config = trl_side(cfg, theirs, tasks, f"{tmp}/trl", max_completion)
+        batch = cfg.tasks_per_step * cfg.group_size
+        micro = max(m for m in range(1, min(args.trl_micro, batch) + 1) if batch % m == 0)
+        trl_trainer, factory, config = trl_side(cfg, theirs, tasks, f"{tmp}/trl", max_completion, micro)
         real = trl_trainer._generate_and_score_completions
 
         def counted(inputs):  # the tokens TRL's loss reads: completion tokens less tool results (its tool_mask)
@@ -277,6 +283,8 @@ def main() -> None:
                    help="held-out tasks for the after-training success (default: the config's warmstart.eval_tasks; 0: none)")
     p.add_argument("--max-completion", type=int, default=None,
                    help="TRL's max_completion_length, an episode's tokens (default: max_turns x (max_response_tokens + 256))")
+    p.add_argument("--trl-micro", type=int, default=2,
+                   help="episodes per TRL loss forward (its per_device_train_batch_size; the rest accumulated)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config overrides, repeatable")
     p.add_argument("--smoke", action="store_true", help="the tests' miniature: tiny model, 1 task x 2, 3 turns")
     p.add_argument("--json", help="write the figures here")
