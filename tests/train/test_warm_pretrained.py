@@ -242,3 +242,20 @@ def test_build_once_removes_dead_builds_and_a_target_without_its_marker(tmp_path
     with pytest.raises(RuntimeError, match="did not write done.json"):
         build_once(tmp_path / "other", broken, "done.json")
     assert not (tmp_path / "other").exists() and not leftovers(tmp_path / "other")
+
+
+def test_a_pipeline_step_that_loads_a_trained_checkpoint_never_warm_starts_it(tmp_path):
+    """The pipeline's evaluate and teacher-replay steps load an arm's trained policy in place of the model: with a
+    pretrained config (warmstart.pretrained) that policy is loaded as it is, not supervised again as if it were a new
+    checkpoint (found by `make demo DEMO=smollm2`: evaluate-2 began a warm start of the grpo arm's policy); the
+    baseline step, with no checkpoint, still evaluates the config's warm start."""
+    from sdar.config import load_config
+    from sdar.pipeline.steps import step_overrides
+    from sdar.train.warmstart import warm_start_path
+
+    trained = tmp_path / "gated-train" / "checkpoint"
+    trained.mkdir(parents=True)
+    cfg = load_config("configs/household-smollm2.yaml", step_overrides("{}", arm="grpo", checkpoint=str(trained)))
+    assert cfg.model.name_or_path == str(trained) and warm_start_path(cfg) is None
+    baseline = load_config("configs/household-smollm2.yaml", step_overrides("{}", arm="grpo"))
+    assert baseline.model.name_or_path == "smollm2" and warm_start_path(baseline) is not None

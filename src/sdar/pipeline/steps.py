@@ -42,7 +42,8 @@ def step_overrides(overrides: str | Mapping[str, Any] | None = "{}", *, arm: str
 
     arm / seed / tracking / output_dir: the step's arm, seed, MLflow switch and run directory (""/None:
     leave the config's). family / model: "" keeps the config's env.family / model.name_or_path.
-    checkpoint: a policy directory (a gated_train output); it replaces the model. url: the env server to
+    checkpoint: a policy directory (a gated_train output); it replaces the model, loaded as it is (no warm start
+    of it, whatever warmstart.pretrained says). url: the env server to
     play on (launch_envs' endpoints["url"]; "" plays in-process environments). sizes: {dotted key: int},
     each set when nonzero (0 keeps the config's value: steps, group_size, tasks_per_step, eval.tasks).
     extra: more dotted keys, set as given (e.g. experiment, parent_run_id, replay.pairs_path).
@@ -63,6 +64,8 @@ def step_overrides(overrides: str | Mapping[str, Any] | None = "{}", *, arm: str
         ov["env.family"] = family
     if model or checkpoint:
         ov["model.name_or_path"] = checkpoint or model
+    if checkpoint:  # a trained policy is loaded as it is: never warm-started again (warmstart.pretrained would)
+        ov["warmstart.pretrained"] = False
     if url:
         ov["env.url"] = url
     ov.update(extra or {})
