@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # modules that contribute subcommands; a module that does not exist yet is skipped
@@ -58,6 +59,14 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:  # a setting's problem, named: no traceback to read through
         print(f"sdar {args.command}: config error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        from sdar.models.policy import ModelUnavailable
+
+        if not isinstance(exc, ModelUnavailable):
+            raise
+        if os.environ.get("RANK", "0") == "0":  # one line per job: torchrun's other ranks stay quiet
+            print(f"sdar {args.command}: {exc}", file=sys.stderr)
+        return 6
 
 
 if __name__ == "__main__":

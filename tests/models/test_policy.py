@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -267,9 +269,11 @@ def test_gradient_checkpointing_gives_the_same_gradients(tok_dir, batch):
 
 
 def test_hub_id_without_network_fails_fast_and_clearly(monkeypatch):
+    from sdar.models.policy import ModelUnavailable
+
     # "sdar-test-org/no-such-model" is in no local HF cache
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(OSError, match="not in the local Hugging Face cache and HF_HUB_OFFLINE is set"):
+    with pytest.raises(ModelUnavailable, match=r"not in the local Hugging Face cache \(/.+\) and HF_HUB_OFFLINE is set"):
         load_policy(ModelSpec("sdar-test-org/no-such-model"))
     # online mode, hub endpoint down: a closed loopback port stands in for "no network"
     monkeypatch.delenv("HF_HUB_OFFLINE")
@@ -280,7 +284,7 @@ def test_hub_id_without_network_fails_fast_and_clearly(monkeypatch):
         port = s.getsockname()[1]
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
     t0 = time.perf_counter()
-    with pytest.raises(OSError, match=rf"127.0.0.1:{port} is unreachable .*pass that local directory"):
+    with pytest.raises(ModelUnavailable, match=rf"127.0.0.1:{port} is unreachable .*pass that local directory"):
         load_policy(ModelSpec("sdar-test-org/no-such-model"))
     assert time.perf_counter() - t0 < 30, "no minute of retries against a dead network"
 
@@ -298,3 +302,26 @@ def test_loading_errors_are_explained(tmp_path):
         Policy.load(tmp_path)
     with pytest.raises(ValueError, match=r"unknown model setting\(s\) \['lora_rank'\]"):
         ModelSpec.from_dict({"name_or_path": "smollm2", "lora_rank": 8})
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_a_command_on_a_model_that_is_not_here_ends_with_one_line_on_rank_0(rank, tmp_path):
+    """`sdar train` on a hub id that is not cached, offline: exit 6 with one line saying where it looked and what to
+    do, no traceback; under torchrun only rank 0 says it (each rank used to print a traceback)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RANK": rank}
+    proc = subprocess.run([sys.executable, "-m", "sdar.cli", "train", "--config", "configs/household-tiny.yaml",
+                           "--output", str(tmp_path), "--set", "model.name_or_path=sdar-test-org/no-such-model",
+                           "--set", "steps=1", "--set", "tracking=false"], cwd=Path(__file__).resolve().parents[2],
+                          env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 6, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr + proc.stdout
+    lines = [ln for ln in proc.stderr.splitlines() if "sdar-test-org/no-such-model" in ln]
+    if rank == "0":
+        assert len(lines) == 1 and lines[0].startswith("sdar train: hub model 'sdar-test-org/no-such-model' is not in "
+                                                       "the local Hugging Face cache (")
+        assert "pass that local directory" in lines[0]
+    else:
+        assert lines == []

@@ -122,6 +122,17 @@ def _hub_unreachable(timeout: float = 3.0) -> str | None:
     return None
 
 
+class ModelUnavailable(OSError):
+    """A model that is neither on this machine nor downloadable now; the message says where it looked and what to do.
+    Every `sdar` command ends on it with that one line (rank 0 alone under torchrun), not a traceback."""
+
+
+def _hf_cache() -> str:
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    return str(HF_HUB_CACHE)
+
+
 def _load_hub(name: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
     hint = "download it on a machine with a network and pass that local directory, or use 'smollm2' / 'tiny:<dir>'"
@@ -130,12 +141,13 @@ def _load_hub(name: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTraine
         return _load_pretrained(name, dtype, local_files_only=True)
     except OSError:
         if offline:
-            raise OSError(
-                f"hub model {name!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; {hint}"
-            ) from None
+            raise ModelUnavailable(
+                f"hub model {name!r} is not in the local Hugging Face cache ({_hf_cache()}) and HF_HUB_OFFLINE is set; "
+                f"{hint}") from None
     why = _hub_unreachable()
     if why:
-        raise OSError(f"hub model {name!r} is not in the local Hugging Face cache and {why}; {hint}")
+        raise ModelUnavailable(f"hub model {name!r} is not in the local Hugging Face cache ({_hf_cache()}) and {why}; "
+                               f"{hint}")
     try:
         return _load_pretrained(name, dtype)
     except Exception as e:
