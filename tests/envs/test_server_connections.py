@@ -295,3 +295,28 @@ def _parser(add):
     parser = argparse.ArgumentParser()
     add(parser)
     return parser
+
+
+def test_a_client_whose_event_loop_stalls_for_a_minute_keeps_its_session():
+    """A trainer on a loaded CPU can leave the server's keepalive pings unanswered for tens of seconds (its WebSocket's
+    event-loop thread starved); the session must survive that (the server drops a client after WS_PING_TIMEOUT_S of
+    silence, 300 s, not uvicorn's 20 s, which closed the sessions of SmolLM2 pipeline runs on 2 cores)."""
+    import time
+
+    from sdar_envs.client import RemoteEnv, serve_in_background
+    from sdar_envs.server import WS_PING_TIMEOUT_S
+
+    assert WS_PING_TIMEOUT_S >= 120
+    url, handle = serve_in_background("household", backend="sim")
+    try:
+        env = RemoteEnv(url, "household")
+        first = env.reset(task_id=None, seed=1)
+        assert first.observation
+        loop = env._client._loop  # the sync client's event-loop thread: blocked, it answers no ping
+        loop.call_soon_threadsafe(time.sleep, 60)
+        time.sleep(61)
+        result = env.step("look")  # the same session, still open
+        assert result.observation
+        env.close()
+    finally:
+        handle.stop()

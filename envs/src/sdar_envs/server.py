@@ -657,6 +657,9 @@ def publish_request_bodies(app: FastAPI, bodies: dict[tuple[str, str], tuple[typ
     app.openapi = openapi  # type: ignore[method-assign]
 
 
+WS_PING_TIMEOUT_S = 300.0  # seconds a WebSocket client may leave a keepalive ping unanswered before it is dropped
+
+
 def uvicorn_config(app: FastAPI, options: ServerOptions) -> Any:
     import uvicorn
 
@@ -680,6 +683,11 @@ def uvicorn_config(app: FastAPI, options: ServerOptions) -> Any:
         # the transport limit only stops absurd frames; the action limit gives the clear error
         ws_max_size=max(1 << 20, options.max_body_bytes),
         ws_per_message_deflate=False,  # loopback and cluster-local traffic: CPU matters more than bytes
+        # keepalive: a client that answers no ping for 5 minutes is gone (uvicorn's 20 s closed the sessions of
+        # live trainers whose event-loop thread a loaded CPU starved for longer: SmolLM2 pipeline runs on 2 cores
+        # lost an arm's rollout so); idle sessions are reclaimed by --session-ttl all the same
+        ws_ping_interval=30.0,
+        ws_ping_timeout=WS_PING_TIMEOUT_S,
         timeout_graceful_shutdown=3,
         access_log=options.log_level == "debug",
     )
