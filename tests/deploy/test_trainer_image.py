@@ -56,7 +56,8 @@ def test_torch_and_vllm_are_pinned_and_installed_before_the_gpu_extra(dockerfile
     runs = build.all("RUN")
     first = next(i for i, r in enumerate(runs) if "${TORCH_SPEC}" in r)
     assert "${VLLM_SPEC}" in runs[first], "torch and vLLM are resolved together (vLLM pins torch)"
-    package = next(i for i, r in enumerate(runs) if re.search(r'pip install "\.\[\$\{EXTRAS\}\]"', r))
+    package = next(i for i, r in enumerate(runs) if re.search(r'pip install -c constraints/gpu\.txt "\.\[\$\{EXTRAS\}\]"', r))
+    assert "-c /build/constraints/gpu.txt" in runs[first], "torch and vLLM under the GPU set's constraints"
     assert first < package
     # the pinned torch satisfies the package's own torch range, so installing the package never swaps it
     import tomllib
