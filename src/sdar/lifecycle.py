@@ -25,9 +25,12 @@ class Terminated(SystemExit):
 
 
 @contextlib.contextmanager
-def ending_on_signals(signals: tuple[int, ...] = ENDING) -> Iterator[None]:
+def ending_on_signals(signals: tuple[int, ...] = ENDING, on_signal=None) -> Iterator[None]:
     """Within the block, `signals` raise `Terminated` in the main thread (the previous handlers are restored after).
-    Outside the main thread it does nothing (Python delivers signals to the main thread only)."""
+    on_signal: called first, in the handler, before the exception unwinds anything: what must stop at once, because
+    the code the exception unwinds may wait for it (a thread pool's `shutdown(wait=True)` in a `finally` waits for
+    the worker threads, which wait for the child processes they started). Outside the main thread it does nothing
+    (Python delivers signals to the main thread only)."""
     import threading
 
     if threading.current_thread() is not threading.main_thread():
@@ -37,6 +40,8 @@ def ending_on_signals(signals: tuple[int, ...] = ENDING) -> Iterator[None]:
     def raise_terminated(signum, _frame):
         for s in signals:  # once: a second signal must not interrupt the cleanup the first one started
             signal.signal(s, signal.SIG_IGN)
+        if on_signal is not None:
+            on_signal()
         raise Terminated(signum)
 
     previous = {s: signal.signal(s, raise_terminated) for s in signals}

@@ -201,7 +201,7 @@ def test_bench_train_step_on_smollm2_prints_each_phases_arithmetic_floor(tmp_pat
         assert number(r[3]) > 0 and number(r[4]) > 0 and number(r[6]) >= 1.0  # never faster than the floor
 
 
-def test_bench_vs_trl_trains_both_sides_on_the_same_tasks(tmp_path):
+def test_bench_vs_trl(tmp_path):
     """TRL's GRPOTrainer and sdar's grpo interleaved on the tests' miniature: the same tasks at every step (what each
     side's rollout played), both sides' step figures, the settings table side by side, and held-out success of the
     warm start and of each side with their paired differences."""

@@ -169,9 +169,12 @@ def run_local(settings: RunSettings | None = None, *, quick: bool = False, root:
     for line in local_envs.stop_orphans(args["output_root"]):  # servers of a run that was killed outright
         console.print(f"stopped a leftover env server: {line}", soft_wrap=True, highlight=False)
     t0 = time.perf_counter()
+    _STOPPED["tasks"] = 0
     try:
-        # SIGTERM and SIGHUP end the run as Ctrl-C does: its task processes and env servers stop with it
-        with ending_on_signals():
+        # SIGTERM and SIGHUP end the run as Ctrl-C does: its task processes and env servers stop with it. The task
+        # processes are stopped in the handler itself: KFP's ParallelFor waits for its worker threads (and so for
+        # their tasks) in a `finally` before the exception gets out of it
+        with ending_on_signals(on_signal=_stop_tasks):
             error, view = _run_logged(pipeline, args, log_dir, console, quiet=quiet, verbose=verbose)
     except (Terminated, KeyboardInterrupt) as exc:
         _stop_run(console, args["output_root"], parent.run_id, uri, exc)
@@ -190,6 +193,18 @@ def run_local(settings: RunSettings | None = None, *, quick: bool = False, root:
     return result
 
 
+_STOPPED = {"tasks": 0}  # task processes stopped since this run was ended by a signal
+
+
+def _stop_tasks() -> None:
+    """Stop every process this runner started (the pipeline's task processes and what they started), counted."""
+    from sdar.lifecycle import descendants, stop_processes
+
+    tasks = descendants(os.getpid())
+    stop_processes(tasks, grace_s=10.0)
+    _STOPPED["tasks"] += len(tasks)
+
+
 def _stop_run(console, output_root: str, parent_run_id: str, uri: str, why: BaseException) -> None:
     """The runner was ended by a signal (or Ctrl-C): stop its task processes and the env servers it started, mark its
     MLflow runs that are still open KILLED, and say so in one line."""
@@ -197,10 +212,9 @@ def _stop_run(console, output_root: str, parent_run_id: str, uri: str, why: Base
     from mlflow.tracking import MlflowClient
 
     from sdar.env_service import local as local_envs
-    from sdar.lifecycle import descendants, stop_processes
 
-    tasks = descendants(os.getpid())
-    stop_processes(tasks, grace_s=10.0)
+    _stop_tasks()  # any left: Ctrl-C has no handler of ours, and a task may have started since the signal
+    tasks = _STOPPED["tasks"]
     servers = local_envs.stop_runner_servers(output_root, os.getpid())
     closed = 0
     try:
@@ -215,7 +229,7 @@ def _stop_run(console, output_root: str, parent_run_id: str, uri: str, why: Base
     except (MlflowException, OSError) as exc:  # the store is unreachable: the runs stay open, the processes stopped
         console.print(f"[yellow]could not mark the MLflow runs KILLED: {str(exc)[:200]}[/yellow]")
     what = "Ctrl-C" if isinstance(why, KeyboardInterrupt) else str(why)
-    console.print(f"sdar run: {what}; stopped {len(tasks)} task process(es) and {len(servers)} env server(s), "
+    console.print(f"sdar run: {what}; stopped {tasks} task process(es) and {len(servers)} env server(s), "
                   f"marked {closed} MLflow run(s) KILLED", soft_wrap=True, highlight=False)
 
 
