@@ -237,10 +237,12 @@ def report(out: dict) -> str:
 
     from sdar.eval.stats import paired_difference
 
-    timed = slice(1, None) if len(out["rows"]["sdar"]) > 1 else slice(None)
+    total = len(out["rows"]["sdar"])
+    timed = slice(1, None) if total > 1 else slice(None)
     n = len(out["rows"]["sdar"][timed])
     lines = [(f"model {out['model']} ({out['dtype']}), {out['config']}; {out['tasks_per_step']} tasks x "
-              f"{out['group_size']} rollouts a step; median of {n} timed step(s) after a warm-up"), "",
+              f"{out['group_size']} rollouts a step; " + (f"median of {n} timed step(s) after a warm-up" if
+                                                          timed.start else "one step, no warm-up (the first step)")), "",
              "| setting | sdar train --arm grpo | TRL GRPOTrainer |", "|---|---|---|"]
     lines += [f"| {a} | {b} | {c} |" for a, b, c in out["settings"]]
     lines += ["", "| side | s / step | trained tokens / step | trained tokens / s | turns / step | train success |",
@@ -252,10 +254,10 @@ def report(out: dict) -> str:
         per[side] = s
         succ = sum(r["success"] * r["episodes"] for r in rows[timed]) / max(sum(r["episodes"] for r in rows[timed]), 1)
         lines.append(f"| {side} | {s:.2f} | {tok:,.0f} | {tok / s:,.1f} | {med(rows, 'turns', timed):,.0f} | {succ:.3f} |")
-    lines.append(f"\nsdar / TRL seconds per step: **{per['sdar'] / per['trl']:.2f}x**; wall-clock of the {n + 1} steps: "
+    lines.append(f"\nsdar / TRL seconds per step: **{per['sdar'] / per['trl']:.2f}x**; wall-clock of the {total} steps: "
                  f"sdar {sum(r['step_s'] for r in out['rows']['sdar']):.1f} s, TRL {sum(r['step_s'] for r in out['rows']['trl']):.1f} s")
     if out["evals"]:
-        lines += ["", (f"Held-out success on {out['eval_tasks']} tasks after {n + 1} steps (the same tasks and sampling "
+        lines += ["", (f"Held-out success on {out['eval_tasks']} tasks after {total} steps (the same tasks and sampling "
                        "seed for every policy), [95% Wilson interval]:"), "",
                   "| policy | constrained | sampled freely | well-formed (free) |", "|---|---:|---:|---:|"]
         for name, ev in out["evals"].items():
