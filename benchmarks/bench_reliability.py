@@ -650,7 +650,7 @@ def kill_section(steps: int, kills: int, checkpoint_every: int, seed: int, work:
     # at (or before) lands in its start-up
     rng = random.Random(seed)
     for p in sorted(rng.uniform(0, steps + 1) for _ in range(kills)):
-        done = latest_step(str(out / "checkpoints"))
+        done = latest_step(str(out))
         j, frac = int(p), p - int(p)
         run = TrainProcess(out, overrides, {"MLFLOW_TRACKING_URI": uri})
         res.attempts += 1
@@ -662,7 +662,7 @@ def kill_section(steps: int, kills: int, checkpoint_every: int, seed: int, work:
             res.kill_points.append({"at": where, "finished_first": True})
             break
         res.kills_delivered += 1
-        after = latest_step(str(out / "checkpoints"))
+        after = latest_step(str(out))
         res.steps_redone += done + len(run.steps) - after
         res.kill_points.append({"at": where, "resumed_from": done, "steps_printed": len(run.steps), "checkpoint_after": after})
     final = TrainProcess(out, overrides, {"MLFLOW_TRACKING_URI": uri})
@@ -685,13 +685,13 @@ def kill_section(steps: int, kills: int, checkpoint_every: int, seed: int, work:
     res.runs_closed_as_killed = sum(r.info.status == "KILLED" for r in runs)
     # the curve, and the checkpoints
     res.curve_max_abs_diff, res.curve_worst = max_diff(history_rows(out), history_rows(ref_out))
-    ref_store, store = open_store(str(ref_out / "checkpoints")), open_store(str(out / "checkpoints"))
+    ref_store, store = open_store(str(ref_out)), open_store(str(out))
     res.checkpoints_reference = [s for s, _ in list_checkpoints(ref_store)]
     res.checkpoints = [s for s, _ in list_checkpoints(store)]
     res.checkpoints_lost = len(set(res.checkpoints_reference) - set(res.checkpoints))
     res.incomplete_checkpoints = len(list_checkpoints(store, complete_only=False)) - len(res.checkpoints)
     res.temp_files_left = sum(1 for _ in out.rglob("*sdar-tmp*"))
-    a, b = (torch.load(checkpoint_file(str(o / "checkpoints"), steps, WEIGHTS_FILE, work), weights_only=True)
+    a, b = (torch.load(checkpoint_file(str(o), steps, WEIGHTS_FILE, work), weights_only=True)
             for o in (out, ref_out))
     res.final_weights_max_abs_diff = max(float((a[k] - b[k]).abs().max()) for k in b)
     res.wall_s = time.monotonic() - t_start
@@ -749,7 +749,7 @@ def damage_section(kinds: list[str], work: Path, timeout_s: float) -> DamageResu
         out = work / f"damage-{kind.replace(' ', '-')}"
         shutil.copytree(base / "checkpoints", out / "checkpoints")
         rel, name, how = damage[kind]
-        how(out / "checkpoints" / rel / name if rel else out / "checkpoints" / name)
+        how(out / rel / name if rel else out / name)  # the run's store is its output directory
         rerun = TrainProcess(out, small_overrides(3, tracking=False, **{"checkpoint.every": 1, "checkpoint.keep": 3}))
         rc = rerun.wait(timeout_s)
         log = " ".join(rerun.log_path.read_text(errors="replace").split())  # rich wraps long lines
@@ -765,7 +765,7 @@ def damage_section(kinds: list[str], work: Path, timeout_s: float) -> DamageResu
         if kind == "marker garbage":
             res.damaged_deleted += 0  # the marker is rewritten by the next checkpoint, by design (the log says so)
         else:
-            moved = list((out / "checkpoints" / DAMAGED_DIR).glob("step-000002-*"))
+            moved = list((out / DAMAGED_DIR).glob("step-000002-*"))
             res.damaged_deleted += not (moved and (moved[0] / name).exists() or kind == "weights missing" and moved)
     res.problems = res.problems[:6]
     res.wall_s = time.monotonic() - t0

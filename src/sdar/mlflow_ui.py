@@ -145,7 +145,7 @@ def render(url: str, ready: Callable[[str], bool], *, timeout_s: float = 90.0, w
             stop_group(proc, grace_s=10)
 
 
-def _devtools_port(proc: subprocess.Popen, profile: str, timeout_s: float = 30.0) -> int:
+def _devtools_port(proc: subprocess.Popen, profile: str, timeout_s: float = 90.0) -> int:
     """The DevTools port chromium chose (it writes it to <profile>/DevToolsActivePort)."""
     marker = Path(profile) / "DevToolsActivePort"
     deadline = time.monotonic() + timeout_s
