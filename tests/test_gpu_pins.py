@@ -6,22 +6,16 @@ to exactly the pins. A new release cannot break the GPU install silently: this f
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import tomllib
 from packaging.requirements import Requirement
 
+from tests.test_check_pins import _check_pins  # tools/check_pins.py, imported as that test does
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _check_pins():
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        import check_pins
-    finally:
-        sys.path.pop(0)
-    return check_pins
 
 
 def test_the_image_and_the_package_ranges_agree_with_the_gpu_set():

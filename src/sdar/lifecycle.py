@@ -65,29 +65,27 @@ def group_members(pgid: int) -> list[int]:
         except (ProcessLookupError, PermissionError):
             return []
         return [pgid]
-    out = []
-    for stat in proc.glob("[0-9]*/stat"):
+    return [pid for pid, _ppid, pgrp in _live_processes() if pgrp == pgid]
+
+
+def _live_processes():
+    """(pid, parent pid, process group) of every live process (zombies left out), read from /proc/<pid>/stat."""
+    from pathlib import Path
+
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            state, _ppid, pgrp = stat.read_text().rsplit(")", 1)[1].split()[:3]
+            state, ppid, pgrp = stat.read_text().rsplit(")", 1)[1].split()[:3]
         except (OSError, ValueError):
             continue
-        if int(pgrp) == pgid and state != "Z":
-            out.append(int(stat.parent.name))
-    return out
+        if state != "Z":
+            yield int(stat.parent.name), int(ppid), int(pgrp)
 
 
 def descendants(pid: int) -> list[int]:
     """The live processes whose parent chain leads to `pid` (children first), read from /proc; [] without /proc."""
-    from pathlib import Path
-
     children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            state, ppid = stat.read_text().rsplit(")", 1)[1].split()[:2]
-        except (OSError, ValueError):
-            continue
-        if state != "Z":
-            children.setdefault(int(ppid), []).append(int(stat.parent.name))
+    for child, ppid, _pgrp in _live_processes():
+        children.setdefault(ppid, []).append(child)
     out, todo = [], list(children.get(pid, []))
     while todo:
         p = todo.pop(0)
