@@ -343,3 +343,54 @@ def test_readme_is_short_and_starts_with_the_two_commands():
         if line.strip():
             block.append(line.strip())
     assert [b.split("#")[0].strip() for b in block[:2]] == ["make demo", "make test"], block
+
+
+# ---- docs/status.md: what ran where, once ---------------------------------------------------
+STATUS = REPO / "docs" / "status.md"
+STATUS_KINDS = ("CI (CPU)", "GPU at", "stand-ins", "never run", "by hand", "podman on this machine", "full size on")
+
+
+def _status_rows() -> list[list[str]]:
+    rows = []
+    for line in STATUS.read_text(encoding="utf-8").splitlines():
+        if line.startswith("| ") and not line.startswith("| capability") and not line.startswith("|---"):
+            rows.append([c.strip() for c in line.strip("|").split(" | ")])
+    return rows
+
+
+def test_the_status_table_names_real_tests_and_commits():
+    """Every row says where it last ran in one of the table's kinds; every test file and benchmark it names exists;
+    every commit it names is this repository's (where git history is here)."""
+    import subprocess
+
+    rows = _status_rows()
+    assert len(rows) >= 20, f"docs/status.md lists {len(rows)} capabilities"
+    for capability, where, how in rows:
+        assert any(k in where for k in STATUS_KINDS), f"{capability}: {where!r} says none of {STATUS_KINDS}"
+        for path in re.findall(r"`((?:tests|benchmarks)/[\w/.-]+\.(?:py|sh))", how):
+            assert (REPO / path).exists(), f"docs/status.md names {path}, which does not exist"
+    commits = set(re.findall(r"\b([0-9a-f]{7})\b", STATUS.read_text(encoding="utf-8")))
+    assert commits, "no commit named: a GPU run is stamped with its commit"
+    if (REPO / ".git").exists():
+        for c in sorted(commits):
+            found = subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{c}^{{commit}}"], capture_output=True, check=False)
+            assert found.returncode == 0, f"docs/status.md names commit {c}, which this repository does not have"
+
+
+def test_the_pages_that_claim_where_things_ran_link_the_status_table():
+    """README and the pages about GPUs and the cluster point at docs/status.md rather than restating it, and none
+    claims a GPU list the table does not have."""
+    for page in ("README.md", "docs/cluster.md", "docs/pipeline.md", "docs/training.md", "docs/benchmarks.md"):
+        assert "status.md" in (REPO / page).read_text(encoding="utf-8"), f"{page} does not link docs/status.md"
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert "on one GPU (an H100 and an" not in readme
+    cluster = (REPO / "docs" / "cluster.md").read_text(encoding="utf-8")
+    assert "None of this page has run against a real cluster yet" in cluster
+
+
+def test_the_gpu_commit_of_the_status_table_is_the_gpu_benchmarks_stamp():
+    """The table's GPU runs are the commit that docs/benchmarks.md's GPU table is stamped with: one source."""
+    stamp = re.search(r"<!-- bench train-step-gpu: ([0-9a-f]{7}) ", (REPO / "docs" / "benchmarks.md").read_text())
+    assert stamp, "docs/benchmarks.md has no stamped GPU table"
+    assert f"GPU at {stamp.group(1)}" in STATUS.read_text(encoding="utf-8"), (
+        f"docs/status.md's GPU rows do not name the GPU table's commit {stamp.group(1)}: update them together")

@@ -110,3 +110,33 @@ def test_sdar_submit_saves_the_runs_view_before_the_run_logs_and_prints_its_url(
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     _print_view("kfp-run-2", None, None)  # no server known: how to get the URL once the run logs
     assert "sdar ui --tracking-uri MLFLOW_URL --job kfp-run-2" in capsys.readouterr().out
+
+
+def test_sdar_submit_prints_the_view_in_the_experiment_the_compiled_pipeline_logs_to(mlflow_uri, capsys, monkeypatch,
+                                                                                     tmp_path):
+    """A pipeline compiled with another `experiment` default logs there: the printed URL is that experiment's, not
+    sdar-comparison's (the KFP API server cannot run here, so `submit` returns a run id without one)."""
+    import yaml
+    from mlflow.tracking import MlflowClient
+
+    from sdar.cli import main
+    from sdar.mlflow_view import VIEW_TAG_PREFIX, view_key
+    from sdar.pipeline import runner
+
+    ir = tmp_path / "pipeline.yaml"
+    ir.write_text(yaml.safe_dump({"root": {"inputDefinitions": {"parameters": {
+        "experiment": {"defaultValue": "team-a-household", "parameterType": "STRING"},
+        "overrides": {"defaultValue": "{}", "parameterType": "STRING"}}}}}))
+    monkeypatch.setattr(runner, "submit", lambda *a, **k: "kfp-run-3")
+    assert main(["submit", "--host", "http://kfp.invalid", "--experiment", "kfp-exp", "--yaml", str(ir),
+                 "--mlflow-url", mlflow_uri]) == 0
+    out = capsys.readouterr().out
+    client = MlflowClient(mlflow_uri)
+    exp = client.get_experiment_by_name("team-a-household")
+    assert exp is not None and VIEW_TAG_PREFIX + view_key("kfp-run-3") in exp.tags
+    assert f"/#/experiments/{exp.experiment_id}/runs" in out and "'team-a-household'" in out
+    assert client.get_experiment_by_name("sdar-comparison") is None
+    # --mlflow-experiment (KFP's MLflow integration chose it) wins over the compiled default
+    assert main(["submit", "--host", "http://kfp.invalid", "--experiment", "kfp-exp", "--yaml", str(ir),
+                 "--mlflow-url", mlflow_uri, "--mlflow-experiment", "KFP-Default"]) == 0
+    assert "'KFP-Default'" in capsys.readouterr().out

@@ -326,7 +326,6 @@ def _fake_kubernetes(monkeypatch, replicas: int) -> list[tuple[str, str, str, st
     namespace), the way the API server authorises it."""
     import kubernetes.client
     import kubernetes.config
-
     import sdar_envs.client
 
     calls: list[tuple[str, str, str, str]] = []
@@ -1422,3 +1421,23 @@ def test_the_walkthrough_names_real_paths_and_the_pipelines_secrets():
         "sdar plan",
     ):
         assert step in doc, step
+
+
+def test_the_deployed_mlflow_server_is_the_release_the_view_is_tested_on():
+    """The tracking server k8s/ deploys runs a release inside pyproject's mlflow range, the one the MLflow view's
+    browser test runs (tests/integration/test_mlflow_ui.py): the comparison URL opens on a UI we have seen."""
+    from importlib.metadata import version
+
+    import tomllib
+    from packaging.requirements import Requirement
+
+    kustomization = yaml.safe_load((K8S / "base" / "kustomization.yaml").read_text())
+    tag = next(i["newTag"] for i in kustomization["images"] if i["name"] == "ghcr.io/mlflow/mlflow")
+    deployed = re.fullmatch(r"v(\d+\.\d+\.\d+)-full", tag)
+    assert deployed, f"the MLflow image tag {tag!r} is not v<release>-full"
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    (spec,) = [Requirement(r).specifier for r in project["dependencies"] if Requirement(r).name == "mlflow"]
+    assert deployed.group(1) in spec, f"k8s/ deploys MLflow {deployed.group(1)}, outside pyproject's {spec}"
+    assert version("mlflow") in spec  # the installed client, which the browser test serves, is in the range too
+    docs = (REPO / "docs" / "cluster.md").read_text()
+    assert f"ghcr.io/mlflow/mlflow:{tag}" in docs, "docs/cluster.md mirrors another MLflow image than k8s/ deploys"

@@ -81,15 +81,21 @@ def _checked_overrides(sets: list[tuple[str, Any]] | None, base: dict[str, Any] 
     return overrides
 
 
-def _compiled_overrides(path) -> dict[str, Any]:
-    """The default of the `overrides` parameter in the pipeline IR at `path`."""
-    import json
+def _compiled_default(path, name: str) -> Any:
+    """The default of pipeline parameter `name` in the pipeline IR at `path` (None where it has none)."""
     from pathlib import Path
 
     import yaml
 
     spec = next(yaml.safe_load_all(Path(path).read_text()))
-    return json.loads(spec["root"]["inputDefinitions"]["parameters"]["overrides"].get("defaultValue") or "{}")
+    return spec["root"]["inputDefinitions"]["parameters"].get(name, {}).get("defaultValue")
+
+
+def _compiled_overrides(path) -> dict[str, Any]:
+    """The default of the `overrides` parameter in the pipeline IR at `path`."""
+    import json
+
+    return json.loads(_compiled_default(path, "overrides") or "{}")
 
 
 def _bake_overrides(path, overrides: dict[str, Any]) -> None:
@@ -179,7 +185,11 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"submitted run {run_id} to {args.host} (experiment {args.experiment!r})")
-    _print_view(run_id, args.mlflow_url, args.mlflow_experiment or arguments.get("experiment"))
+    # the experiment the run logs to: what this submit passes, else what the compiled pipeline defaults to (a
+    # pipeline compiled with another `experiment` logs there), else the pipeline's own default
+    experiment = (args.mlflow_experiment or arguments.get("experiment")
+                  or (_compiled_default(args.yaml, "experiment") if args.yaml else None))
+    _print_view(run_id, args.mlflow_url, experiment)
     return 0
 
 
