@@ -47,3 +47,24 @@ def test_the_pipeline_table_shows_a_tasks_phase(tmp_path):
         print("    evaluating: 64/134 episodes (0.52/s, 2:14 left)", file=sys.stdout)
         assert view.tasks["evaluate"].info == "evaluating 64/134 episodes"
         print("22:05:26.168 - INFO - Task \x1b[96m'evaluate'\x1b[0m finished with status SUCCESS", file=sys.stdout)
+
+
+def test_a_slow_item_gets_a_heartbeat_line_naming_what_runs_now():
+    """One item may take minutes (a SmolLM2 step, an episode on a big model): the log still gets a line every
+    every_s seconds, in the format the pipeline's table reads, naming what the loop does now."""
+    import time
+
+    console, out = _console(False)
+    with Progress("evaluating", 4, "episodes", console=console, every_s=0.3) as p:
+        p.now = "episode 1 of task pick_and_place-17"
+        time.sleep(1.2)
+        p.advance(4)
+    lines = out.getvalue().splitlines()
+    beats = [x for x in lines if "episode 1 of task" in x]
+    assert len(beats) >= 2, lines  # at least one every 0.3 s of the 1.2 s item (the thread wakes every 75 ms)
+    assert all(LINE.search(x)["done"] == "0" for x in beats)
+    assert LINE.search(lines[-1])["done"] == "4" and "episode 1" not in lines[-1]  # done: the end line, no "now"
+    n = len(lines)
+    time.sleep(0.5)
+    assert len(out.getvalue().splitlines()) == n  # the heartbeat ended with the loop
+

@@ -26,7 +26,7 @@ def _task(out, name: str, body: list[str], status: str = "SUCCESS", gate: thread
 def test_parallel_tasks_get_their_own_logs_and_one_line_each(tmp_path):
     term = io.StringIO()
     console = Console(file=term, force_terminal=False, width=200)
-    view = TaskLog(tmp_path / "logs", console, live=False, progress_every=2)
+    view = TaskLog(tmp_path / "logs", console, live=False)
     with view, contextlib.redirect_stdout(view):
         import sys
 
@@ -56,7 +56,7 @@ def test_parallel_tasks_get_their_own_logs_and_one_line_each(tmp_path):
         assert text.count("step ") == 2
     assert "planned 2 runs" in (tmp_path / "logs" / "plan-runs.log").read_text()
     assert "Executing task" in (tmp_path / "logs" / "pipeline.log").read_text()
-    # the console: a start and an end line per task, training progress every 2 steps, no streamed logs
+    # the console: a start and an end line per task, training progress every tenth of the steps, no streamed logs
     shown = term.getvalue()
     assert "Streamed logs" not in shown and "planned 2 runs" not in shown
     assert shown.count("started") == 4

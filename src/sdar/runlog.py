@@ -30,6 +30,8 @@ _EXECUTING = re.compile(r"Executing task '([^']+)'")
 _FINISHED = re.compile(r"Task '([^']+)' finished with status (\w+)")
 # the trainer's per-step line (sdar.train.trainer)
 _STEP = re.compile(r"\[([\w.-]+)\] step (\d+)/(\d+): success ([\d.]+)")
+# its heartbeat while a step runs (sdar.train.loop)
+_RUNNING = re.compile(r"\[([\w.-]+)\] step (\d+)/(\d+) running: (.+?), (\d+)s into the step")
 _EVAL = re.compile(r"eval ([\d.]+)\s*$")
 # the progress lines of the long loops (sdar.progress): warm start, evaluation
 _PHASE = PROGRESS_LINE
@@ -59,15 +61,14 @@ class TaskState:
 class TaskLog(io.TextIOBase):
     """A `sys.stdout` for the runner: the whole stream to `<log_dir>/pipeline.log`, each task's lines to
     `<log_dir>/<task>.log`, and a view of the tasks on `console` (a live table on a terminal; otherwise
-    a line when a task starts, every `progress_every` training steps, when a long task enters a phase (the
-    progress lines of sdar.progress: the warm start's phases, an evaluation's episodes) and then at most every
-    `phase_every_s` seconds of it, and when it ends).
+    a line when a task starts, when a training task has done another tenth of its steps, when a long task enters a
+    phase (the progress lines of sdar.progress: the warm start's phases, an evaluation's episodes, a training step's
+    phase) and then every `phase_every_s` seconds of it at least, and when it ends).
 
     Use as a context manager around the pipeline call; `failed()` lists the tasks that did not succeed.
     """
 
-    def __init__(self, log_dir: str | Path, console, live: bool | None = None, progress_every: int = 5,
-                 phase_every_s: float = 30.0) -> None:
+    def __init__(self, log_dir: str | Path, console, live: bool | None = None, phase_every_s: float = 30.0) -> None:
         super().__init__()
         self.dir = Path(log_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -77,7 +78,6 @@ class TaskLog(io.TextIOBase):
         self._console_file = getattr(console, "_file", None)
         console.file = console.file
         self.live_view = console.is_terminal if live is None else live
-        self.progress_every = progress_every
         self.phase_every_s = phase_every_s
         self._phase_shown: dict[str, tuple[str, float]] = {}  # task key -> (phase label, when last printed)
         self.tasks: dict[str, TaskState] = {}
@@ -171,8 +171,20 @@ class TaskLog(io.TextIOBase):
             ev = _EVAL.search(plain)
             task.info = f"{arm}: step {k}/{n}, train success {float(success):.2f}" + (
                 f", held-out {float(ev.group(1)):.2f}" if ev else "")
-            if not self.live_view and (int(k) % self.progress_every == 0 or k == n):
+            tenth = max(1, int(n) // 10)
+            if not self.live_view and (int(k) % tenth == 0 or k == n):
                 self.console.print(f"  {task.key}: {task.info}", highlight=False)
+                self._phase_shown[task.key] = ("step", time.monotonic())
+            elif not self.live_view:
+                self._show_phase(task, "step")
+            self._refresh()
+            return
+        running = _RUNNING.search(plain)
+        if running:
+            arm, k, n, doing, seconds = running.groups()
+            task.info = f"{arm}: step {k}/{n} running, {doing} ({seconds}s)"
+            if not self.live_view:
+                self._show_phase(task, "step")
             self._refresh()
             return
         phase = _PHASE.search(plain.strip())

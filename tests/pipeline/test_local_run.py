@@ -11,6 +11,7 @@ import pytest
 from sdar.pipeline.runner import run_local
 from sdar.pipeline.settings import RunSettings
 from tests.comparison_store import check_view
+from tests.deprecations import sitecustomize_dir, watched
 from tests.train.conftest import SMALL
 
 
@@ -59,8 +60,15 @@ def test_quick_pipeline_produces_the_comparison_and_mlflow_runs(tmp_path, monkey
     # model and warm start, tests/train/conftest.py's SMALL) to keep CI short
     small = {k: SMALL[k] for k in ("model.tiny_overrides", "warmstart.tokenizer_episodes", "rollout.max_response_tokens")}
     s = RunSettings.quick(arms=arms, steps=1, group_size=2, eval_tasks=6, experiment="e2e", overrides=small)
+    # every process the run starts (the KFP tasks, the env server) watched for deprecation warnings of our own calls
+    deprecations = tmp_path / "deprecations.log"
+    for key, value in sitecustomize_dir(tmp_path / "site", deprecations).items():
+        monkeypatch.setenv(key, value)
     res = run_local(s, quick=True, root=root, quiet=True)
     assert res["status"] == "SUCCEEDED", res["error"]
+    assert not deprecations.exists(), deprecations.read_text()  # issue 44: a demo run causes none of its own
+    # ...and the watch was on: every task process (plan, launch, evaluations, trainings, compare, teardown) had it
+    assert len(watched(deprecations).read_text().splitlines()) >= 6, watched(deprecations).read_text()
 
     # the comparison: a row per arm plus the warm start, the plot, the pooled numbers
     table, computed = res["table"].split("\n## What each arm computed per step")

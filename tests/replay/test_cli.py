@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import openai
+import pytest
 
 from sdar.agent.rollout import Trajectory, Turn
 from sdar.cli import main
@@ -22,7 +23,13 @@ def client(url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=60)
 
 
-def test_cli_serves_until_interrupted():
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["SIGINT", "SIGTERM", "SIGHUP"])
+def test_cli_serves_until_a_signal_ends_it_and_frees_the_port(sig):
+    """Ctrl-C, kill (SIGTERM) and a closing terminal (SIGHUP) stop the server (a thread of the process), say so, and
+    release the port (issue 43.1)."""
+    import socket
+    import urllib.parse
+
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "-m", "sdar.cli", "teachers", "serve", "--family", "shop", "--port", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
@@ -33,9 +40,15 @@ def test_cli_serves_until_interrupted():
         assert [proc.stdout.readline().strip() for _ in range(2)] == ["model: rule", "model: rule-b"]
         assert [m.id for m in client(url).models.list().data] == ["rule", "rule-b"]
     finally:
-        proc.send_signal(signal.SIGINT)
-        rc = proc.wait(timeout=30)
-    assert rc == 0
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=30)
+    port = urllib.parse.urlsplit(url).port
+    if sig == signal.SIGINT:
+        assert proc.returncode == 0
+    else:
+        assert proc.returncode == 128 + sig and f"ended by {signal.Signals(sig).name}" in out and "is stopped" in out
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0, f"port {port} still answers after the server ended"
 
 
 def test_replay_writes_pairs_and_stats(tmp_path, capsys):

@@ -7,59 +7,12 @@ one library's call into another causes (peft or TRL calling transformers) are th
 
 from __future__ import annotations
 
-import traceback
-import warnings
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from tests.deprecations import deprecations_of_ours
 from tests.train.conftest import make_trainer, small_config
-
-ROOT = Path(__file__).resolve().parents[2]
-OURS = ((ROOT / "src").resolve(), (ROOT / "envs" / "src").resolve())
-DEPRECATIONS = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
-STDLIB_WARNINGS = Path(warnings.__file__).resolve()
-
-
-def _package(filename: str) -> Path:
-    """The top package directory a file belongs to (site-packages/<pkg>, or src/<pkg>), else its own folder."""
-    p = Path(filename).resolve()
-    for root in ("site-packages", "dist-packages", "src"):
-        if root in p.parts[:-1]:
-            i = len(p.parts) - 1 - p.parts[::-1].index(root)
-            return Path(*p.parts[: i + 2]) if i + 2 < len(p.parts) else p.parent
-    return p.parent
-
-
-@contextmanager
-def deprecations_of_ours():
-    """Yields a list that collects, for each deprecation warning raised inside the block, 'caller: message' when the
-    first frame outside the warning's own package is in our source."""
-    found: list[str] = []
-    real = warnings.showwarning
-
-    def show(message, category, filename, lineno, file=None, line=None):
-        if not issubclass(category, DEPRECATIONS):
-            return
-        raiser = _package(filename)
-        for frame in reversed(traceback.extract_stack()[:-1]):
-            where = Path(frame.filename).resolve()
-            if where.is_relative_to(raiser) or where == STDLIB_WARNINGS:
-                continue
-            if where == Path(__file__).resolve():
-                return
-            if any(where.is_relative_to(o) for o in OURS):
-                found.append(f"{where.relative_to(ROOT)}:{frame.lineno} -> {category.__name__}: {message}")
-            return
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")
-        warnings.showwarning = show
-        try:
-            yield found
-        finally:
-            warnings.showwarning = real
 
 
 def test_the_detector_names_a_deprecated_call_of_ours_and_not_a_librarys_own():
@@ -69,7 +22,7 @@ def test_the_detector_names_a_deprecated_call_of_ours_and_not_a_librarys_own():
                                          num_key_value_heads=1, vocab_size=64))
     from sdar.models import policy
 
-    with deprecations_of_ours() as found:
+    with deprecations_of_ours(skip=(Path(__file__).resolve(),)) as found:
         model.gradient_checkpointing_enable()  # called from this test: not ours (the test file is skipped)
     assert found == []
     src = "def call(model):\n    return model.is_gradient_checkpointing\n"
@@ -94,3 +47,40 @@ def test_training_and_evaluation_cause_no_deprecation_warning_of_our_own(tiny_ck
         trainer.evaluate(temperature=0.0, tasks=trainer.eval_tasks[:1])
     assert trainer.step == 1
     assert found == [], "\n".join(found)
+
+
+def test_the_detector_watches_the_processes_a_command_starts(tmp_path):
+    """What the pipeline test (tests/pipeline/test_local_run.py) arranges for a demo run: a subprocess with the
+    sitecustomize on PYTHONPATH reports a deprecated call of ours to the log file, and only that."""
+    import os
+    import subprocess
+    import sys
+
+    from sdar.models import policy
+    from tests.deprecations import sitecustomize_dir, watched
+
+    log = tmp_path / "deprecations.log"
+    env = {**os.environ, **sitecustomize_dir(tmp_path / "site", log)}
+    fake = Path(policy.__file__).with_name("_deprecation_probe.py")
+    fake.write_text("def call(model):\n    return model.is_gradient_checkpointing\n")
+    code = ("from transformers import LlamaConfig, LlamaForCausalLM\n"
+            "model = LlamaForCausalLM(LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, "
+            "num_attention_heads=2, num_key_value_heads=1, vocab_size=64))\n"
+            "model.gradient_checkpointing_enable()\n"  # a call from outside our source: not reported
+            "import sys\n"
+            "if sys.argv[1] == 'ours':\n"
+            "    from sdar.models._deprecation_probe import call\n"
+            "    call(model)\n")
+    try:
+        done = subprocess.run([sys.executable, "-c", code, "theirs"], env=env, capture_output=True, text=True,
+                              timeout=300, check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert not log.exists(), log.read_text()
+        done = subprocess.run([sys.executable, "-c", code, "ours"], env=env, capture_output=True, text=True,
+                              timeout=300, check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+    finally:
+        fake.unlink()
+    assert len(watched(log).read_text().splitlines()) == 2  # both processes had the hook
+    text = log.read_text()
+    assert "_deprecation_probe.py:2" in text and "is_gradient_checkpointing" in text and len(text.splitlines()) == 1

@@ -23,17 +23,25 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
         return 2
+    from sdar.lifecycle import Terminated, ending_on_signals
+
     try:
-        print(pool.url, flush=True)
-        for name in pool.models:
-            print(f"  model: {name}", flush=True)
-        console.print(f"serving {len(pool.models)} {args.family} teacher(s); as replay.teachers:\n" + "\n".join(
-            f"  - {{name: {m}, base_url: {pool.url}, model: {m}}}" for m in pool.models) + "\nCtrl-C stops it.")
-        while pool._thread is not None and pool._thread.is_alive():
-            time.sleep(0.5)
-        return 1  # the server thread ended on its own
+        # the server is a thread of this process: SIGTERM and SIGHUP stop it as Ctrl-C does, port released
+        with ending_on_signals():
+            print(pool.url, flush=True)
+            for name in pool.models:
+                print(f"  model: {name}", flush=True)
+            console.print(f"serving {len(pool.models)} {args.family} teacher(s); as replay.teachers:\n" + "\n".join(
+                f"  - {{name: {m}, base_url: {pool.url}, model: {m}}}" for m in pool.models)
+                + "\nCtrl-C (or SIGTERM) stops it.")
+            while pool._thread is not None and pool._thread.is_alive():
+                time.sleep(0.5)
+            return 1  # the server thread ended on its own
     except KeyboardInterrupt:
         return 0
+    except Terminated as exc:
+        print(f"sdar teachers serve: {exc}; the teacher server at {pool.url} is stopped", flush=True)
+        return exc.code
     finally:
         ctx.__exit__(None, None, None)
 

@@ -10,9 +10,11 @@ import fcntl
 import json
 import math
 import os
+import time
 from pathlib import Path
 from typing import Any
 
+from sdar.progress import Heartbeat
 from sdar.train import distributed
 
 LOCK_FILE = ".sdar-train.lock"
@@ -60,32 +62,48 @@ def _steps(trainer, tracker) -> dict[str, Any]:
     if trainer.step == 0:
         tracker.log_params({"arm": trainer.arm.name, **cfg.to_dict(), "arm_settings": vars(trainer.arm)})
         tracker.log_text(json.dumps(cfg.to_dict(), indent=2), "config.json")
+    # a log (not a terminal) gets the step's line after each step and, while a step runs, a heartbeat line at least
+    # every HEARTBEAT_S seconds naming the step and its phase (a SmolLM2 step on 2 cores takes about 100 s)
+    plain = main and not trainer.console.is_terminal
+    now = {"step": trainer.step, "t0": time.monotonic()}  # the step under way and when it began
+
+    def beat(_since: float) -> str:
+        doing = f"{trainer.phase} phase" if trainer.phase else "between phases"
+        return (f"[{trainer.arm.name}] step {now['step'] + 1}/{cfg.steps} running: {doing}, "
+                f"{time.monotonic() - now['t0']:.0f}s into the step")
+
+    heartbeat = Heartbeat(trainer.console, beat) if plain else contextlib.nullcontext()
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=trainer.console,
-                  disable=not main) as progress:
+                  disable=not main) as progress, heartbeat:
         bar = progress.add_task(f"train {trainer.arm.name}", total=cfg.steps, completed=trainer.step, info="")
         while trainer.step < cfg.steps:
             if trainer.checkpoints.pending is not None:  # a storage outage: try the upload again
                 trainer.checkpoints.flush(wait=False)
             step = trainer.step
+            now.update(step=step, t0=time.monotonic())
             m = trainer.train_step(step).metrics
             if cfg.eval.every and (step + 1) % cfg.eval.every == 0:
+                trainer.phase = "held-out evaluation"
                 m.update(_evaluate(trainer))
             trainer.history.append({"step": step, **m})
             tracker.log_metrics(tracked(m), step=step)
             trainer.step = step + 1
             if trainer.step % cfg.checkpoint.every == 0 or trainer.step == cfg.steps:
+                trainer.phase = "checkpoint"
                 trainer.save_checkpoint(trainer.step)
                 # the exact privileged texts the teacher saw so far, per task type and task
                 tracker.log_dict(trainer.teacher.skills_seen, "privileged_skills.json")
             info = (f"success {m['success']:.2f} reward {m['reward']:.2f} "
                     f"gap {m.get('sdar/gap_mean', float('nan')):+.3f} {m['time/step_s']:.1f}s/step")
+            trainer.phase = ""
             progress.update(bar, completed=trainer.step, info=info)
-            if main and not trainer.console.is_terminal:  # logs get one line per step
+            if plain:  # logs get one line per step
                 extra = f" eval {m['eval/success']:.2f}" if "eval/success" in m else ""
                 # markup=False: rich would read "[grpo]" as a style tag and drop the arm's name
                 trainer.console.print(f"[{trainer.arm.name}] step {trainer.step}/{cfg.steps}: {info}{extra}",
                                       markup=False, highlight=False)
+                heartbeat.beat()
     return _finish(trainer, tracker)
 
 

@@ -79,6 +79,7 @@ class Trainer:
                                say=self.console.print)
         self.step, self.run_id = 0, None
         self.history: list[dict[str, float]] = []
+        self.phase = ""  # the phase of the step under way (rollout, score, update): what progress lines name
 
     @property
     def model(self):
@@ -123,11 +124,15 @@ class Trainer:
         the update phase (the arm's composed loss, mini-batch by mini-batch); every forward in the Scorer's scope."""
         with self.scorer.scope():
             t0 = time.perf_counter()
+            self.phase = "rollout"
             with self.strategy.gathered(self.policy):
                 rollouts = self.rollout_phase(step)
+            self.phase = "score"
             with self.strategy.gathered(self.policy, reference=True):
                 batch = self.score_phase(step, rollouts)
+            self.phase = "update"
             update = self.update_phase(step, batch)
+            self.phase = ""
             return StepResult(step, step_metrics(self.cfg, batch, update, time.perf_counter() - t0, teacher=self.teacher,
                                                  skipped=self.guard.skipped, replay=self.replay, dist=self.dist))
 
