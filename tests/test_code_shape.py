@@ -1,10 +1,11 @@
 """The shape the code keeps: no function in the library (src/) or the environments (envs/src/) is over 80 lines, so
-each can be read at once (issue 32); the training step's phases stay under 60; no class is over 400 lines, and no
-two of sdar's packages import each other (issue 39)."""
+each can be read at once (issue 32); the training step's phases stay under 60; no class is over 400 lines, no
+two of sdar's packages import each other (issue 39), and no two files either (issue 45)."""
 
 from __future__ import annotations
 
 import ast
+import contextlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -163,3 +164,87 @@ def test_the_import_graph_sees_function_level_imports(tmp_path):
     edges = package_imports(pkg)
     assert set(edges) == {("sdar.a", "sdar.b"), ("sdar.b", "sdar.a"), ("sdar.c", "sdar.a"), ("sdar.c", "sdar.b")}
     assert package_cycles(edges) == [["sdar.a", "sdar.b"]]
+
+
+# ---- the import graph between files (issue 45): no two modules import each other ----------------------------
+SOURCES = (SDAR, ROOT / "envs" / "src" / "sdar_envs")
+
+
+def _modules(roots=SOURCES) -> dict[str, tuple[Path, bool]]:
+    """Dotted module name -> (file, whether it is a package's __init__)."""
+    out = {}
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            parts = list(path.relative_to(root.parent).with_suffix("").parts)
+            is_package = parts[-1] == "__init__"
+            out[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
+    return out
+
+
+def _reexports(package: str, modules) -> dict[str, str]:
+    """Name -> the module a package's __init__ takes it from (its `from x import name` and a `_LAZY` table)."""
+    path, _ = modules[package]
+    out: dict[str, str] = {}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            for a in node.names:
+                out[a.asname or a.name] = _from_target(node, package, True)
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "_LAZY" for t in node.targets):
+            with contextlib.suppress(ValueError):
+                out.update(ast.literal_eval(node.value))
+    return out
+
+
+def _from_target(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".")[: len(module.split(".")) - (node.level - (1 if is_package else 0))]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def file_imports(roots=SOURCES) -> dict[str, set[str]]:
+    """Module -> the modules (files, not packages) it imports anywhere: at module level, inside functions and under
+    TYPE_CHECKING alike (a type-only import is a dependency of the design too). `from pkg import name` counts as an
+    import of the module the package's __init__ takes `name` from."""
+    modules = _modules(roots)
+    edges: dict[str, set[str]] = {}
+    for module, (path, is_package) in modules.items():
+        if is_package:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = _from_target(node, module, False)
+                for a in node.names:
+                    if f"{base}.{a.name}" in modules:
+                        targets.append(f"{base}.{a.name}")
+                    elif base in modules and modules[base][1]:
+                        targets.append(_reexports(base, modules).get(a.name, base))
+                    else:
+                        targets.append(base)
+            edges.setdefault(module, set()).update(
+                t for t in targets if t in modules and t != module and not modules[t][1])
+    return edges
+
+
+def test_no_two_files_import_each_other():
+    """No circle of imports between files of src/ and envs/src/ (the package check above cannot see one inside a
+    package): each is named with its members."""
+    edges = file_imports()
+    cycles = package_cycles({(a, b): [a] for a, bs in edges.items() for b in bs})
+    assert cycles == [], "files that import each other, directly or round a ring (move the shared part into a " \
+                         "module both import):\n" + "\n".join("  " + " <-> ".join(c) for c in cycles)
+
+
+def test_the_file_graph_sees_type_only_and_reexported_imports(tmp_path):
+    pkg = tmp_path / "sdar"
+    for name, text in {"__init__.py": "", "p/__init__.py": "from sdar.p.a import f\n",
+                       "p/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from sdar.p.b import B\n",
+                       "p/b.py": "from sdar.p import f\n", "c.py": "def g():\n    from . import p\n"}.items():
+        (pkg / name).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / name).write_text(text)
+    edges = file_imports((pkg,))
+    assert edges["sdar.p.a"] == {"sdar.p.b"} and edges["sdar.p.b"] == {"sdar.p.a"}
+    assert package_cycles({(a, b): [a] for a, bs in edges.items() for b in bs}) == [["sdar.p.a", "sdar.p.b"]]

@@ -642,3 +642,25 @@ def test_startup_failures_name_the_problem():
 
     with pytest.raises(ValueError, match="max_sessions must be >= 1"):
         ServerOptions(max_sessions=0)
+
+
+def test_the_server_implements_the_session_table_the_routes_use():
+    """The routes know the server only through sdar_envs.server_routes.SessionTable (and a session's environment
+    through SessionEnv): every member those interfaces name exists on the server's classes, methods as methods."""
+    import inspect
+
+    from sdar_envs.server import SdarEnvironment, SdarEnvServer
+    from sdar_envs.server_routes import SessionEnv, SessionTable
+
+    for protocol, cls in ((SessionTable, SdarEnvServer), (SessionEnv, SdarEnvironment)):
+        members = [n for n in vars(protocol) if not n.startswith("_")] + list(protocol.__annotations__)
+        assert members, protocol
+        for name in members:
+            if name in protocol.__annotations__:  # an attribute the server sets in __init__
+                assert name in inspect.getsource(cls.__init__), f"{cls.__name__} has no {name}"
+                continue
+            want, got = getattr(protocol, name), getattr(cls, name, None)
+            assert got is not None, f"{cls.__name__} lacks {name}, which {protocol.__name__} names"
+            if inspect.isfunction(want):
+                assert inspect.iscoroutinefunction(want) == inspect.iscoroutinefunction(got), name
+                assert list(inspect.signature(want).parameters) == list(inspect.signature(got).parameters), name

@@ -40,17 +40,17 @@ def test_noise_out_of_range_is_an_error_naming_the_key():
 
 def test_cache_key_follows_the_prompt_wording_not_just_the_config(monkeypatch):
     from sdar.agent.memory import HouseholdMemory
-    from sdar.train.warmstart import _cache_key, tiny_config
+    from sdar.train.warmstart import tiny_config, tiny_key
 
     cfg = load_config(CONFIG)
-    key = _cache_key(cfg, tiny_config(cfg))
-    assert key == _cache_key(cfg, tiny_config(cfg))  # deterministic
-    assert key != _cache_key(load_config(CONFIG, {"warmstart.noise": 0.1}), tiny_config(cfg))
-    assert key != _cache_key(load_config(CONFIG, {"warmstart.pretokenizer": "punct_space"}), tiny_config(cfg))
+    key = tiny_key(cfg, tiny_config(cfg))
+    assert key == tiny_key(cfg, tiny_config(cfg))  # deterministic
+    assert key != tiny_key(load_config(CONFIG, {"warmstart.noise": 0.1}), tiny_config(cfg))
+    assert key != tiny_key(load_config(CONFIG, {"warmstart.pretokenizer": "punct_space"}), tiny_config(cfg))
     # a code change to what the prompts say (here the memory's wording) must not reuse the old model
     render = HouseholdMemory.render
     monkeypatch.setattr(HouseholdMemory, "render", lambda self: render(self).replace("Seen:", "Visited:"))
-    assert _cache_key(cfg, tiny_config(cfg)) != key
+    assert tiny_key(cfg, tiny_config(cfg)) != key
 
 
 def test_decision_turns_are_take_and_go_to_off_the_search_frontier():
@@ -112,25 +112,25 @@ def test_decision_repeats_multiply_exactly_the_decision_examples(tmp_path, monke
 def test_the_alfworld_backend_keeps_the_sim_trained_warm_start(monkeypatch):
     # evaluating on the official games (`sdar eval --backend alfworld --split valid_seen`, or the
     # same as --set overrides) must find the cached sim-trained model, not train one on the engine
-    from sdar.train.warmstart import _cache_key, tiny_config, warmstart_config
+    from sdar.train.warmstart import tiny_config, tiny_key, warmstart_config
 
     monkeypatch.delenv("SDAR_ALFWORLD_DATA", raising=False)  # the warm start never touches the games
     cfg = load_config(CONFIG)
     assert warmstart_config(cfg) is cfg  # a sim config maps to itself: existing caches stay valid
-    key = _cache_key(cfg, tiny_config(cfg))
+    key = tiny_key(cfg, tiny_config(cfg))
     for ov in ({"env.kwargs.backend": "alfworld", "env.eval_split": "valid_seen"},
                {"env.kwargs.backend": "alfworld", "env.kwargs.workers": 2, "env.kwargs.data_dir": "/games",
                 "env.train_split": "valid_train"},
                {"env.eval_split": "valid_seen"}):
         engine = load_config(CONFIG, ov)
-        assert _cache_key(engine, tiny_config(engine)) == key, ov
+        assert tiny_key(engine, tiny_config(engine)) == key, ov
         assert warmstart_config(engine).env == cfg.env
     # what the warm start imitates comes from the sim (sim task ids, its two experts) either way
     turns = expert_turns(load_config(CONFIG, {"env.kwargs.backend": "alfworld"}), 3, seed=5)
     assert [t["action"] for t in turns] == [t["action"] for t in expert_turns(cfg, 3, seed=5)]
     # a sim setting still shapes the warm start
     harder = load_config(CONFIG, {"env.kwargs.backend": "alfworld", "env.kwargs.difficulty.max_steps": 12})
-    assert _cache_key(harder, tiny_config(harder)) != key
+    assert tiny_key(harder, tiny_config(harder)) != key
 
 
 def test_fields_added_later_keep_the_keys_of_what_was_built_before(monkeypatch):
@@ -139,10 +139,10 @@ def test_fields_added_later_keep_the_keys_of_what_was_built_before(monkeypatch):
     import dataclasses
 
     from sdar import config as config_mod
-    from sdar.train.warmstart import _cache_key, tiny_config
+    from sdar.train.warmstart import tiny_config, tiny_key
 
     cfg = load_config(CONFIG)
-    key = _cache_key(cfg, tiny_config(cfg))
+    key = tiny_key(cfg, tiny_config(cfg))
     assert config_mod.ADDED_DEFAULTS["warmstart.pretokenizer"] == "qwen2"
     for dotted, default in config_mod.ADDED_DEFAULTS.items():  # each entry is its field's neutral default
         head, _, name = dotted.rpartition(".")
@@ -155,8 +155,8 @@ def test_fields_added_later_keep_the_keys_of_what_was_built_before(monkeypatch):
             d.pop("pretokenizer")
         return d
 
-    monkeypatch.setattr("sdar.train.warmstart.asdict", older_asdict)
-    assert _cache_key(cfg, tiny_config(cfg)) == key
+    monkeypatch.setattr("sdar.train.warm_cache.asdict", older_asdict)
+    assert tiny_key(cfg, tiny_config(cfg)) == key
     with pytest.raises(ValueError, match="warmstart.pretokenizer='bpe' is not one of qwen2, punct_space"):
         load_config(CONFIG, {"warmstart.pretokenizer": "bpe"})
 

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from fastapi import FastAPI, HTTPException, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse
@@ -35,10 +35,39 @@ from sdar_envs.server_errors import (
     SessionGoneError,
     TooManySessionsError,
 )
+from sdar_envs.server_config import ServerOptions
 from sdar_envs.server_limits import BadJSON, loads_guarded
 
-if TYPE_CHECKING:
-    from sdar_envs.server import SdarEnvironment, SdarEnvServer
+
+class SessionEnv(Protocol):
+    """One session's environment as the routes read it (sdar_envs.server.SdarEnvironment)."""
+
+    @property
+    def state(self) -> Any: ...
+
+    def observation_at(self, t: int) -> Any: ...
+
+
+class SessionTable(Protocol):
+    """What the routes call on the server: the session table and its limits, and nothing else. The server
+    (sdar_envs.server.SdarEnvServer) implements it; the routes know it only through this interface."""
+
+    options: ServerOptions
+
+    def authorize(self, token: str | None, sid: str, action: str) -> SessionEnv: ...
+    async def open_session(self, client: str, kind: str) -> tuple[str, SessionEnv, str]: ...
+    async def close_session(self, sid: str) -> None: ...
+    async def close_all(self) -> None: ...
+    async def reset_session(self, sid: str, env: SessionEnv, data: Any) -> Any: ...
+    async def step_session(self, sid: str, env: SessionEnv, body: Any) -> Any: ...
+    def every_session(self, token: str) -> list[dict[str, Any]]: ...
+    def expired_reason(self, sid: str) -> str | None: ...
+    def reclaim_signal(self, sid: str) -> asyncio.Event: ...
+    def drop_reclaim_signal(self, sid: str) -> None: ...
+    def info(self) -> dict[str, Any]: ...
+    def session_counts(self, client: str) -> dict[str, Any]: ...
+    async def task_ids(self, split: str) -> list[str]: ...
+
 
 log = logging.getLogger("sdar_envs.server")
 
@@ -61,7 +90,7 @@ def bearer_token(request: Request) -> str | None:
     return value.strip() or None
 
 
-async def json_body(server: SdarEnvServer, request: Request, example: str) -> dict[str, Any]:
+async def json_body(server: SessionTable, request: Request, example: str) -> dict[str, Any]:
     """The request's body as a JSON object ({} when empty); anything else is an EnvRequestError naming `example`."""
     body = await request.body()  # RequestGuard has read it within max_body_bytes and body_timeout_s
     if len(body) > server.options.max_body_bytes:
@@ -91,7 +120,7 @@ def ws_error(message: str, code: str, **extra: Any) -> str:
     return WSErrorResponse(data={"message": message, "code": code, **extra}).model_dump_json()
 
 
-async def serve_websocket(server: SdarEnvServer, websocket: WebSocket) -> None:
+async def serve_websocket(server: SessionTable, websocket: WebSocket) -> None:
     """One session per connection, in OpenEnv's message protocol, plus {"type": "session"} (its
     id and token). A frame the server cannot use gets an error message; the session goes on."""
     await websocket.accept()
@@ -147,7 +176,7 @@ async def serve_websocket(server: SdarEnvServer, websocket: WebSocket) -> None:
                 await websocket.close()
 
 
-async def _ws_reply(server: SdarEnvServer, sid: str, env: SdarEnvironment, token: str, message: dict[str, Any]) -> str | None:
+async def _ws_reply(server: SessionTable, sid: str, env: SessionEnv, token: str, message: dict[str, Any]) -> str | None:
     text = message.get("text")
     if text is None:
         return ws_error(f"binary frames are not understood; send JSON text like {_WS_EXAMPLE}", WSErrorCode.INVALID_JSON)
@@ -194,7 +223,7 @@ async def _ws_reply(server: SdarEnvServer, sid: str, env: SdarEnvironment, token
 
 
 # ---- POST /mcp: OpenEnv's session lifecycle methods, with tokens ---------------------------------
-async def json_rpc(server: SdarEnvServer, request: Request) -> JSONResponse:
+async def json_rpc(server: SessionTable, request: Request) -> JSONResponse:
     """POST /mcp: OpenEnv's session lifecycle over JSON-RPC (openenv/session/create and close, with tokens); these
     environments have no MCP tools."""
     def answer(status: int, rpc: JsonRpcResponse) -> JSONResponse:
@@ -243,7 +272,7 @@ async def json_rpc(server: SdarEnvServer, request: Request) -> JSONResponse:
 
 
 # ---- routes ------------------------------------------------------------------------------------
-def add_session_routes(app: FastAPI, server: SdarEnvServer) -> None:
+def add_session_routes(app: FastAPI, server: SessionTable) -> None:
     """Stateful HTTP sessions, state(t), /info, /tasks, and our /ws, /mcp and /metadata."""
 
     @app.exception_handler(EnvRequestError)
@@ -281,7 +310,7 @@ def add_session_routes(app: FastAPI, server: SdarEnvServer) -> None:
     _add_session_table_routes(app, server)
 
 
-def _add_session_table_routes(app: FastAPI, server: SdarEnvServer) -> None:
+def _add_session_table_routes(app: FastAPI, server: SessionTable) -> None:
     """GET and POST /sessions, and the routes of one session: reset, step, state(t), close."""
 
     @app.get("/sessions", tags=["Sessions"], summary="Session counts; every session with the operator token")

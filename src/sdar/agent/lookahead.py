@@ -3,7 +3,7 @@ in one packed forward (`sdar.models.packing`: each prompt start and each trie br
 so the logits of every decision a row can face are there before the first one is drawn. A turn of constrained
 rows is then one forward and a head per decision, whatever its number of decisions (the decode loop's forwards,
 one per decision, go: what keeps a GPU busy instead of waiting on launches). The same draws as decoding step by
-step (`sdar.agent.decoding.RowWalk`, `sdar.agent.draws.decide`), so the same tokens and log-probs up to float
+step (`sdar.agent.walk.RowWalk`, `sdar.agent.draws.decide`), so the same tokens and log-probs up to float
 rounding.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from sdar.agent.decoding import Decoded, DecodeStats, RowWalk
+from sdar.agent.walk import Decoded, DecodeStats, RowWalk
 from sdar.agent.draws import decide
 from sdar.models.logprobs import _decoder_and_head
 from sdar.models.packing import pack, packed_hidden

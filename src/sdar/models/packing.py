@@ -16,6 +16,7 @@ import torch
 
 from sdar.models.logits import keep_mask, process_logits
 from sdar.models.logprobs import _decoder_and_head, head_where_needed_on, logp_and_entropy
+from sdar.models.scored import ScoredBatch, response_mask
 
 # the attention implementations that take a 4D mask as it is (transformers' masking_utils returns a 4D mask
 # untouched): sdpa reads a bool mask (True = attend), eager adds a float one
@@ -139,7 +140,6 @@ def packed_response_logprobs(model, prompts: list[list[int]], responses: list[li
     `head_where_needed`), then each row's own allowed set and the temperature apply (`process_logits`).
     Without grad the head and the softmax go `head_rows` positions at a time. Returns a `ScoredBatch`; the
     caller checks `packs(model)` first."""
-    from sdar.models.scoring import ScoredBatch, response_mask
 
     n, T = len(prompts), max((len(r) for r in responses), default=0)
     device = next(model.parameters()).device

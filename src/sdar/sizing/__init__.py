@@ -16,7 +16,7 @@ Units: B = bytes, GiB = 2**30 bytes. `--gpu-mem` is the card's nominal size, rea
 """
 
 from sdar.sizing.arch import ARCHS, Arch, arch_from_config, parse_size, resolve_model
-from sdar.sizing.fit import Sizing, options_that_fit, recommend, size_run, suggestions
+from sdar.sizing.fit import Sizing, options_that_fit, recommend, run_cost, size_run, suggestions
 from sdar.sizing.memory import (
     PHASES,
     MemoryBudget,
@@ -24,7 +24,7 @@ from sdar.sizing.memory import (
     forward_working_bytes,
     memory_budget,
 )
-from sdar.sizing.prices import INSTANCE_BY_NAME, INSTANCES, PRICES_AS_OF, Instance, run_cost
+from sdar.sizing.prices import INSTANCE_BY_NAME, INSTANCES, PRICES_AS_OF, Instance
 from sdar.sizing.render import render
 from sdar.sizing.settings import (
     CONFIG_KEYS,

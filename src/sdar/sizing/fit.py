@@ -8,9 +8,30 @@ from typing import Any
 
 from sdar.sizing.arch import Arch, resolve_model
 from sdar.sizing.memory import MemoryBudget, memory_budget
-from sdar.sizing.prices import INSTANCE_BY_NAME, INSTANCES, PRICES_AS_OF, Instance, run_cost
+from sdar.sizing.prices import INSTANCE_BY_NAME, INSTANCES, PRICES_AS_OF, Instance, instances_needed
 from sdar.sizing.settings import SizingSettings
 from sdar.sizing.units import GiB, SizingError
+
+
+def run_cost(s: SizingSettings, inst: Instance) -> dict[str, float]:
+    """cost = runs * steps * step_seconds / 3600 * hourly price * instances; spot adds the overhead
+    wall time (interruptions, restarts from checkpoint) at the spot price."""
+    count = instances_needed(inst, s.gpus)
+    hourly = s.price if s.price is not None else inst.on_demand
+    spot_hourly = s.spot_price if s.spot_price is not None else hourly * (1 - s.spot_discount)
+    hours = s.runs * s.steps * s.step_seconds / 3600
+    spot_hours = hours * (1 + s.spot_overhead)
+    return {
+        "instance": inst.name,
+        "instances": count,
+        "gpus_rented": count * inst.gpus,
+        "on_demand_hourly": hourly * count,
+        "spot_hourly": spot_hourly * count,
+        "hours": hours,
+        "spot_hours": spot_hours,
+        "on_demand_cost": hours * hourly * count,
+        "spot_cost": spot_hours * spot_hourly * count,
+    }
 
 
 def _candidate(inst: Instance, gpus: int) -> bool:

@@ -1,13 +1,9 @@
-"""AWS GPU instances with their on-demand list prices, and what a run costs on one."""
+"""AWS GPU instances with their on-demand list prices (what a run costs on one: `sdar.sizing.fit.run_cost`)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from sdar.sizing.settings import SizingSettings
 
 # us-east-1 on-demand Linux list prices (USD per instance hour) as of 2025-01. They change: AWS cut
 # P4/P5 on-demand prices by up to 45% in June 2025. Check https://aws.amazon.com/ec2/pricing/on-demand/
@@ -43,25 +39,3 @@ INSTANCE_BY_NAME = {i.name: i for i in INSTANCES}
 
 def instances_needed(inst: Instance, gpus: int) -> int:
     return math.ceil(gpus / inst.gpus)
-
-
-def run_cost(s: SizingSettings, inst: Instance) -> dict[str, float]:
-    """cost = runs * steps * step_seconds / 3600 * hourly price * instances; spot adds the overhead
-    wall time (interruptions, restarts from checkpoint) at the spot price."""
-    count = instances_needed(inst, s.gpus)
-    hourly = s.price if s.price is not None else inst.on_demand
-    spot_hourly = s.spot_price if s.spot_price is not None else hourly * (1 - s.spot_discount)
-    hours = s.runs * s.steps * s.step_seconds / 3600
-    spot_hours = hours * (1 + s.spot_overhead)
-    return {
-        "instance": inst.name,
-        "instances": count,
-        "gpus_rented": count * inst.gpus,
-        "on_demand_hourly": hourly * count,
-        "spot_hourly": spot_hourly * count,
-        "hours": hours,
-        "spot_hours": spot_hours,
-        "on_demand_cost": hours * hourly * count,
-        "spot_cost": spot_hours * spot_hourly * count,
-    }
-

@@ -127,7 +127,7 @@ def build_runtime(cfg: TrainConfig, *, policy=None, env_factory: Callable[[], An
     arm = cfg.resolved_arm()
     seed_everything(cfg.seed)  # LoRA's initialisation draws from the global RNG
     if policy is None:
-        from sdar.train.warmstart import load_warm_policy
+        from sdar.train.warm_cache import load_warm_policy
 
         policy = load_warm_policy(cfg)
     device = device or cfg.resolved_device()

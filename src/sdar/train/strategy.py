@@ -172,7 +172,7 @@ class Sharded(Strategy):
         """The trainable weights gathered whole on rank 0 (a collective) into a plain copy of the starting policy,
         the frozen weights being the start's own."""
         from sdar.train.fsdp import whole_trainable
-        from sdar.train.warmstart import load_warm_policy
+        from sdar.train.warm_cache import load_warm_policy
 
         weights = whole_trainable(policy.model)
         if self.dist.is_main:

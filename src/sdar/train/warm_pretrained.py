@@ -22,92 +22,29 @@ Cached by a hash of everything that changes the weights (`pretrained_key`); buil
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from sdar.agent.prompts import PromptBuilder
-from sdar.config import TrainConfig, drop_added_defaults
+from sdar.config import TrainConfig
 from sdar.train.imitation import (
     expert_turns,
-    prompt_fingerprint,
     sft,
     sft_examples,
     warmstart_config,
 )
-
-PRETRAINED_VERSION = 1
-MARKER = "warmstart.json"
-# what the key leaves out of cfg.warmstart: knobs of the tiny model's build, the switch itself, the report's size
-_NOT_IN_KEY = ("tokenizer_episodes", "vocab_size", "pretokenizer", "pretrained", "eval_tasks", "seed", "dtype")
-
-
-def wants_pretrained_warm_start(cfg: TrainConfig) -> bool:
-    """Whether `cfg` trains a pretrained checkpoint from a warm start of it (`warmstart.pretrained`)."""
-    return cfg.model.name_or_path != "tiny" and bool(cfg.warmstart.pretrained)
-
-
-def base_identity(name_or_path: str) -> dict[str, Any]:
-    """What identifies the weights and tokenizer `name_or_path` loads, without loading them: SmolLM2 by its GGUF file,
-    a local directory by its files' names, sizes and modification times, a hub id by its name."""
-    from sdar.models.gguf import SMOLLM2_ALIASES, SMOLLM2_NAME, smollm2_gguf_path
-
-    if name_or_path.lower() in SMOLLM2_ALIASES:
-        gguf = smollm2_gguf_path()
-        return {"model": SMOLLM2_NAME, "gguf": gguf.name, "bytes": gguf.stat().st_size}
-    path = Path(name_or_path).expanduser()
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file())
-        return {"dir": str(path.resolve()),
-                "files": [[str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns] for p in files]}
-    return {"hub": name_or_path}
-
-
-def warm_seed(cfg: TrainConfig) -> int:
-    """The seed of `cfg`'s pretrained warm start: `warmstart.seed`, else the run's."""
-    return cfg.seed if cfg.warmstart.seed is None else int(cfg.warmstart.seed)
-
-
-def warm_dtype(cfg: TrainConfig) -> str:
-    """The dtype `cfg`'s pretrained warm start is trained in: `warmstart.dtype`, else model.dtype."""
-    from sdar.models.policy import DTYPES
-
-    dtype = cfg.warmstart.dtype or cfg.model.dtype
-    if dtype not in DTYPES:
-        raise ValueError(f"warmstart.dtype={dtype!r} is not one of {', '.join(DTYPES)} (null = model.dtype)")
-    return dtype
-
-
-def pretrained_key(cfg: TrainConfig) -> str:
-    """The cache key of `cfg`'s pretrained warm start: the base's identity, the model settings that shape the SFT (dtype,
-    LoRA), the expert episodes (env, rollout format, prompts as rendered), the warm-start settings and the seed."""
-    cfg = replace(warmstart_config(cfg), seed=warm_seed(cfg))  # the run's seed only where the warm start's is
-    ws = {k: v for k, v in drop_added_defaults(asdict(cfg.warmstart), "warmstart").items() if k not in _NOT_IN_KEY}
-    ws["lora"] = cfg.warmstart.lora
-    m = cfg.model
-    blob = json.dumps({
-        "v": PRETRAINED_VERSION, "base": base_identity(m.name_or_path),
-        "model": {"dtype": warm_dtype(cfg), **({"lora_r": m.lora_r, "lora_alpha": m.lora_alpha} if cfg.warmstart.lora
-                                                else {})},
-        "prompts": hashlib.sha256(prompt_fingerprint(cfg).encode()).hexdigest(),
-        "env": {k: v for k, v in asdict(cfg.env).items() if k != "url"}, "warmstart": ws,
-        "rollout": {k: getattr(cfg.rollout, k) for k in ("history", "use_memory", "max_prompt_tokens", "max_turns",
-                                                          "show_admissible", "privileged_placement")},
-        "teacher_max": cfg.teacher.max_prompt_tokens, "seed": warm_seed(cfg),
-    }, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def pretrained_path(cfg: TrainConfig) -> Path:
-    """Where `cfg`'s pretrained warm start is cached (built or not): <cache>/warm/<family>-<model>-<key>."""
-    from sdar.models.cache import cache_root
-
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(cfg.model.name_or_path.rstrip("/")).name.lower()).strip("-.") or "model"
-    return cache_root() / "warm" / f"{cfg.env.family}-{slug}-{pretrained_key(cfg)}"
+from sdar.train.warm_cache import (  # noqa: F401 - re-exported: the pretrained warm start's key and path
+    MARKER,
+    base_identity,
+    pretrained_key,
+    pretrained_path,
+    wants_pretrained_warm_start,
+    warm_dtype,
+    warm_seed,
+)
 
 
 def pretrained_warm_start(cfg: TrainConfig, console=None) -> Path:

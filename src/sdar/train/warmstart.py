@@ -14,16 +14,14 @@ up learning to read the prompt. The result is cached by a hash of everything tha
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from sdar.agent.parsing import format_action
 from sdar.agent.prompts import PromptBuilder
-from sdar.config import TrainConfig, drop_added_defaults
+from sdar.config import TrainConfig
 from sdar.train.imitation import (  # noqa: F401 - re-exported: the warm start's imitation machinery
     expert_turns,
     is_decision,
@@ -33,33 +31,17 @@ from sdar.train.imitation import (  # noqa: F401 - re-exported: the warm start's
     sft_examples,
     warmstart_config,
 )
-from sdar.train.warm_pretrained import (
-    pretrained_path,
-    pretrained_warm_start,
+from sdar.train.warm_cache import (  # noqa: F401 - re-exported: where a warm start lives and how a run loads it
+    MARKER,
+    WarmStartMissing,
+    load_warm_policy,
+    tiny_checkpoint_path,
+    tiny_config,
+    tiny_key,
     wants_pretrained_warm_start,
+    warm_start_path,
 )
-
-WARMSTART_VERSION = 7
-MARKER = "warmstart.json"
-
-
-def _cache_key(cfg: TrainConfig, tiny) -> str:
-    cfg = warmstart_config(cfg)  # the backend that plays the episodes does not shape the warm start
-    blob = json.dumps({
-        "prompts": hashlib.sha256(prompt_fingerprint(cfg).encode()).hexdigest(),
-        # where episodes are served (env.url) does not change what the warm start imitates
-        "v": WARMSTART_VERSION, "env": {k: v for k, v in asdict(cfg.env).items() if k != "url"}, "warmstart": _tiny_settings(cfg), "tiny": tiny.to_dict(),
-        "rollout": {k: getattr(cfg.rollout, k) for k in ("history", "use_memory", "max_prompt_tokens", "max_turns", "constrained",
-                                                          "show_admissible", "privileged_placement")},
-        "teacher_max": cfg.teacher.max_prompt_tokens, "seed": cfg.seed,
-    }, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def _tiny_settings(cfg: TrainConfig) -> dict:
-    """cfg.warmstart as the tiny warm start's key reads it: without the pretrained warm start's own settings."""
-    ws = drop_added_defaults(asdict(cfg.warmstart), "warmstart")
-    return {k: v for k, v in ws.items() if k not in ("pretrained", "lora", "eval_tasks", "seed")}
+from sdar.train.warm_pretrained import pretrained_warm_start
 
 
 def build_tiny_checkpoint(cfg: TrainConfig, out_dir: Path, console=None) -> dict[str, Any]:
@@ -96,22 +78,6 @@ def build_tiny_checkpoint(cfg: TrainConfig, out_dir: Path, console=None) -> dict
     return info
 
 
-def tiny_config(cfg: TrainConfig):
-    """The repo's tiny-model config with the experiment's overrides applied."""
-    from sdar.models import TinyModelConfig
-
-    base = TinyModelConfig.from_yaml(None).to_dict()
-    return TinyModelConfig.from_dict({**base, **cfg.model.tiny_overrides}, "model.tiny_overrides")
-
-
-def tiny_checkpoint_path(cfg: TrainConfig) -> Path:
-    """Where the warm-started tiny checkpoint of this config is cached (built or not)."""
-    from sdar.models.cache import cache_root
-
-    cfg = warmstart_config(cfg)
-    return cache_root() / "tiny" / f"{cfg.env.family}-{_cache_key(cfg, tiny_config(cfg))}"
-
-
 def tiny_checkpoint(cfg: TrainConfig, console=None) -> Path:
     """The cached warm-started tiny checkpoint for this config, built on first use."""
     from sdar.models.cache import build_once
@@ -140,37 +106,3 @@ def ensure_warm_start(cfg: TrainConfig, console=None) -> Path | None:
     if wants_pretrained_warm_start(cfg):
         return pretrained_warm_start(cfg, console)
     return None
-
-
-def warm_start_path(cfg: TrainConfig) -> Path | None:
-    """Where cfg.model's warm start is cached (built or not); None when the config needs none."""
-    if cfg.model.name_or_path == "tiny":
-        return tiny_checkpoint_path(cfg)
-    return pretrained_path(cfg) if wants_pretrained_warm_start(cfg) else None
-
-
-class WarmStartMissing(FileNotFoundError):
-    """The config's model has no warm start yet: it is built by its own step, never implicitly."""
-
-
-def load_warm_policy(cfg: TrainConfig):
-    """The policy for `cfg.model`, loaded: "tiny" is the cached warm-started checkpoint, and so is a pretrained model
-    with `warmstart.pretrained` (its adapter merged into it: RL trains a fresh adapter, the reference is the warm
-    start); either must have been built (`sdar warmstart --config ...`, or `ensure_warm_start`). Anything else is
-    loaded as named."""
-    from sdar.models import ModelSpec, load_policy
-
-    m = cfg.model
-    path = m.name_or_path
-    target = warm_start_path(cfg)
-    if target is not None:
-        if not (target / MARKER).is_file():
-            what = "tiny model" if path == "tiny" else f"model {path!r}"
-            raise WarmStartMissing(
-                f"the {what} of this config has no warm start yet (expected at {target}); build it first with "
-                "`sdar warmstart --config <your config>` (sdar train, sdar eval, sdar run and make demo build it "
-                "themselves), or call sdar.train.warmstart.ensure_warm_start(cfg)")
-        path = str(target)
-    return load_policy(ModelSpec(name_or_path=path, dtype=m.dtype, lora=m.lora, lora_r=m.lora_r,
-                                 lora_alpha=m.lora_alpha, lora_dropout=m.lora_dropout,
-                                 gradient_checkpointing=m.gradient_checkpointing))

@@ -15,7 +15,9 @@ from sdar_envs.base import EnvStep
 from sdar_envs.household import wording as W
 from sdar_envs.household.backend import TASK_TYPES, HouseholdBackend
 from sdar_envs.household.progress import ProgressTracker
+from sdar_envs.household.sim_expert import expert_action
 from sdar_envs.household.sim_game import SimGame, diagnose
+from sdar_envs.household.sim_generate import generate_problem
 from sdar_envs.household.sim_problem import (
     DIFFICULTY_PRESETS,
     KIND_OF,
@@ -27,7 +29,6 @@ from sdar_envs.household.sim_problem import (
     SimObject,
     SimProblem,
     SimReceptacle,
-    generate_problem,
     make_task_id,
     parse_task_id,
     split_of,
@@ -182,4 +183,4 @@ class SimHousehold(HouseholdBackend):
     def expert_action(
         self, use_priors: bool = True, known_order: dict[str, list[str]] | None = None
     ) -> str:
-        return self._require().expert_action(use_priors=use_priors, known_order=known_order)
+        return expert_action(self._require(), use_priors=use_priors, known_order=known_order)

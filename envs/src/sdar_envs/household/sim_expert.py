@@ -1,6 +1,6 @@
 """The household sim's gold policy: the expert's next action from any state of a `SimGame` (after mistakes too).
 It searches by location priors; the warm start's uninformed expert searches in listing order instead, and its
-skilled expert first where the episode's skills text says (`SimGame.expert_action`)."""
+skilled expert first where the episode's skills text says (`expert_action`). `gold_length`: the steps it needs."""
 
 from __future__ import annotations
 
@@ -179,3 +179,22 @@ class GoldPolicy:
                 and not (game.rtype[game.where[o]] == g.receptacle_type and game.has_goal_state(o))
             ]
         return self._fetch(targets, g.receptacle_type)
+
+
+def expert_action(game: SimGame, use_priors: bool = True, known_order: dict[str, list[str]] | None = None) -> str:
+    """The gold next action from the game's current state (any state, including after mistakes); the experts
+    without the priors are GoldPolicy's use_priors and known_order."""
+    return GoldPolicy(game, use_priors, known_order).next_action()
+
+
+def gold_length(game: SimGame, limit: int = 400) -> int | None:
+    """Steps the gold policy needs from the game's state, playing them on `game` (None if it does not finish within
+    `limit`)."""
+    start = game.steps
+    while not game.won:
+        if game.steps - start >= limit:
+            return None
+        _, valid = game.apply(expert_action(game))
+        if not valid:  # a bug in the expert, never expected: report the task as unsolved
+            return None
+    return game.steps - start

@@ -1,5 +1,5 @@
-"""One episode of a sim problem: the state, ALFWorld-worded transitions, admissible actions, the
-gold policy (its search in sim_expert), and why an action that is not admissible failed (`diagnose`)."""
+"""One episode of a sim problem: the state, ALFWorld-worded transitions, admissible actions, and why an action that
+is not admissible failed (`diagnose`). Its gold policy reads it from beside it: sim_expert."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from sdar_envs.household.catalog import (
     SLICEABLE,
     TOGGLEABLE,
 )
-from sdar_envs.household.sim_expert import GoldPolicy
 
 if TYPE_CHECKING:
     from sdar_envs.household.sim_problem import SimProblem
@@ -29,7 +28,7 @@ _VERB_FEEDBACK = {"heat": W.HEATED, "clean": W.CLEANED, "cool": W.COOLED}
 # ---- the game ---------------------------------------------------------------------------------
 class SimGame:
     """One episode of a `SimProblem`: state, ALFWorld-worded transitions, admissible actions,
-    and the gold policy (`expert_action`, played by sim_expert.GoldPolicy)."""
+    (its gold policy, from any state: `sdar_envs.household.sim_expert.expert_action`)."""
 
     def __init__(self, problem: SimProblem) -> None:
         self.problem = problem
@@ -249,26 +248,6 @@ class SimGame:
             if n >= g.count:
                 return True
         return False
-
-    # ---- gold policy ------------------------------------------------------------------------
-    def expert_action(
-        self, use_priors: bool = True, known_order: dict[str, list[str]] | None = None
-    ) -> str:
-        """The gold next action from the current state (any state, including after mistakes); the
-        experts without the priors are GoldPolicy's use_priors and known_order."""
-        return GoldPolicy(self, use_priors, known_order).next_action()
-
-
-    def gold_length(self, limit: int = 400) -> int | None:
-        """Steps the gold policy needs from now (None if it does not finish within `limit`)."""
-        start = self.steps
-        while not self.won:
-            if self.steps - start >= limit:
-                return None
-            _, valid = self.apply(self.expert_action())
-            if not valid:  # a bug in the expert, never expected: report the task as unsolved
-                return None
-        return self.steps - start
 
 
 # ---- failure diagnosis --------------------------------------------------------------------------
