@@ -184,7 +184,7 @@ def _metric_value(key: str, value: Any) -> float:
     raise TypeError(f"metric {key!r} has a non-numeric value {value!r} ({type(value).__name__}); log numbers only")
 
 
-def _client(tracking_uri: str):
+def mlflow_client(tracking_uri: str):
     from mlflow.tracking import MlflowClient
 
     return MlflowClient(tracking_uri=tracking_uri)
@@ -199,7 +199,7 @@ def _reader(tracking_uri: str | None, output_dir: str | os.PathLike | None) -> t
             f"no MLflow database at {db.resolve()}; runs are logged there by Tracker(output_dir=...) "
             "(check MLFLOW_TRACKING_URI / output_dir)"
         )
-    return uri, _client(uri)
+    return uri, mlflow_client(uri)
 
 
 def _bridge_s3_endpoint() -> None:
@@ -298,7 +298,7 @@ class Tracker:
 
         self.tracking_uri = resolve_tracking_uri(self.tracking_uri, self.output_dir)
         _bridge_s3_endpoint()
-        client = _client(self.tracking_uri)
+        client = mlflow_client(self.tracking_uri)
         if self.resume_run_id:
             try:
                 run = client.get_run(self.resume_run_id)

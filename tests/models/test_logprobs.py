@@ -298,7 +298,7 @@ def test_scoring_runs_the_head_only_at_free_response_tokens_with_the_same_number
     for plain and prefix-shared forwards, with rows unconstrained, partly forced and entirely forced."""
     import copy
 
-    from sdar.models.logprobs import _decoder_and_head, head_where_needed
+    from sdar.models.logprobs import decoder_and_head, head_where_needed
     from sdar.models.scoring import response_logprobs, shared_prefix_logprobs
 
     m = copy.deepcopy(model).to(dtype).train()
@@ -317,7 +317,7 @@ def test_scoring_runs_the_head_only_at_free_response_tokens_with_the_same_number
     free = sum(1 for r, a in zip(responses, allowed) for k, t in enumerate(r)
                if not (a is not None and k < len(a) and a[k] == [t]))
     head_rows = []
-    assert _decoder_and_head(m) is not None  # the check (three positions) runs before the count
+    assert decoder_and_head(m) is not None  # the check (three positions) runs before the count
     m.get_output_embeddings().register_forward_pre_hook(lambda mod, a: head_rows.append(a[0].numel() // a[0].shape[-1]))
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     weights = torch.randn(4, 6, generator=torch.Generator().manual_seed(0))
@@ -370,11 +370,11 @@ def test_scoring_runs_the_head_only_at_free_response_tokens_with_the_same_number
 def test_a_model_that_post_processes_its_logits_is_scored_whole(model, tokenizer):
     """The head-only-where-needed path applies where the logits are the head of the decoder's output; a model that
     soft-caps them fails that check and is scored from its own logits, with the same numbers as by hand."""
-    from sdar.models.logprobs import _decoder_and_head
+    from sdar.models.logprobs import decoder_and_head
     from sdar.models.scoring import response_logprobs
 
     capped = _SoftCapped(model).eval()
-    assert _decoder_and_head(capped) is None and _decoder_and_head(model) is not None
+    assert decoder_and_head(capped) is None and decoder_and_head(model) is not None
     ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
     prompts, responses = [ids[0][:6], ids[1][:4]], [ids[0][6:10], ids[1][4:7]]
     allowed = [[[responses[0][0]], [responses[0][1], 3]], None]

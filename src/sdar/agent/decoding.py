@@ -24,7 +24,7 @@ from sdar.agent.walk import Decoded, DecodeStats, RowWalk, forced_run
 from sdar.config import SAMPLERS
 from sdar.models.kv_cache import cache_of, with_cache
 from sdar.models.logits import keep_mask, process_logits
-from sdar.models.logprobs import _decoder_and_head, position_ids_from_mask
+from sdar.models.logprobs import decoder_and_head, position_ids_from_mask
 from sdar.models.packing import packs
 from sdar.models.padding import padded
 
@@ -258,7 +258,7 @@ def _sample_batched(model, prompts, tries, gens, *, max_new_tokens, temperature,
     """Every live row's next token decided in one batched pass per step (`sdar.agent.draws.decide`), from the
     decoder's last hidden states through the head where the model splits into the two, a forward per step."""
     device = next(model.parameters()).device
-    split = _decoder_and_head(model)
+    split = decoder_and_head(model)
     decoder, head = split if split is not None else (None, None)
     past, last, attn, count, encoded = _prefill(model, prompts, pad_id, device, share_prefix, decoder=decoder)
     st.prefill_tokens += encoded

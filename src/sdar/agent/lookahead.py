@@ -13,7 +13,7 @@ import torch
 
 from sdar.agent.walk import Decoded, DecodeStats, RowWalk
 from sdar.agent.draws import decide
-from sdar.models.logprobs import _decoder_and_head
+from sdar.models.logprobs import decoder_and_head
 from sdar.models.packing import pack, packed_hidden
 
 
@@ -34,7 +34,7 @@ def lookahead_sample(model, prompts: list[list[int]], tries: list, gens: list[to
     forest = pack(seqs, budget, pad_id, device)
     hidden = packed_hidden(model, forest, use_cache=False).last_hidden_state  # [R, W, H]
     st.prefill_tokens += forest.ids.numel()
-    head = _decoder_and_head(model)[1]
+    head = decoder_and_head(model)[1]
     mine = [[] for _ in prompts]
     for k, i in enumerate(owner):
         mine[i].append(k)

@@ -91,7 +91,7 @@ def head_where_needed_on() -> bool:
     return _HEAD_WHERE_NEEDED.get()
 
 
-def _decoder_and_head(model: torch.nn.Module):
+def decoder_and_head(model: torch.nn.Module):
     """(decoder, output head) of a causal LM whose logits are `head(decoder(...).last_hidden_state)`, else None.
 
     Checked once per module on three tokens (in eval mode, dropout off): an architecture that post-processes
@@ -123,11 +123,11 @@ def _decoder_and_head(model: torch.nn.Module):
 def logits_at(model: torch.nn.Module, rows: torch.Tensor, cols: torch.Tensor, **forward: Any) -> tuple[torch.Tensor, Any]:
     """The logits [N, V] at positions (rows[k], cols[k]) of the forward `model(**forward)`, and that forward's
     output (for its KV cache, `sdar.models.kv_cache.cache_of`). Where the logits are the output head applied to the decoder's last hidden
-    state (`_decoder_and_head`), the head and the [N, V] logits exist at those positions only (scoring needs few:
+    state (`decoder_and_head`), the head and the [N, V] logits exist at those positions only (scoring needs few:
     not the forced tokens of a constrained decoder, not the prompt; 5-10% of a pass's time on the tiny model and on
     SmolLM2-135M, benchmarks/bench_scoring_head.py). Other models run from the first of those positions on and the
     positions are picked from their logits."""
-    split = _decoder_and_head(model) if _HEAD_WHERE_NEEDED.get() else None
+    split = decoder_and_head(model) if _HEAD_WHERE_NEEDED.get() else None
     if split is None:  # the head over the span from the first needed position on (the model's logits_to_keep)
         L = forward["input_ids"].shape[1]
         first = int(cols.min()) if cols.numel() else L - 1
@@ -140,8 +140,8 @@ def logits_at(model: torch.nn.Module, rows: torch.Tensor, cols: torch.Tensor, **
 
 def encode_kv(model: torch.nn.Module, input_ids: torch.Tensor):
     """The KV cache of `input_ids` (a prefix every row continues from), with no logits computed: the decoder alone
-    where `_decoder_and_head` splits the model, else the whole model keeping one position's logits."""
-    split = _decoder_and_head(model)
+    where `decoder_and_head` splits the model, else the whole model keeping one position's logits."""
+    split = decoder_and_head(model)
     if split is None:
         return cache_of(model(input_ids=input_ids, use_cache=True, logits_to_keep=1))
     return cache_of(split[0](input_ids=input_ids, use_cache=True))

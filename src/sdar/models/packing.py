@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from sdar.models.logits import keep_mask, process_logits
-from sdar.models.logprobs import _decoder_and_head, head_where_needed_on, logp_and_entropy
+from sdar.models.logprobs import decoder_and_head, head_where_needed_on, logp_and_entropy
 from sdar.models.scored import ScoredBatch, response_mask
 
 # the attention implementations that take a 4D mask as it is (transformers' masking_utils returns a 4D mask
@@ -119,8 +119,8 @@ def pack(seqs: list[list[int]], budget: int, pad_id: int, device=None) -> Forest
 def packed_hidden(model, forest: Forest, **kw):
     """The decoder's output over the forest (`model.get_decoder()`): last hidden states [R, W, H] and, with
     use_cache=True in kw, the KV cache of every position. None when the model's logits are not its output head on
-    its decoder's states (`_decoder_and_head`) or its attention does not take a tree mask."""
-    split = _decoder_and_head(model)
+    its decoder's states (`decoder_and_head`) or its attention does not take a tree mask."""
+    split = decoder_and_head(model)
     if split is None or tree_attention(model) is None:
         return None
     return split[0](**forest.forward_kwargs(model), **kw)
@@ -128,7 +128,7 @@ def packed_hidden(model, forest: Forest, **kw):
 
 def packs(model) -> bool:
     """Whether `model` can run a packed forward (its attention takes a tree mask and its head splits off)."""
-    return tree_attention(model) is not None and _decoder_and_head(model) is not None
+    return tree_attention(model) is not None and decoder_and_head(model) is not None
 
 
 def packed_response_logprobs(model, prompts: list[list[int]], responses: list[list[int]], *, pad_id: int,
@@ -152,7 +152,7 @@ def packed_response_logprobs(model, prompts: list[list[int]], responses: list[li
         if not picks:  # every token forced: a zero that keeps the graph (a loss still backpropagates)
             nothing = hidden.sum() * 0.0 if grad else 0.0
             return ScoredBatch(logp=zero + nothing, entropy=zero.clone() if with_entropy else None, mask=mask)
-        head = _decoder_and_head(model)[1]
+        head = decoder_and_head(model)[1]
         nodes = torch.tensor(list(node_of), device=device)  # [N, 2] distinct (row, column)
         states = hidden[nodes[:, 0], nodes[:, 1]]
         rows, ks, targets, sets, node = zip(*picks)

@@ -17,7 +17,7 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from sdar.models.cache import build_once, cache_root
 from sdar.models.chat_templates import QWEN25_CHAT_TEMPLATE
-from sdar.models.tokenizer import _bpe_skeleton
+from sdar.models.tokenizer import bpe_skeleton
 
 QWEN25_N_BPE = 151643  # regular BPE tokens; added tokens start at this id
 # Qwen2.5's added tokens from id 151643 on, with their `special` flag (tool/FIM markers are not special)
@@ -93,7 +93,7 @@ def build_qwen_tokenizer(tiktoken_file: str | Path | None = None) -> PreTrainedT
             "this is not the Qwen2.5 vocabulary file"
         )
     vocab, merges = ranks_to_vocab_merges(ranks)
-    tok = _bpe_skeleton()
+    tok = bpe_skeleton()
     tok.model = models.BPE(vocab, merges, fuse_unk=False, byte_fallback=False, ignore_merges=True)
     tok.add_tokens(
         [AddedToken(t, special=s, normalized=False) for t, s in QWEN25_ADDED_TOKENS]

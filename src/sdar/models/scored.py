@@ -45,3 +45,8 @@ class ScoredBatch:
     # with prompt_lm=True: summed log-probs of the prompt tokens (after the first) and their count
     prompt_logp_sum: torch.Tensor | None = None
     prompt_tokens: int = 0
+
+
+def pick(xs: list | None, rows: list[int]) -> list | None:
+    """`xs` at `rows` (None stays None: a batch without allowed tokens): a batch's per-row lists cut to some rows."""
+    return None if xs is None else [xs[i] for i in rows]

@@ -20,7 +20,7 @@ from sdar.models.logprobs import (
 )
 from sdar.models.packing import packed_response_logprobs, packs
 from sdar.models.padding import padded
-from sdar.models.scored import ScoredBatch, allowed_mask, response_mask
+from sdar.models.scored import ScoredBatch, allowed_mask, pick, response_mask
 
 
 def unique_rows(prompts: list[list[int]], responses: list[list[int]],
@@ -42,10 +42,6 @@ def unique_rows(prompts: list[list[int]], responses: list[list[int]],
         inverse.append(k)
     return first, inverse
 
-
-def _pick(xs: list | None, rows: list[int]) -> list | None:
-    """`xs` at `rows` (None stays None: a batch without allowed tokens)."""
-    return None if xs is None else [xs[i] for i in rows]
 
 
 def _scored_once(score, prompts, responses, allowed, groups=None) -> ScoredBatch | None:
@@ -154,11 +150,11 @@ def response_logprobs(
                 lp, e, m, _ = _response_scores(
                     model, dict(input_ids=ids.to(device), attention_mask=att, position_ids=position_ids_from_mask(att),
                                 use_cache=False),
-                    [len(prompts[i]) for i in rows], _pick(responses, rows), _pick(allowed, rows), T, temperature,
+                    [len(prompts[i]) for i in rows], pick(responses, rows), pick(allowed, rows), T, temperature,
                     with_entropy, grad)
             else:  # the prompt LM term (the warm start's SFT) needs the logits at every position
-                lp, e, m, lm_sum, lm_n = _with_prompt_lm(model, ids, att, _pick(prompts, rows), _pick(responses, rows),
-                                                         _pick(allowed, rows), T, temperature, with_entropy)
+                lp, e, m, lm_sum, lm_n = _with_prompt_lm(model, ids, att, pick(prompts, rows), pick(responses, rows),
+                                                         pick(allowed, rows), T, temperature, with_entropy)
                 prompt_sum, prompt_n = prompt_sum + lm_sum, prompt_n + lm_n
             chunks_lp.append(lp)
             if with_entropy:
@@ -179,7 +175,7 @@ def _reordered(model, prompts, responses, allowed, kw: dict) -> ScoredBatch | No
     n, grad, batch_size = len(prompts), kw["grad"], kw["batch_size"]
     if kw["dedup"] and not grad and not kw["prompt_lm"] and n > 1:
         once = _scored_once(lambda rows: response_logprobs(
-            model, _pick(prompts, rows), _pick(responses, rows), allowed=_pick(allowed, rows),
+            model, pick(prompts, rows), pick(responses, rows), allowed=pick(allowed, rows),
             **{**kw, "dedup": False, "grad": False, "prompt_lm": False}), prompts, responses, allowed)
         if once is not None:
             return once
@@ -189,13 +185,13 @@ def _reordered(model, prompts, responses, allowed, kw: dict) -> ScoredBatch | No
         groups = length_groups([len(p) + len(r) for p, r in zip(prompts, responses)], batch_size or n)
         if len(groups) > 1:
             return _regrouped(groups, n, lambda rows: response_logprobs(
-                model, _pick(prompts, rows), _pick(responses, rows), allowed=_pick(allowed, rows),
+                model, pick(prompts, rows), pick(responses, rows), allowed=pick(allowed, rows),
                 **{**kw, "batch_size": None, "length_buckets": False, "dedup": False}))
     if kw["length_buckets"] and not grad and batch_size and n > batch_size:
         # batches of similar lengths pad far less (a student prompt beside a privileged one, a 3-token
         # action beside a long answer); rows go back to their order after, so nothing else changes
         order = sorted(range(n), key=lambda i: len(prompts[i]) + len(responses[i]))
-        out = response_logprobs(model, _pick(prompts, order), _pick(responses, order), allowed=_pick(allowed, order),
+        out = response_logprobs(model, pick(prompts, order), pick(responses, order), allowed=pick(allowed, order),
                                 **{**kw, "length_buckets": False, "dedup": False})
         return _in_caller_order(out, order)
     return None
@@ -382,7 +378,7 @@ def shared_prefix_logprobs(model, prefix: list[int], prompts: list[list[int]], r
             lp, ent, m, out = _response_scores(
                 model, dict(input_ids=ids.to(device), attention_mask=att.to(device), position_ids=pos.to(device),
                             **with_cache(cache), use_cache=True),
-                [len(prompts[i]) for i in rows], _pick(responses, rows), _pick(allowed, rows), T, temperature,
+                [len(prompts[i]) for i in rows], pick(responses, rows), pick(allowed, rows), T, temperature,
                 with_entropy, grad)
             parts.append(ScoredBatch(logp=lp, mask=m, entropy=ent))
             del out, cache
@@ -399,8 +395,8 @@ def grouped_prefix_logprobs(model, prompts: list[list[int]], responses: list[lis
     micro-batch), the same numbers and gradients as a forward per row. dedup: as in `response_logprobs`."""
     if dedup and not grad and len(prompts) > 1:
         once = _scored_once(lambda rows: _grouped_prefix_logprobs(
-            model, _pick(prompts, rows), _pick(responses, rows), _pick(groups, rows), pad_id=pad_id,
-            batch_size=batch_size, allowed=_pick(allowed, rows), temperature=temperature,
+            model, pick(prompts, rows), pick(responses, rows), pick(groups, rows), pad_id=pad_id,
+            batch_size=batch_size, allowed=pick(allowed, rows), temperature=temperature,
             with_entropy=with_entropy), prompts, responses, allowed, groups)
         if once is not None:
             return once
@@ -427,12 +423,12 @@ def _grouped_prefix_logprobs(model, prompts, responses, groups, *, pad_id, batch
             alone += rows
             continue
         parts.append((rows, shared_prefix_logprobs(
-            model, group[0][:shared], [p[shared:] for p in group], _pick(responses, rows), pad_id=pad_id,
-            batch_size=batch_size, allowed=_pick(allowed, rows), temperature=temperature, grad=grad,
+            model, group[0][:shared], [p[shared:] for p in group], pick(responses, rows), pad_id=pad_id,
+            batch_size=batch_size, allowed=pick(allowed, rows), temperature=temperature, grad=grad,
             with_entropy=with_entropy)))
     if alone:
-        parts.append((alone, response_logprobs(model, _pick(prompts, alone), _pick(responses, alone), pad_id=pad_id,
-                                               batch_size=batch_size, allowed=_pick(allowed, alone),
+        parts.append((alone, response_logprobs(model, pick(prompts, alone), pick(responses, alone), pad_id=pad_id,
+                                               batch_size=batch_size, allowed=pick(allowed, alone),
                                                temperature=temperature, grad=grad, with_entropy=with_entropy)))
     if not parts:
         z = torch.zeros(0, T, device=device)

@@ -63,7 +63,7 @@ def _check_specials(special_tokens: Sequence[str]) -> list[str]:
     return list(SPECIAL_TOKENS) + [t for t in specials if t not in SPECIAL_TOKENS]
 
 
-def _bpe_skeleton(pattern: str = QWEN2_PATTERN) -> Tokenizer:
+def bpe_skeleton(pattern: str = QWEN2_PATTERN) -> Tokenizer:
     tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence(
@@ -111,7 +111,7 @@ def train_tokenizer(
             f"vocab_size={vocab_size} leaves no room for merges: 256 bytes + {len(specials)} special "
             f"tokens + {len(agent_tags)} agent tags = {n_fixed}; use at least {n_fixed + 64}"
         )
-    tok = _bpe_skeleton(PRETOKENIZERS[pretokenizer])
+    tok = bpe_skeleton(PRETOKENIZERS[pretokenizer])
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size - len(agent_tags),
         min_frequency=min_frequency,

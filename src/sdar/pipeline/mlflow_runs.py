@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sdar.tracking import PARENT_TAG, PIPELINE_JOB_TAG, Tracker, _client, default_tracking_uri, resolve_tracking_uri
+from sdar.tracking import PARENT_TAG, PIPELINE_JOB_TAG, Tracker, mlflow_client, default_tracking_uri, resolve_tracking_uri
 
 KFP_MLFLOW_ENV = "SDAR_KFP_MLFLOW"  # auto (default) | on | off: attach to the run KFP's MLflow integration opened
 OWNER_TAG = "sdar.parent_owner"  # "kfp" on a pipeline parent run that KFP opened and closes itself
@@ -42,7 +42,7 @@ def kfp_mlflow_run(mode: str | None = None) -> KfpMlflowRun | None:
         raise RuntimeError(f"{KFP_MLFLOW_ENV}=on, but MLFLOW_RUN_ID and MLFLOW_TRACKING_URI are not both set on this "
                            "task: is KFP's MLflow integration enabled for the namespace (plugins.mlflow in the API "
                            "server config or the kfp-launcher ConfigMap)?")
-    client = _client(uri)
+    client = mlflow_client(uri)
     run = client.get_run(task)
     return KfpMlflowRun(task, pipeline_root_run(client, task), client.get_experiment(run.info.experiment_id).name, uri)
 
@@ -83,7 +83,7 @@ def open_pipeline_run(experiment: str, job_id: str, family: str, *, tracking_uri
     tags = {PIPELINE_JOB_TAG: job_id, "sdar.kind": "pipeline", "family": family}
     kfp = None if parent_run_id else kfp_mlflow_run()
     if kfp is not None:
-        client = _client(resolve_tracking_uri(kfp.tracking_uri))
+        client = mlflow_client(resolve_tracking_uri(kfp.tracking_uri))
         for k, v in {**tags, OWNER_TAG: "kfp"}.items():
             client.set_tag(kfp.root_run_id, k, v)
         for k, v in dict(params or {}).items():
@@ -107,7 +107,7 @@ def close_pipeline_runs(experiment: str, job_id: str, state: str, *, tracking_ur
     and tag them with the state (arm runs, which end themselves, are left alone); one line each."""
     uri = resolve_tracking_uri(tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
                                or default_tracking_uri(output_root))
-    client = _client(uri)
+    client = mlflow_client(uri)
     kfp = kfp_mlflow_run()  # KFP's pipeline run, tagged by launch_envs, lives in KFP's experiment
     names = {experiment} | ({kfp.experiment} if kfp is not None else set())
     ids = [e.experiment_id for e in map(client.get_experiment_by_name, sorted(names)) if e is not None]
@@ -128,5 +128,5 @@ def close_pipeline_runs(experiment: str, job_id: str, state: str, *, tracking_ur
 
 def pipeline_run_experiment(run_id: str, tracking_uri: str) -> str:
     """The experiment name of run `run_id` (the arm runs go where their parent is)."""
-    client = _client(resolve_tracking_uri(tracking_uri))
+    client = mlflow_client(resolve_tracking_uri(tracking_uri))
     return client.get_experiment(client.get_run(run_id).info.experiment_id).name

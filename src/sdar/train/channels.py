@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from sdar.agent.rollout import TurnBatch
-from sdar.models.scoring import _pick
+from sdar.models.scored import pick
 from sdar.train import distributed
 from sdar.train.distributed import DistContext
 from sdar.train.replay import PairSet, ReplayChannel, read_pair_set
@@ -55,8 +55,8 @@ class HintChannel:
         if not err:
             z = torch.zeros(1, 1, 1, device=device)
             return HintInputs(z, z, torch.zeros(1, 1, device=z.device))
-        resp, allow = _pick(responses, err), _pick(allowed, err)
-        s_logits, hmask = self.scorer.response_logits(model, _pick(prompts, err), resp, allow, grad=True)
+        resp, allow = pick(responses, err), pick(allowed, err)
+        s_logits, hmask = self.scorer.response_logits(model, pick(prompts, err), resp, allow, grad=True)
         was_training = model.training
         model.eval()
         try:
@@ -120,10 +120,10 @@ class PairChannel:
     @staticmethod
     def inputs(model, scorer, pairs: PairSet, sel: list[int]) -> PairInputs:
         """The policy's summed log-probs of pairs `sel` (with grad) beside the reference's."""
-        chosen = scorer.summed(model, _pick(pairs.prompts, sel), _pick(pairs.chosen, sel),
-                               _pick(pairs.chosen_allowed, sel), grad=True)
-        rejected = scorer.summed(model, _pick(pairs.prompts, sel), _pick(pairs.rejected, sel),
-                                 _pick(pairs.rejected_allowed, sel), grad=True)
+        chosen = scorer.summed(model, pick(pairs.prompts, sel), pick(pairs.chosen, sel),
+                               pick(pairs.chosen_allowed, sel), grad=True)
+        rejected = scorer.summed(model, pick(pairs.prompts, sel), pick(pairs.rejected, sel),
+                                 pick(pairs.rejected_allowed, sel), grad=True)
         idx = torch.tensor(sel)
         return PairInputs(chosen, rejected, pairs.ref_chosen[idx].to(chosen.device),
                           pairs.ref_rejected[idx].to(rejected.device))

@@ -22,7 +22,8 @@ import torch
 from sdar.agent.rollout import Trajectory, TurnBatch, rollout, turn_rewards
 from sdar.algos import grpo_advantages
 from sdar.config import ConfigError, TrainConfig
-from sdar.models.scoring import ScoredBatch, _pick, free_token_mask
+from sdar.models.scored import pick
+from sdar.models.scoring import ScoredBatch, free_token_mask
 from sdar.train import distributed, loop
 from sdar.train.batch import Rollouts, StepBatch, StepResult, UpdateResult
 from sdar.train.channels import HintChannel, PairChannel
@@ -196,8 +197,8 @@ class Trainer:
         scored = [i for i in range(n) if i not in reused and i not in sampled]
         old_logp = torch.zeros(n, mask.shape[1], device=self.runtime.device)
         if scored:
-            part = self.scorer.score(self.policy.inference_model(), _pick(batch.prompts, scored),
-                                     _pick(batch.responses, scored), _pick(batch.allowed, scored))
+            part = self.scorer.score(self.policy.inference_model(), pick(batch.prompts, scored),
+                                     pick(batch.responses, scored), pick(batch.allowed, scored))
             old_logp[torch.tensor(scored), : part.logp.shape[1]] = part.logp.to(old_logp.device)
         for i, lp in sampled.items():
             old_logp[i, : len(lp)] = torch.tensor(lp, dtype=old_logp.dtype)

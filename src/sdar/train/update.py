@@ -16,7 +16,7 @@ import torch
 
 from sdar.algos import LossBatch, compose_loss
 from sdar.algos.arms import LOSS_TERMS, metric_term
-from sdar.models.scoring import _pick
+from sdar.models.scored import pick
 from sdar.train.batch import StepBatch, UpdateResult
 from sdar.train.channels import HintChannel, PairChannel
 from sdar.train.distributed import RowSplit
@@ -153,7 +153,7 @@ class Updater:
                 metrics[PRESENT + k] = metrics.get(PRESENT + k, 0.0) + w
         if state.reuse:  # a micro-batch never ran (non-finite loss): score its rows now, unmoved
             rest = sorted(state.reuse)
-            got = self.scorer.score(self.model, _pick(b.prompts, rest), _pick(b.responses, rest), _pick(b.allowed, rest))
+            got = self.scorer.score(self.model, pick(b.prompts, rest), pick(b.responses, rest), pick(b.allowed, rest))
             state.old_logp[torch.tensor(rest), : got.logp.shape[1]] = got.logp
             state.reuse = set()
         return metrics, finite
@@ -191,8 +191,8 @@ class Updater:
         with self.strategy.gathered(self.policy):
             ok = all(bool(torch.isfinite(local(p.detach())).all()) for p in self.params)  # this rank's (shards)
             if ok and rows:
-                scored = self.scorer.score(self.model, _pick(b.prompts, rows), _pick(b.responses, rows),
-                                           _pick(b.allowed, rows))
+                scored = self.scorer.score(self.model, pick(b.prompts, rows), pick(b.responses, rows),
+                                           pick(b.allowed, rows))
                 ok = bool(torch.isfinite(scored.logp).all())
         return distributed.all_true(ok, self.strategy.dist)
 
@@ -202,8 +202,8 @@ class Updater:
         the DPO term on the replay pairs `pair_idx` of this step when this micro-batch carries some, each term
         weighted for this rank: the policy's terms by `weight`, the terms named in `scales` by theirs. Returns the
         weighted loss and each metric as (weighted value, weight)."""
-        cur = self.scorer.with_grad(self.model, _pick(b.prompts, mb), _pick(b.responses, mb), _pick(b.allowed, mb),
-                                    groups=_pick(b.groups, mb))
+        cur = self.scorer.with_grad(self.model, pick(b.prompts, mb), pick(b.responses, mb), pick(b.allowed, mb),
+                                    groups=pick(b.groups, mb))
         T = cur.logp.shape[1]
         idx = torch.tensor(mb, dtype=torch.long)
         fill = [j for j, i in enumerate(mb) if i in state.reuse]
