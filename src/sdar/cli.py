@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
+    from sdar_envs.client import EnvServerError
+
     from sdar.config import ConfigError
 
     try:
@@ -59,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:  # a setting's problem, named: no traceback to read through
         print(f"sdar {args.command}: config error: {exc}", file=sys.stderr)
         return 2
+    except EnvServerError as exc:  # an environment server that is gone or refused, named by its URL
+        if os.environ.get("RANK", "0") == "0":
+            print(f"sdar {args.command}: environment server error: {exc}", file=sys.stderr)
+        return 7
     except OSError as exc:
         from sdar.models.policy import ModelUnavailable
 

@@ -25,6 +25,8 @@ def _overrides(args: argparse.Namespace) -> dict:
 def _cmd_train(args: argparse.Namespace) -> int:
     from rich.table import Table
 
+    from sdar_envs.client import EnvServerError
+
     from sdar.config import load_config
     from sdar.console import make_console
     from sdar.storage import DiskFull, free_bytes, is_disk_full
@@ -50,6 +52,15 @@ def _cmd_train(args: argparse.Namespace) -> int:
                       "disk) and rerun the same command: it resumes from its last checkpoint", soft_wrap=True,
                       highlight=False)
         return 5
+    except EnvServerError as exc:
+        # the env server the rollouts play on died or refused (a killed pod, a restart): one line naming it
+        from rich.markup import escape
+
+        # escape: the error names the server as "[ws://host:port/ws]", which rich would take for a style tag
+        console.print(f"[red]error:[/red] the environment server failed under the run: {escape(str(exc))}; start it "
+                      "again (or point env.url at one that runs) and rerun the same command: it resumes from its last "
+                      "checkpoint", soft_wrap=True, highlight=False)
+        return 7
     except Exception as exc:
         why = distributed.explain_failure(exc)
         if why is None:
