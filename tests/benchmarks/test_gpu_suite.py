@@ -59,5 +59,5 @@ def test_gpu_suite_dry_run_without_the_extras(tmp_path):
     for shape, arm in (("qwen2.5-0.5b", "sdar"), ("qwen2.5-1.5b", "grpo")):
         log = (out / f"{shape}.log").read_text()
         assert f"model {shape} (1 of " in log
-        check_train_step_figures(log, arms={arm}, modes={"on", "packed"} if shape == "qwen2.5-0.5b" else {"packed"})
+        check_train_step_figures(log, arms={arm}, modes={"padded", "on"} if shape == "qwen2.5-0.5b" else {"on"})
     assert '"world_size": 1' in (out / "fsdp.log").read_text()

@@ -15,7 +15,7 @@ PENALIZE = ("format", "invalid")  # rollout.penalize (sdar.agent.rollout.penaliz
 REWARDS = ("reference", "env")  # reward (sdar.agent.rollout.episode_reward)
 PRETOKENIZERS = ("qwen2", "punct_space")  # warmstart.pretokenizer (sdar.models.tokenizer.PRETOKENIZERS)
 STRATEGIES = ("ddp", "fsdp")  # distributed.strategy (sdar.train.distributed, sdar.train.fsdp)
-SAMPLERS = ("rows", "batched", "lookahead")  # rollout.sampler (sdar.agent.decoding.constrained_sample)
+SAMPLERS = ("auto", "rows", "batched", "lookahead")  # rollout.sampler (sdar.agent.decoding.constrained_sample)
 
 
 @dataclass
@@ -70,8 +70,10 @@ class RolloutConfig:
                 "rollouts at one turn: system prompt, task and step lines) is encoded once per group and every row "
                 "continues from its KV cache, and the prefill computes the last position's logits only; false = "
                 "every prompt whole, as before (the same samples and log-probs up to float rounding)."})
-    sampler: str = field(default="rows", metadata={
-        "help": "Constrained decoding (transformers backend): how each step's tokens are decided. rows: each row on "
+    sampler: str = field(default="auto", metadata={
+        "help": "Constrained decoding (transformers backend): how each step's tokens are decided. auto (the default): "
+                "lookahead on a CUDA device, rows elsewhere (TrainConfig.resolved_sampler; the measured rule in "
+                "docs/training.md, `sdar config show` prints the choice). rows: each row on "
                 "its own (a softmax over the vocabulary per row, as before); batched: every live row's in one pass "
                 "(the vocabulary processed once, constrained rows at their allowed tokens only, each row's draw from "
                 "its own generator as before); lookahead: batched, and a turn's constrained rows run their prompt and "
@@ -369,8 +371,10 @@ class ScoringConfig:
                 "at the response tokens that are not forced: a constrained step allowing just the sampled token has "
                 "log-prob 0, entropy 0 and no gradient, and no prompt position is scored (the same numbers up to "
                 "float rounding); false = the head over each forward's response span, forced tokens included."})
-    packed: bool = field(default=False, metadata={
-        "help": "Every scoring pass (old_logp, reference, teacher) and each update micro-batch runs as ONE forward of "
+    packed: bool | str = field(default="auto", metadata={
+        "help": "auto (the default): true on a CUDA device, false elsewhere (TrainConfig.resolved_packed; the measured "
+                "rule in docs/training.md). true: every scoring pass (old_logp, reference, teacher) and each update "
+                "micro-batch runs as ONE forward of "
                 "its rows' prefix trees (sdar.models.packing): each position the rows share (a task's prompt start, "
                 "identical turns) is computed once, in rows of scoring.pack_tokens positions with a tree attention mask "
                 "(sdpa or eager attention; other models keep the plain path). The same log-probs up to float rounding; "

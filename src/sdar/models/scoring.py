@@ -464,12 +464,13 @@ class Scorer:
     pack_tokens: int = 2048
 
     @classmethod
-    def of(cls, cfg, pad_id: int) -> Scorer:
-        """The Scorer of a TrainConfig: its `scoring:` section at its rollout temperature."""
+    def of(cls, cfg, pad_id: int, device=None) -> Scorer:
+        """The Scorer of a TrainConfig: its `scoring:` section at its rollout temperature, `packed` decided for `device`
+        (default the config's) where the config says auto."""
         s = cfg.scoring
         return cls(temperature=cfg.rollout.temperature, pad_id=pad_id, batch_size=s.batch_size, prefix_cache=s.prefix_cache,
                    dedup=s.dedup, length_buckets=s.length_buckets, head_at_free_tokens=s.head_at_free_tokens,
-                   packed=s.packed, pack_tokens=s.pack_tokens)
+                   packed=cfg.resolved_packed(device), pack_tokens=s.pack_tokens)
 
     def scope(self):
         """The context every forward of a step runs in (where the output head runs: `head_where_needed`)."""

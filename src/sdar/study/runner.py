@@ -45,7 +45,9 @@ _NOT_IDENTITY = ("steps", "output_dir", "experiment", "parent_run_id", "tracking
                  "checkpoint_every",
                  # a speed-up whose on/off runs give the same samples and statistics (tests/train/test_reference_parity.py);
                  # the older speed-up flags stay in: the committed results' fingerprints were taken with them
-                 "merged_inference", "rollout.share_prefix", "dedup_scoring", "head_at_free_tokens")
+                 "merged_inference", "rollout.share_prefix", "dedup_scoring", "head_at_free_tokens",
+                 # the sampler and the scoring layout (auto: chosen per device; the same numbers up to float rounding)
+                 "rollout.sampler", "scoring.packed", "scoring.pack_tokens")
 
 
 class StaleResult(RuntimeError):

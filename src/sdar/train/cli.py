@@ -25,10 +25,9 @@ def _overrides(args: argparse.Namespace) -> dict:
 def _cmd_train(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from sdar_envs.client import EnvServerError
-
     from sdar.config import load_config
     from sdar.console import make_console
+    from sdar.failures import env_server_error
     from sdar.storage import DiskFull, free_bytes, is_disk_full
     from sdar.train import distributed, train
     from sdar.train.guards import TrainingFailed
@@ -52,22 +51,20 @@ def _cmd_train(args: argparse.Namespace) -> int:
                       "disk) and rerun the same command: it resumes from its last checkpoint", soft_wrap=True,
                       highlight=False)
         return 5
-    except EnvServerError as exc:
-        # the env server the rollouts play on died or refused (a killed pod, a restart): one line naming it
+    except Exception as exc:
         from rich.markup import escape
 
-        # escape: the error names the server as "[ws://host:port/ws]", which rich would take for a style tag
-        console.print(f"[red]error:[/red] the environment server failed under the run: {escape(str(exc))}; start it "
-                      "again (or point env.url at one that runs) and rerun the same command: it resumes from its last "
-                      "checkpoint", soft_wrap=True, highlight=False)
-        return 7
-    except Exception as exc:
+        if env_server_error(exc):
+            # the env server the rollouts play on died or refused (a killed pod, a restart): one line naming it
+            # (escaped: it names the server as "[ws://host:port/ws]", which rich would take for a style tag)
+            console.print(f"[red]error:[/red] the environment server failed under the run: {escape(str(exc))}; start "
+                          "it again (or point env.url at one that runs) and rerun the same command: it resumes from "
+                          "its last checkpoint", soft_wrap=True, highlight=False)
+            return 7
         why = distributed.explain_failure(exc)
         if why is None:
             raise
         # a dead or stuck rank: say which rank waited where, then end (torchrun stops the other local ranks)
-        from rich.markup import escape
-
         console.print(f"[red]error:[/red] {escape(why)}", soft_wrap=True, highlight=False)
         return 4
     ctx = distributed.init_from_env()  # the trainer's process group (rank 0 of 1 when alone)

@@ -139,10 +139,11 @@ def build_runtime(cfg: TrainConfig, *, policy=None, env_factory: Callable[[], An
     builder = PromptBuilder(cfg.env.family, history=rollout_cfg.history, show_admissible=rollout_cfg.show_admissible)
     # vLLM serves the current LoRA adapter, re-exported when the weights change (checked per call)
     backend = make_backend(cfg.model.generation_backend, policy, vllm=cfg.vllm, jump_forward=cfg.rollout.jump_forward,
-                           share_prefix=cfg.rollout.share_prefix, sampler=cfg.rollout.sampler,
+                           share_prefix=cfg.rollout.share_prefix, sampler=cfg.resolved_sampler(device),
                            pack_tokens=cfg.scoring.pack_tokens)
     tok = policy.tokenizer
-    scorer = Scorer.of(cfg, pad_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+    scorer = Scorer.of(cfg, pad_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+                       device=device)
     teacher = TeacherScorer(builder, tok, scorer=scorer, max_prompt_tokens=cfg.teacher.max_prompt_tokens,
                             engine=select_teacher_engine(cfg.teacher.engine, backend), engine_topk=cfg.vllm.teacher_topk,
                             placement=rollout_cfg.privileged_placement, student_has_skills=rollout_cfg.skills_in_prompt)
