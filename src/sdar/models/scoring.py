@@ -465,8 +465,7 @@ class Scorer:
 
     @classmethod
     def of(cls, cfg, pad_id: int, device=None) -> Scorer:
-        """The Scorer of a TrainConfig: its `scoring:` section at its rollout temperature, `packed` decided for `device`
-        (default the config's) where the config says auto."""
+        """The Scorer of a TrainConfig: its `scoring:` section at its rollout temperature (packed: auto per device)."""
         s = cfg.scoring
         return cls(temperature=cfg.rollout.temperature, pad_id=pad_id, batch_size=s.batch_size, prefix_cache=s.prefix_cache,
                    dedup=s.dedup, length_buckets=s.length_buckets, head_at_free_tokens=s.head_at_free_tokens,
