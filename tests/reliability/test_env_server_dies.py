@@ -17,7 +17,7 @@ import pytest
 
 from tests.reliability.train_runs import ROOT, TrainProcess, history_rows, max_diff, small_overrides
 
-STEPS = 3
+STEPS = 2
 
 
 class EnvServer:

@@ -67,20 +67,14 @@ def test_the_detector_watches_the_processes_a_command_starts(tmp_path):
             "model = LlamaForCausalLM(LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, "
             "num_attention_heads=2, num_key_value_heads=1, vocab_size=64))\n"
             "model.gradient_checkpointing_enable()\n"  # a call from outside our source: not reported
-            "import sys\n"
-            "if sys.argv[1] == 'ours':\n"
-            "    from sdar.models._deprecation_probe import call\n"
-            "    call(model)\n")
+            "from sdar.models._deprecation_probe import call\n"
+            "call(model)\n")  # ours: reported
     try:
-        done = subprocess.run([sys.executable, "-c", code, "theirs"], env=env, capture_output=True, text=True,
-                              timeout=300, check=False)
-        assert done.returncode == 0, done.stderr[-2000:]
-        assert not log.exists(), log.read_text()
-        done = subprocess.run([sys.executable, "-c", code, "ours"], env=env, capture_output=True, text=True,
-                              timeout=300, check=False)
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+                              check=False)
         assert done.returncode == 0, done.stderr[-2000:]
     finally:
         fake.unlink()
-    assert len(watched(log).read_text().splitlines()) == 2  # both processes had the hook
+    assert len(watched(log).read_text().splitlines()) == 1  # the process had the hook
     text = log.read_text()
     assert "_deprecation_probe.py:2" in text and "is_gradient_checkpointing" in text and len(text.splitlines()) == 1
