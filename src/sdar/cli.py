@@ -54,12 +54,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from sdar.config import ConfigError
     from sdar.failures import env_server_error
+    from sdar.storage import DiskFull
 
     try:
         return int(args.func(args) or 0)
     except ConfigError as exc:  # a setting's problem, named: no traceback to read through
         print(f"sdar {args.command}: config error: {exc}", file=sys.stderr)
         return 2
+    except DiskFull as exc:  # a write with no room (a warm start, a cache entry): one line, nothing half-written kept
+        if os.environ.get("RANK", "0") == "0":
+            print(f"sdar {args.command}: {exc}; free space there (or point SDAR_CACHE_DIR / the output at another "
+                  "disk) and rerun the same command", file=sys.stderr)
+        return 5
     except RuntimeError as exc:
         if not env_server_error(exc):
             raise

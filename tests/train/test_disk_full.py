@@ -103,3 +103,33 @@ def test_a_write_that_finds_the_disk_full_part_way_leaves_no_file_and_says_how_m
     assert [p.name for p in (small_disk / "store").iterdir()] == []  # no temp file, no partial file
     store.write_text("small.json", "{}")  # what fits still does
     assert store.read_text("small.json") == "{}"
+
+
+def test_a_warm_start_that_does_not_fit_the_cache_stops_with_one_line_and_leaves_no_entry(small_disk, monkeypatch):
+    """The model cache (SDAR_CACHE_DIR) on a full disk: `sdar warmstart` ends with one line naming the entry and the
+    room left, exit 5, no traceback; no folder is left under the entry's name or as a temporary build, and once there
+    is room the same command builds the entry (issue 43.2)."""
+    from sdar.config import load_config
+    from sdar.models.cache import leftovers
+
+    cache = small_disk / "cache"
+    env = {**os.environ, "SDAR_CACHE_DIR": str(cache), "COLUMNS": "200"}
+    sets = [a for k, v in SMALL.items() for a in ("--set", f"{k}={json.dumps(v) if isinstance(v, dict) else v}")]
+    cmd = [sys.executable, "-m", "sdar.cli", "warmstart", "--config", CONFIG, *sets]
+    filler = _fill(small_disk, leave=64 << 10)  # room for the lock file and the folders, not for a model
+    full = subprocess.run(cmd, cwd=REPO, env=env, check=False, capture_output=True, text=True, timeout=600)
+    said = full.stdout + full.stderr
+    assert full.returncode == 5, said[-3000:]
+    assert "Traceback" not in said, said[-3000:]
+    line = next(ln for ln in said.splitlines() if "the disk is full" in ln)
+    assert line.startswith("sdar warmstart: the disk is full: writing the cache entry household-") and "free there" in line
+    from sdar.train.warm_cache import tiny_checkpoint_path
+
+    monkeypatch.setenv("SDAR_CACHE_DIR", str(cache))
+    target = tiny_checkpoint_path(load_config(CONFIG, dict(SMALL)))
+    assert str(target) in line
+    assert not target.exists() and leftovers(target) == [], list(target.parent.iterdir())
+    filler.unlink()
+    again = subprocess.run(cmd, cwd=REPO, env=env, check=False, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    assert (target / "warmstart.json").is_file()
