@@ -65,3 +65,52 @@ def test_sdar_ui_ended_by_a_signal_stops_its_mlflow_server_and_frees_the_port(tm
     assert f"ended by {signal.Signals(sig).name}" in rest and "is stopped" in rest
     assert not _group_alive(servers[0]), "the server's process group outlived sdar ui"
     assert not _port_taken(port)
+
+
+def _ui(uri: str, port: int) -> tuple[subprocess.Popen, list[str]]:
+    """`sdar ui` on `port`, read until it serves (its lines so far)."""
+    proc = subprocess.Popen([sys.executable, "-m", "sdar.cli", "ui", "--tracking-uri", uri, "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    deadline = time.monotonic() + 120
+    for line in proc.stdout:
+        lines.append(line)
+        if "stops the server" in line or time.monotonic() > deadline:
+            break
+    return proc, lines
+
+
+def test_a_server_that_a_killed_sdar_ui_left_is_reused_for_its_store_and_stopped_for_another(tmp_path):
+    """SIGKILL runs no handler: `sdar ui`'s mlflow server (its own process group) outlives it, holding the port. The
+    next `sdar ui` on that port takes it over when it serves the same store (and stops it when it ends), and stops it
+    first when it serves another store; it never yields another store's server as its own (issue 43.1)."""
+    from sdar.mlflow_ui import free_port, left_behind
+    from sdar.tracking import prepare_sqlite_store
+
+    first = prepare_sqlite_store(tmp_path / "a" / "mlflow.db")
+    other = prepare_sqlite_store(tmp_path / "b" / "mlflow.db")
+    for uri in (first, other):
+        build_comparison_store(uri, "job-1", ["grpo"], [0])
+    port = free_port()
+    ui, lines = _ui(first, port)
+    (server,) = _children(ui.pid)
+    assert left_behind(port) is None, "a live sdar ui's server is not left behind"
+    ui.kill()  # SIGKILL: the server stays
+    ui.wait(30)
+    assert _port_taken(port) and _group_alive(server)
+    assert left_behind(port) == (server, first)
+
+    again, lines = _ui(first, port)  # the same store: taken over, no second server
+    assert any("reusing the mlflow server an earlier sdar ui left on port" in ln for ln in lines), lines
+    assert _children(again.pid) == [] and _group_alive(server)
+    again.kill()  # left behind once more
+    again.wait(30)
+
+    third, lines = _ui(other, port)  # another store: the old one stopped, a fresh one started
+    assert any(f"stopped the mlflow server an earlier sdar ui left on port {port} over {first}" in ln
+               for ln in lines), lines
+    assert not _group_alive(server)
+    (fresh,) = _children(third.pid)
+    third.send_signal(signal.SIGTERM)
+    third.communicate(timeout=60)
+    assert not _group_alive(fresh) and not _port_taken(port)

@@ -23,6 +23,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -41,17 +42,41 @@ def _get(url: str, timeout: float = 3.0) -> bytes:
         return r.read()
 
 
+# set on every mlflow server `serve` starts (inherited by its uvicorn and workers): who started it and over which store,
+# so that a later `serve` on the same port can tell a server an earlier one left behind (its starter SIGKILLed)
+UI_STARTER_ENV, UI_STORE_ENV = "SDAR_UI_STARTER", "SDAR_UI_STORE"
+
+
 @contextlib.contextmanager
-def serve(tracking_uri: str, port: int = 0, timeout_s: float = 120.0, quiet: bool = True) -> Iterator[str]:
+def serve(tracking_uri: str, port: int = 0, timeout_s: float = 120.0, quiet: bool = True,
+          say: Callable[[str], Any] | None = None) -> Iterator[str]:
     """`mlflow server` on 127.0.0.1 over `tracking_uri` (a sqlite:/// store) while the block runs; yields its base
-    URL. port 0: a free one. The server (and its workers) stop when the block ends."""
+    URL. port 0: a free one. The server (and its workers) stop when the block ends. A server that an earlier `serve`
+    left on `port` when its process was killed outright is taken over when it serves the same store (and stopped
+    when this block ends), else stopped first; `say` is told which."""
     port = port or free_port()
     base = f"http://127.0.0.1:{port}"
+    left = left_behind(port)
+    if left is not None:
+        from sdar.lifecycle import group_members, stop_processes
+
+        pgid, store = left
+        if store == tracking_uri and _healthy(base):
+            if say is not None:
+                say(f"reusing the mlflow server an earlier sdar ui left on port {port} (process group {pgid})")
+            try:
+                yield base
+            finally:
+                stop_processes(group_members(pgid), grace_s=15)
+            return
+        stop_processes(group_members(pgid), grace_s=15)
+        if say is not None:
+            say(f"stopped the mlflow server an earlier sdar ui left on port {port} over {store} (process group {pgid})")
     out = subprocess.DEVNULL if quiet else None
     proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", tracking_uri,
                              "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                            env={**os.environ, "MLFLOW_TRACKING_URI": tracking_uri}, stdout=out, stderr=out,
-                            start_new_session=True)
+                            env={**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, UI_STARTER_ENV: str(os.getpid()),
+                                 UI_STORE_ENV: tracking_uri}, stdout=out, stderr=out, start_new_session=True)
     try:
         deadline = time.monotonic() + timeout_s
         while True:
@@ -67,6 +92,54 @@ def serve(tracking_uri: str, port: int = 0, timeout_s: float = 120.0, quiet: boo
         yield base
     finally:
         stop_group(proc, grace_s=15)
+
+
+def _healthy(base: str) -> bool:
+    with contextlib.suppress(OSError):
+        return _get(f"{base}/health").strip() == b"OK"
+    return False
+
+
+def left_behind(port: int) -> tuple[int, str] | None:
+    """(process group, store) of an mlflow server that `serve` started on 127.0.0.1:`port` and whose starter is gone
+    (killed outright: no handler ran), read from /proc; None when the port is free, held by anything else (another
+    program, a live sdar ui's server), or there is no /proc."""
+    from pathlib import Path
+
+    holder = _listening_pid(port)
+    if holder is None:
+        return None
+    try:
+        env = dict(kv.split("=", 1) for kv in Path(f"/proc/{holder}/environ").read_text().split("\0") if "=" in kv)
+        pgid = os.getpgid(holder)
+    except (OSError, ValueError):
+        return None
+    starter = env.get(UI_STARTER_ENV)
+    if not starter or not starter.isdigit() or Path(f"/proc/{starter}").exists():
+        return None
+    return pgid, env.get(UI_STORE_ENV, "")
+
+
+def _listening_pid(port: int) -> int | None:
+    """The process holding a listening TCP socket on `port` (IPv4 or IPv6), from /proc/net and /proc/<pid>/fd."""
+    from pathlib import Path
+
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(f"socket:[{fields[9]}]")
+    if not inodes:
+        return None
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        with contextlib.suppress(OSError):
+            for fd in fd_dir.iterdir():
+                with contextlib.suppress(OSError):
+                    if os.readlink(fd) in inodes:
+                        return int(fd_dir.parent.name)
+    return None
 
 
 def chromium_path() -> str:
@@ -240,7 +313,7 @@ def _cmd_ui(args: argparse.Namespace) -> int:
     print(f"starting mlflow server on 127.0.0.1:{args.port} over {uri} ...", flush=True)
     try:
         # SIGTERM and SIGHUP stop the server as Ctrl-C does (its whole process group: uvicorn, job runner, workers)
-        with ending_on_signals(), serve(uri, port=args.port):
+        with ending_on_signals(), serve(uri, port=args.port, say=lambda m: print(m, flush=True)):
             print(f"the comparison in MLflow (arms side by side, held-out success, curves): open\n  {url}\n"
                   "Ctrl-C (or SIGTERM) stops the server.", flush=True)
             while True:
