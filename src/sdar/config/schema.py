@@ -110,7 +110,7 @@ class TrainConfig:
 
     def resolved_sampler(self, device: torch.device | str | None = None) -> str:
         """rollout.sampler, with auto decided for `device` (default: resolved_device()): lookahead on CUDA (one packed
-        forward per turn: 3.1-3.4x faster RL steps at the Qwen2.5-0.5B shape on an H200), rows elsewhere (on 2 CPU
+        forward per turn: 2.9-3.1x faster RL steps at the Qwen2.5-0.5B shape on an H200), rows elsewhere (on 2 CPU
         cores the packed forwards do not pay at the SmolLM2 shape). docs/training.md has the figures."""
         if self.rollout.sampler != "auto":
             return self.rollout.sampler
