@@ -33,7 +33,8 @@ def test_the_printed_url_opens_the_arms_side_by_side_in_a_fresh_browser(tmp_path
     assert all(n in shown for n in names) and "4 matching runs" in shown, shown[:3000]
     # the saved view's charts: held-out success per run (the warm start its reference), the paired difference,
     # and the per-step curves
-    for chart in ("held-out success", "held-out success - own warm start", "training success", "gate"):
+    for chart in ("held-out success", "held-out success - own warm start", "training success", "teacher-student gap",
+                  "gate", "distillation weight"):
         assert f"\n{chart}\n" in shown, chart
     assert len(page.png) > 20_000 and page.png[:4] == b"\x89PNG"
 
