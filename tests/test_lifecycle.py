@@ -39,34 +39,6 @@ def _port_taken(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
-def test_sdar_ui_ended_by_a_signal_stops_its_mlflow_server_and_frees_the_port(tmp_path, sig):
-    from sdar.mlflow_ui import free_port
-    from sdar.tracking import prepare_sqlite_store
-
-    uri = prepare_sqlite_store(tmp_path / "mlflow.db")
-    build_comparison_store(uri, "job-1", ["grpo"], [0])
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "sdar.cli", "ui", "--tracking-uri", uri, "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines = []
-    deadline = time.monotonic() + 120
-    for line in proc.stdout:
-        lines.append(line)
-        if "stops the server" in line or time.monotonic() > deadline:
-            break
-    assert _port_taken(port), "".join(lines)
-    servers = _children(proc.pid)
-    assert len(servers) == 1 and _group_alive(servers[0])  # the mlflow server leads its own process group
-    assert len(_children(servers[0])) >= 1  # uvicorn and the workers under it
-    proc.send_signal(sig)
-    rest, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 128 + sig, "".join(lines) + rest
-    assert f"ended by {signal.Signals(sig).name}" in rest and "is stopped" in rest
-    assert not _group_alive(servers[0]), "the server's process group outlived sdar ui"
-    assert not _port_taken(port)
-
-
 def _ui(uri: str, port: int) -> tuple[subprocess.Popen, list[str]]:
     """`sdar ui` on `port`, read until it serves (its lines so far)."""
     proc = subprocess.Popen([sys.executable, "-m", "sdar.cli", "ui", "--tracking-uri", uri, "--port", str(port)],
@@ -78,6 +50,27 @@ def _ui(uri: str, port: int) -> tuple[subprocess.Popen, list[str]]:
         if "stops the server" in line or time.monotonic() > deadline:
             break
     return proc, lines
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sdar_ui_ended_by_a_signal_stops_its_mlflow_server_and_frees_the_port(tmp_path, sig):
+    from sdar.mlflow_ui import free_port
+    from sdar.tracking import prepare_sqlite_store
+
+    uri = prepare_sqlite_store(tmp_path / "mlflow.db")
+    build_comparison_store(uri, "job-1", ["grpo"], [0])
+    port = free_port()
+    proc, lines = _ui(uri, port)
+    assert _port_taken(port), "".join(lines)
+    servers = _children(proc.pid)
+    assert len(servers) == 1 and _group_alive(servers[0])  # the mlflow server leads its own process group
+    assert len(_children(servers[0])) >= 1  # uvicorn and the workers under it
+    proc.send_signal(sig)
+    rest, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + sig, "".join(lines) + rest
+    assert f"ended by {signal.Signals(sig).name}" in rest and "is stopped" in rest
+    assert not _group_alive(servers[0]), "the server's process group outlived sdar ui"
+    assert not _port_taken(port)
 
 
 def test_a_server_that_a_killed_sdar_ui_left_is_reused_for_its_store_and_stopped_for_another(tmp_path):
