@@ -1,4 +1,4 @@
-"""KFP component evaluate: a policy's held-out success rate (sdar.pipeline.steps.evaluate_policy)."""
+"""KFP component evaluate: a policy's held-out success rate (sdar.pipeline.evaluation.evaluate_policy)."""
 
 from typing import List, NamedTuple, Optional
 
@@ -36,10 +36,10 @@ def evaluate(
     """Success rate of `checkpoint` (None: the warm start of each of `seeds`, the baseline) on the fixed held-out tasks,
     the same for every arm and seed, per task type with a 95% Wilson interval: KFP Metrics, the JSON `result`, and the
     numbers in the arm's MLflow run `run_id` (else the parent run, under `<label>/`). Parameters:
-    sdar.pipeline.steps.evaluate_policy (`experiment` is not used: the run ids say where to log)."""
+    sdar.pipeline.evaluation.evaluate_policy (`experiment` is not used: the run ids say where to log)."""
     from collections import namedtuple
 
-    from sdar.pipeline.steps import evaluate_policy
+    from sdar.pipeline.evaluation import evaluate_policy
     out = evaluate_policy(
         config_path, overrides, job_id, result.path, checkpoint=checkpoint.path if checkpoint is not None else "",
         endpoints=endpoints.path if endpoints is not None else "", label=label, arm=arm, seed=seed, seeds=seeds,

@@ -20,6 +20,8 @@ def teacher_replay(
     checkpoint: Optional[Input[Model]] = None,
     teacher_pool: str = "",
     arm: str = "sdar",
+    seed: int = 0,
+    replay_round: int = 0,
     family: str = "",
     model: str = "",
     output_root: str = "runs/kfp",
@@ -36,7 +38,7 @@ def teacher_replay(
 
     out = replay_teachers(
         trajectories.path, config_path, overrides, scores.path, pairs.path, teacher_pool=teacher_pool, arm=arm,
-        checkpoint=checkpoint.path if checkpoint is not None else "", family=family, model=model,
+        seed=seed, replay_round=replay_round, checkpoint=checkpoint.path if checkpoint is not None else "", family=family, model=model,
         output_root=output_root, job_id=job_id)
     for name, value in out["metrics"].items():
         metrics.log_metric(name, value)

@@ -111,8 +111,8 @@ def build_pipeline(target: str = "local", image: str | None = None, cluster: Clu
                                      **common, **newest)
                     if r == 0:
                         roll.after(baseline)  # the warm starts are built once, by the baseline, before the arms share them
-                    replay = c.teacher_replay(trajectories=roll.outputs["trajectories"], arm=run.arm,
-                                              teacher_pool=teacher_pool, job_id=job_id, model=model,
+                    replay = c.teacher_replay(trajectories=roll.outputs["trajectories"], arm=run.arm, seed=run.seed,
+                                              replay_round=r, teacher_pool=teacher_pool, job_id=job_id, model=model,
                                               output_root=output_root, **common, **newest)
                     train = c.gated_train(
                         arm=run.arm, seed=run.seed, endpoints=endpoints, job_id=job_id, model=model, steps=steps,

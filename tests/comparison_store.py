@@ -1,6 +1,6 @@
 """An MLflow store in the shape the comparison pipeline writes, made with the pipeline's own functions in seconds
 (no training): the parent run and its view (sdar.pipeline.mlflow_runs.open_pipeline_run), a warm-start run per seed
-(sdar.pipeline.steps.log_warm_start), an arm run per arm and seed as the trainer opens it (sdar.tracking.Tracker with
+(sdar.pipeline.evaluation.log_warm_start), an arm run per arm and seed as the trainer opens it (sdar.tracking.Tracker with
 the parent), and the view's metrics (sdar.eval.compare.log_view_metrics). `check_view` is what every such store must
 satisfy; tests/pipeline/test_local_run.py checks that a real pipeline run satisfies it too."""
 
@@ -23,7 +23,7 @@ def build_comparison_store(uri: str, job: str, arms: list[str], seeds: list[int]
                            steps: int = 3, info: dict | None = None) -> dict:
     """A comparison of `arms` x `seeds` in the store at `uri`, as pipeline job `job`; returns launch_envs' endpoints
     dict ({parent_run_id, experiment, tracking_uri}). `info`: an endpoints dict already opened (KFP's layout)."""
-    from sdar.pipeline.steps import log_warm_start
+    from sdar.pipeline.evaluation import log_warm_start
     from sdar.pipeline.mlflow_runs import open_pipeline_run, pipeline_run_experiment
     from sdar.tracking import Tracker
 

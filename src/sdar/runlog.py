@@ -33,6 +33,8 @@ _STEP = re.compile(r"\[([\w.-]+)\] step (\d+)/(\d+): success ([\d.]+)")
 # its heartbeat while a step runs (sdar.train.loop)
 _RUNNING = re.compile(r"\[([\w.-]+)\] step (\d+)/(\d+) running: (.+?), (\d+)s into the step")
 _EVAL = re.compile(r"eval ([\d.]+)\s*$")
+# a task a resumed job had finished before (sdar.pipeline.jobs.once_per_job): answered from its record
+_REUSED = re.compile(r": finished before in job \S+; its outputs are taken from")
 # the progress lines of the long loops (sdar.progress): warm start, evaluation
 _PHASE = PROGRESS_LINE
 
@@ -165,6 +167,10 @@ class TaskLog(io.TextIOBase):
         task.lines += 1
 
     def _progress(self, task: TaskState, plain: str) -> None:
+        if _REUSED.search(plain):
+            task.info = "finished before in this job: not redone"
+            self._refresh()
+            return
         step = _STEP.search(plain)
         if step:
             arm, k, n, success = step.groups()

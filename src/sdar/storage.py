@@ -64,12 +64,25 @@ def _size(n: int | None) -> str:
     return f"{n} bytes"
 
 
-def is_disk_full(exc: BaseException) -> bool:
-    """An OSError that means no space (or quota) is left; torch.save reports it as a RuntimeError naming a failed
-    write, which counts when the target's file system is full."""
+def is_disk_full(exc: BaseException, where: str | os.PathLike | None = None) -> bool:
+    """Whether `exc` (or an exception it was raised from) means no space or quota is left: an OSError saying so,
+    SQLite's "database or disk is full" (an MLflow store, wrapped by MLflow and SQLAlchemy), or a library's own
+    error naming no space left (safetensors' and tokenizers' Rust writers). With `where`: also any error while the
+    file system holding `where` has less than 1 MiB free (torch.save reports a failed write as a RuntimeError)."""
     import errno
 
-    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        text = str(e).lower()
+        if "database or disk is full" in text or "no space left" in text or "os error 28" in text:
+            return True
+        e = e.__cause__ or e.__context__
+    free = free_bytes(where) if where is not None else None
+    return free is not None and free < (1 << 20)
 
 
 def free_bytes(path: str | os.PathLike) -> int | None:

@@ -382,10 +382,24 @@ class Tracker:
             return
         try:
             fn(*args, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - any failure of the tracking server: defer, never raise
+        except Exception as exc:  # noqa: BLE001 - any failure of the tracking server: defer, never raise ...
+            full = self._local_disk_full(exc)
+            if full is not None and what != "end":  # ... but a full disk of a local store: stop, as a checkpoint would
+                raise full from exc
             self.outage.failed(f"MLflow call {what} failed ({type(exc).__name__}: {str(exc)[:200]}); buffering calls "
                                f"until {self.tracking_uri} answers again")
             self._deferred.append((what, fn, args, kwargs))
+
+    def _local_disk_full(self, exc: Exception):
+        """A DiskFull naming this run's local store (its SQLite file, or the local file a write failed on) when `exc`
+        says its disk is full; None otherwise (a tracking server's failure is an outage: deferred)."""
+        from sdar.storage import DiskFull, free_bytes, is_disk_full
+
+        db = sqlite_path(self.tracking_uri or "")
+        where = db or next((e.filename for e in (exc, exc.__cause__, exc.__context__) if isinstance(e, OSError)), None)
+        if where is None or not is_disk_full(exc):
+            return None
+        return DiskFull(where, None, free_bytes(where), what="the MLflow store" if db else "an MLflow artifact")
 
     def _flush(self, force: bool = False) -> bool:
         """Replay deferred calls in order; True when none is left. Unless forced, tries at most every

@@ -37,7 +37,7 @@ def test_components_import_inside_their_function_and_call_the_library():
         used = {n.id for n in inner if isinstance(n, ast.Name)}
         assert not used & _bound_by_imports(module.body) - _bound_by_imports(inner), func.name
         libraries = {n.module for n in inner if isinstance(n, ast.ImportFrom)}
-        assert libraries & {"sdar.pipeline.steps", "sdar.pipeline.services"}, func.name
+        assert libraries & {"sdar.pipeline.steps", "sdar.pipeline.evaluation", "sdar.pipeline.services"}, func.name
 
 
 def _library_modules():

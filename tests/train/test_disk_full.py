@@ -133,3 +133,54 @@ def test_a_warm_start_that_does_not_fit_the_cache_stops_with_one_line_and_leaves
     again = subprocess.run(cmd, cwd=REPO, env=env, check=False, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
     assert (target / "warmstart.json").is_file()
+
+
+def test_an_mlflow_store_on_a_full_disk_stops_the_run_with_one_line_and_the_rerun_logs_the_rest(tiny_ckpt, small_disk,
+                                                                                                    tmp_path):
+    """The MLflow store (SQLite and its artifacts) on a disk that fills while training runs: `sdar train` ends with one
+    line naming the store, exit 5, no traceback (a tracking server's outage is waited out instead: it comes back; a
+    full disk does not free itself); the rows logged before are intact and the same command, once there is room,
+    resumes and logs the rest in the same run, one row per step (issue 43.2)."""
+    from mlflow.tracking import MlflowClient
+
+    from sdar.tracking import prepare_sqlite_store
+    from sdar.train.checkpoint import checkpoint_path
+
+    uri = prepare_sqlite_store(small_disk / "mlflow.db")
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "COLUMNS": "200"}
+    out = tmp_path / "run"  # checkpoints on a disk with room: only the store fills
+    args = [a for k, v in SMALL.items() for a in ("--set", f"{k}={json.dumps(v) if isinstance(v, dict) else v}")]
+    cmd = [sys.executable, "-m", "sdar.cli", "train", "--config", CONFIG, "--arm", "grpo", "--output", str(out), *args,
+           "--set", "steps=3"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    filler = None
+    try:
+        import time
+
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and time.monotonic() < deadline:
+            if (out / checkpoint_path(1) / "_COMPLETE.json").is_file():
+                filler = _fill(small_disk, leave=0)  # step 1 logged and saved; step 2's rows find no room
+                break
+            time.sleep(0.05)
+        said, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert filler is not None, said[-3000:]
+    assert proc.returncode == 5, said[-3000:]
+    assert "Traceback" not in said, said[-3000:]
+    errors = [ln for ln in said.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and f"the disk is full: writing the MLflow store to {small_disk / 'mlflow.db'}" in errors[0] \
+        or "the disk is full: writing an MLflow artifact to " + str(small_disk) in errors[0], said[-3000:]
+    assert "MLFLOW_TRACKING_URI" in errors[0] and "rerun the same command" in errors[0]
+
+    filler.unlink()
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("household-tiny").experiment_id])
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "success")][:1] == [0]  # kept
+    again = subprocess.run(cmd, cwd=REPO, env=env, check=False, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    (run,) = client.search_runs([client.get_experiment_by_name("household-tiny").experiment_id])
+    assert run.info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "success")] == [0, 1, 2]

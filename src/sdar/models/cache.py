@@ -88,9 +88,9 @@ def build_once(target: Path, build: Callable[[Path], None], marker: str,
             try:
                 build(tmp)
             except Exception as exc:
-                if disk_full(exc, tmp):  # the folder goes below; say where and what, not a library's traceback
-                    from sdar.storage import DiskFull, free_bytes
+                from sdar.storage import DiskFull, free_bytes, is_disk_full
 
+                if is_disk_full(exc, tmp):  # the folder goes below; say where and what, not a library's traceback
                     raise DiskFull(target, None, free_bytes(target.parent), what=f"the cache entry {target.name}") \
                         from exc
                 raise
@@ -103,15 +103,3 @@ def build_once(target: Path, build: Callable[[Path], None], marker: str,
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
     return target
-
-
-def disk_full(exc: BaseException, where: Path) -> bool:
-    """Whether a build failed for want of room: an OSError saying so, or a library's error (safetensors' and
-    tokenizers' Rust writers raise their own) naming no space left while `where`'s file system has almost none."""
-    from sdar.storage import free_bytes, is_disk_full
-
-    if is_disk_full(exc):
-        return True
-    text = str(exc).lower()
-    free = free_bytes(where)
-    return ("no space left" in text or "os error 28" in text) or (free is not None and free < (1 << 20))

@@ -16,13 +16,15 @@ from sdar.config import SET_HELP, parse_set
 
 def run_comparison(arms: list[str] | None = None, seeds: list[int] | None = None, steps: int | None = None, *,
                    quick: bool = False, root: str = "runs/kfp-local", console=None, quiet: bool = False,
-                   verbose: bool = False, parallelism: int | None = None, **settings: Any) -> dict[str, Any]:
+                   verbose: bool = False, parallelism: int | None = None, resume: str | None = None,
+                   **settings: Any) -> dict[str, Any]:
     """Run the comparison pipeline locally (KFP local runner) and print the table, the plot path and
     how to open `mlflow ui`. quick: the smoke-test sizes (a few minutes on 2 cores).
     The console shows a line per pipeline task, each task's log goes to <root>/logs/<stamp>/<task>.log
     (quiet: no live table; verbose: the full logs on the terminal instead).
 
     parallelism: arms trained at once (default 2, the local runner's cap; 1 = one at a time).
+    resume: continue that unfinished job of `root` with its own settings (then pass none).
     settings: any `RunSettings` field (group_size, tasks_per_step, eval_tasks, episodes_per_task,
     greedy, family, model, config_path, overrides, experiment). Returns sdar.pipeline.runner.run_local's
     result dict (table, plot, report_dir, parent_run_id, child_runs, tracking_uri, seconds, status, summaries).
@@ -37,6 +39,14 @@ def run_comparison(arms: list[str] | None = None, seeds: list[int] | None = None
         changes["seeds"] = list(seeds)
     if steps is not None:
         changes["steps"] = steps
+    if resume:
+        if changes or quick:
+            from sdar.pipeline.jobs import JobError
+
+            given = ", ".join(sorted(changes) + (["quick"] if quick else []))
+            raise JobError(f"--resume {resume} continues the job with the settings it began with; drop {given}")
+        return run_local(None, root=root, console=console, quiet=quiet, verbose=verbose, parallelism=parallelism,
+                         resume=resume)
     s = RunSettings.quick(**changes) if quick else RunSettings(**changes)
     return run_local(s, quick=quick, root=root, console=console, quiet=quiet, verbose=verbose,
                      parallelism=parallelism)
@@ -157,8 +167,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
             overrides = {**RunSettings.quick().overrides, **overrides}
         settings["overrides"] = overrides
-    result = run_comparison(args.arms, args.seeds, args.steps, quick=args.quick, root=args.root, quiet=args.quiet,
-                            verbose=args.verbose, parallelism=args.parallel, **settings)
+    from sdar.pipeline.jobs import JobError
+
+    try:
+        result = run_comparison(args.arms, args.seeds, args.steps, quick=args.quick, root=args.root, quiet=args.quiet,
+                                verbose=args.verbose, parallelism=args.parallel, resume=args.resume, **settings)
+    except JobError as exc:
+        raise SystemExit(f"sdar run: {exc}") from None
     return 0 if result["status"] == "SUCCEEDED" else 1
 
 
@@ -264,6 +279,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--config", default=None, help="experiment YAML (default configs/household-tiny.yaml)")
     r.add_argument("--experiment", default=None, help="MLflow experiment (default sdar-comparison)")
     r.add_argument("--root", default="runs/kfp-local", help="pipeline root and MLflow store (default runs/kfp-local)")
+    r.add_argument("--resume", default=None, metavar="JOB",
+                   help="continue the job of that id (printed at its start) that was killed, stopped or failed, with "
+                        "its own settings: tasks that finished are not redone, training resumes from its checkpoint")
     r.add_argument("--set", action="append", type=parse_set, metavar="KEY=VALUE", help=SET_HELP)
     r.add_argument("--teacher-pool", default=None, metavar="YAML",
                    help="N-teacher pool for the replay arms (default: the config's replay section, the local pool)")

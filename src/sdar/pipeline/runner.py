@@ -19,6 +19,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -121,9 +122,14 @@ def submit(host: str, experiment: str, yaml_path: str | os.PathLike | None = Non
 
 def run_local(settings: RunSettings | None = None, *, quick: bool = False, root: str | os.PathLike = "runs/kfp-local",
               tracking_uri: str | None = None, console=None, quiet: bool = False, verbose: bool = False,
-              parallelism: int | None = None) -> dict[str, Any]:
+              parallelism: int | None = None, resume: str | None = None) -> dict[str, Any]:
     """Run the comparison pipeline on this machine through the KFP local runner (SubprocessRunner,
     no venv: the components run with this Python, so nothing is installed).
+
+    The run is a job with an id of its own, printed first (sdar.pipeline.jobs). resume: the id of a job this root ran
+    before and did not finish (killed, stopped, or a task failed): continue it with the settings, MLflow parent run
+    and store it began with (pass no settings); the tasks that had finished are taken from their records, not redone,
+    and the arm that was training resumes from its newest checkpoint.
 
     settings: sizes and arms (default: `RunSettings.quick()` when quick, else the config's sizes).
     root: pipeline_root of the runner; run outputs, the MLflow store (mlflow.db, unless
@@ -138,49 +144,48 @@ def run_local(settings: RunSettings | None = None, *, quick: bool = False, root:
     ui_command, view_url}: `ui_command` serves the store on 127.0.0.1:5000, where `view_url` opens the comparison; with
     an http(s) tracking URI `ui_command` is empty and `view_url` is on that server, whose UI it is.
     """
-    from kfp import local
-
     from sdar.console import make_console
+    from sdar.pipeline.jobs import JOB_ENV, job_lock, new_job_id, write_job
+    from sdar.tags import PIPELINE_JOB_TAG
     from sdar.tracking import Tracker, resolve_tracking_uri
 
     console = console or make_console()
-    s = settings or (RunSettings.quick() if quick else RunSettings())
     root = Path(root).resolve()
     root.mkdir(parents=True, exist_ok=True)
+    asked_uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if resume:
+        s, quick, uri, parent_id = _resumed(root, resume, settings, asked_uri)
+    else:
+        s = settings or (RunSettings.quick() if quick else RunSettings())
+        uri = resolve_tracking_uri(asked_uri or f"sqlite:///{root / 'mlflow.db'}")
+    job = resume or new_job_id()
     cfg_path = config_file(s.config_path)
-    uri = resolve_tracking_uri(tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{root / 'mlflow.db'}")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     report_dir, log_dir = root / "reports" / stamp, root / "logs" / stamp
     args = {**s.arguments(), "config_path": str(cfg_path), "tracking_uri": uri, "output_root": str(root / "outputs"),
             "report_dir": str(report_dir)}
-    parent = Tracker(s.experiment, run_name=f"comparison-{stamp}", tracking_uri=uri,
-                     tags={"sdar.kind": "pipeline", "sdar.runner": "kfp-local", "sdar.quick": str(quick)}).start()
-    parent.log_params({k: (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in args.items()})
-    args["parent_run_id"] = parent.run_id
-
-    console.print(f"[bold]sdar comparison[/bold] via the KFP local runner: arms {', '.join(s.arms)}, seeds "
-                  f"{s.seeds}, steps {s.steps or 'config'}; outputs under {root}")
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), raise_on_error=True)
-    pipeline = build_pipeline("local", parallelism=LOCAL_PARALLELISM if parallelism is None else parallelism,
-                              replay_rounds=s.replay_rounds)
-    from sdar.env_service import local as local_envs
-    from sdar.lifecycle import Terminated, ending_on_signals
-
-    for line in local_envs.stop_orphans(args["output_root"]):  # servers of a run that was killed outright
-        console.print(f"stopped a leftover env server: {line}", soft_wrap=True, highlight=False)
-    t0 = time.perf_counter()
-    _STOPPED["tasks"] = 0
-    try:
-        # SIGTERM and SIGHUP end the run as Ctrl-C does: its task processes and env servers stop with it. The task
-        # processes are stopped in the handler itself: KFP's ParallelFor waits for its worker threads (and so for
-        # their tasks) in a `finally` before the exception gets out of it
-        with ending_on_signals(on_signal=_stop_tasks):
-            error, view = _run_logged(pipeline, args, log_dir, console, quiet=quiet, verbose=verbose)
-    except (Terminated, KeyboardInterrupt) as exc:
-        _stop_run(console, args["output_root"], parent.run_id, uri, exc)
-        raise
-    seconds = time.perf_counter() - t0
+    with job_lock(args["output_root"], job):  # a second runner of the job is refused while this one lives
+        if resume:
+            parent = Tracker(s.experiment, resume_run_id=parent_id, tracking_uri=uri).start()
+        else:
+            parent = Tracker(s.experiment, run_name=f"comparison-{stamp}", tracking_uri=uri,
+                             tags={"sdar.kind": "pipeline", "sdar.runner": "kfp-local", "sdar.quick": str(quick),
+                                   PIPELINE_JOB_TAG: job}).start()
+            parent.log_params({k: (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in args.items()})
+            write_job(args["output_root"], job, {"settings": asdict(s), "quick": quick, "tracking_uri": uri,
+                                                 "parent_run_id": parent.run_id, "experiment": s.experiment})
+        args["parent_run_id"] = parent.run_id
+        console.print(f"[bold]sdar comparison[/bold] via the KFP local runner: arms {', '.join(s.arms)}, seeds "
+                      f"{s.seeds}, steps {s.steps or 'config'}; outputs under {root}")
+        console.print(f"job {job} ({'continued' if resume else 'new'}); should it stop, `{resume_command(root, job)}` "
+                      "continues it without redoing finished tasks", soft_wrap=True, highlight=False)
+        pipeline = build_pipeline("local", parallelism=LOCAL_PARALLELISM if parallelism is None else parallelism,
+                                  replay_rounds=s.replay_rounds)
+        with _environ({JOB_ENV: job}):
+            error, view, seconds = _run_pipeline(pipeline, args, parent.run_id, uri, log_dir, console, root, job,
+                                                 quiet=quiet, verbose=verbose)
     result = _local_result(s.experiment, parent.run_id, uri, error, seconds, view, log_dir, report_dir)
+    result["resume_command"] = resume_command(root, job) if error else ""
     # the exit handler ended the parent run; make sure it is not left RUNNING if the runner itself failed
     from mlflow.tracking import MlflowClient
 
@@ -193,7 +198,65 @@ def run_local(settings: RunSettings | None = None, *, quick: bool = False, root:
     return result
 
 
+def _run_pipeline(pipeline, args: dict[str, Any], parent_run_id: str, uri: str, log_dir: Path, console, root: Path,
+                  job: str, *, quiet: bool, verbose: bool):
+    """Run the pipeline through the KFP local runner: (the error of a failed task or None, the TaskLog, seconds). Ended
+    by a signal or Ctrl-C, it stops what it started, says how to continue the job, and raises."""
+    from kfp import local
+
+    from sdar.env_service import local as local_envs
+    from sdar.lifecycle import Terminated, ending_on_signals
+
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), raise_on_error=True)
+    for line in local_envs.stop_orphans(args["output_root"]):  # servers of a run that was killed outright
+        console.print(f"stopped a leftover env server: {line}", soft_wrap=True, highlight=False)
+    t0 = time.perf_counter()
+    _STOPPED["tasks"] = 0
+    try:
+        # SIGTERM and SIGHUP end the run as Ctrl-C does: its task processes and env servers stop with it. The task
+        # processes are stopped in the handler itself: KFP's ParallelFor waits for its worker threads (and so for
+        # their tasks) in a `finally` before the exception gets out of it
+        with ending_on_signals(on_signal=_stop_tasks):
+            error, view = _run_logged(pipeline, args, log_dir, console, quiet=quiet, verbose=verbose)
+    except (Terminated, KeyboardInterrupt) as exc:
+        _stop_run(console, args["output_root"], parent_run_id, uri, exc)
+        console.print(f"continue the job with `{resume_command(root, job)}`", soft_wrap=True, highlight=False)
+        raise
+    return error, view, time.perf_counter() - t0
+
+
 _STOPPED = {"tasks": 0}  # task processes stopped since this run was ended by a signal
+
+
+def resume_command(root: Path, job: str) -> str:
+    """The command that continues job `job` of pipeline root `root`."""
+    at = "" if Path("runs/kfp-local").resolve() == root else f" --root {root}"
+    return f"sdar run --local{at} --resume {job}"
+
+
+def _resumed(root: Path, job: str, settings: RunSettings | None, asked_uri: str | None):
+    """(settings, quick, tracking URI, parent run id) of the unfinished job `job`; JobError when it cannot go on."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from sdar.pipeline.jobs import JobError, read_job
+    from sdar.tracking import resolve_tracking_uri
+
+    if settings is not None:
+        raise JobError(f"job {job} continues with the settings it began with; pass no settings with resume")
+    saved = read_job(root / "outputs", job)
+    uri = saved["tracking_uri"]
+    if asked_uri and resolve_tracking_uri(asked_uri) != uri:
+        raise JobError(f"job {job} logs to {uri}, not {asked_uri} (MLFLOW_TRACKING_URI or --tracking-uri): "
+                       "unset it, or set it to the job's store")
+    try:
+        parent = MlflowClient(tracking_uri=uri).get_run(saved["parent_run_id"])
+    except MlflowException as exc:
+        raise JobError(f"job {job}'s MLflow parent run {saved['parent_run_id']} is not in {uri}: {exc}") from None
+    if parent.info.status == "FINISHED":
+        raise JobError(f"job {job} finished already (MLflow parent run {parent.info.run_id}); its comparison is under "
+                       f"{root / 'reports'}. Start a new run without --resume")
+    return RunSettings(**saved["settings"]), bool(saved["quick"]), uri, parent.info.run_id
 
 
 def _stop_tasks() -> None:
@@ -350,6 +413,8 @@ def _print_summary(console, result: dict[str, Any], uri: str) -> None:
         console.print(f"plot: {result['plot']}")
     if result["error"]:
         console.print(f"[red]pipeline failed[/red] after {result['seconds']:.0f} s: {result['error']}")
+        console.print(f"once the cause is fixed, `{result['resume_command']}` continues the job without redoing the "
+                      "tasks that finished", soft_wrap=True, highlight=False)
     else:
         console.print(f"[green]pipeline finished[/green] in {result['seconds']:.0f} s")
     serve = (f"`{result['ui_command']}` starts the MLflow UI on this store, then open" if result["ui_command"]

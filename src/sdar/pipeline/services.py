@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from sdar.pipeline.jobs import job_of
 from sdar.pipeline.settings import TARGETS
 from sdar.pipeline.steps import step_overrides, write_json
 
@@ -38,6 +39,7 @@ def launch_env_service(config_path: str, overrides: str, job_id: str, endpoints_
 
     if target not in TARGETS:
         raise ValueError(f"target must be 'local' or 'cluster', got {target!r}")
+    job_id = job_of(job_id)  # the local runner's own job id, which a resumed run keeps
     ov = step_overrides(overrides, family=family)
     cfg = load_config(config_path, ov)
     fam, env_kwargs = cfg.env.family, dict(cfg.env.kwargs)
@@ -101,7 +103,7 @@ def teardown_env_service(job_id: str, state: str | None, error_message: str | No
     Nothing found is not an error (launch_envs may have failed before starting anything); training jobs that
     could not be deleted are, after the rest is done.
     """
-    state = "UNKNOWN" if state is None else state.upper()
+    state, job_id = "UNKNOWN" if state is None else state.upper(), job_of(job_id)
     left: RuntimeError | None = None  # training jobs that could not be deleted: raised once the rest is torn down
     print(f"pipeline job {job_id} ended {state or 'UNKNOWN'}" + (f": {error_message}" if error_message else ""))
     if target == "local":

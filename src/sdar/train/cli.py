@@ -47,9 +47,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
         # one line, no traceback: the checkpoints written so far and the metrics logged are intact
         where = exc if isinstance(exc, DiskFull) else DiskFull(exc.filename or cfg.resolved_output_dir(), None,
                                                                 free_bytes(exc.filename or cfg.resolved_output_dir()))
-        console.print(f"[red]error:[/red] {where}; free space there (or point output_dir / checkpoint.uri at another "
-                      "disk) and rerun the same command: it resumes from its last checkpoint", soft_wrap=True,
-                      highlight=False)
+        elsewhere = "MLFLOW_TRACKING_URI" if "MLflow" in where.what else "output_dir / checkpoint.uri"
+        console.print(f"[red]error:[/red] {where}; free space there (or point {elsewhere} at another disk) and rerun "
+                      "the same command: it resumes from its last checkpoint", soft_wrap=True, highlight=False)
         return 5
     except Exception as exc:
         from rich.markup import escape
