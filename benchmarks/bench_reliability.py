@@ -16,8 +16,12 @@
   damage    a finished run's newest checkpoint damaged in each way (a file cut short, scrambled or missing, its
             manifest or latest.json garbage), then `sdar train` rerun -> failed resumes, damaged checkpoints deleted
   outage    the S3 server (moto) and the MLflow server stopped for D s mid-run -> checkpoints and rows lost
+  pipeline  `sdar run --local` killed outright mid-training, then `--resume <job>` -> tasks redone, rows duplicated
+  diskfull  a tmpfs (root only) filled under `sdar train`'s checkpoints, then its MLflow store -> tracebacks, rows
+            lost, half-written files (both: benchmarks/reliability_faults.py)
 
-    .venv/bin/python benchmarks/bench_reliability.py [--quick] [--only fuzz,sessions,flood,reclaim,kill,damage,outage]
+    .venv/bin/python benchmarks/bench_reliability.py [--quick] [--only fuzz,sessions,flood,reclaim,kill,damage,outage,
+        pipeline,diskfull]
         [--json PATH]
 
 Prints one table; every figure in the "must be" column must read 0 (exit status 1 otherwise). The details go
@@ -50,7 +54,7 @@ for _p in (ROOT, ROOT / "benchmarks"):  # the tests' generators and bench_env_lo
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-SECTIONS = ("fuzz", "sessions", "flood", "reclaim", "kill", "damage", "outage")
+SECTIONS = ("fuzz", "sessions", "flood", "reclaim", "kill", "damage", "outage", "pipeline", "diskfull")
 FAMILIES = {"household": {"backend": "sim"}, "shop": {}, "searchqa": {}}
 
 
@@ -1096,6 +1100,18 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"kill: {train_steps}-step training runs, {kills} x kill -9 at random points ...")
         return kill_section(train_steps, kills, 3 if train_steps >= 9 else 2, args.seed, work, timeout_s)
 
+    def pipeline():
+        from reliability_faults import pipeline_section
+
+        console.print("pipeline: a quick local run killed with SIGKILL mid-training, then resumed ...")
+        return pipeline_section(work, timeout_s=timeout_s)
+
+    def diskfull():
+        from reliability_faults import diskfull_section
+
+        console.print("diskfull: sdar train on a small tmpfs filled under its checkpoints, then its MLflow store ...")
+        return diskfull_section(work, timeout_s=timeout_s)
+
     def outage() -> list[OutageResult]:
         console.print(f"outage: S3 down {down_s:g} s during a {outage_steps}-step run ...")
         s3 = s3_outage(down_s, outage_steps, work, timeout_s)
@@ -1108,7 +1124,7 @@ def main(argv: list[str] | None = None) -> int:
     t_all = time.monotonic()
     try:
         for name, section in (("fuzz", fuzz), ("sessions", sessions), ("flood", flood), ("reclaim", reclaim), ("kill", kill),
-                              ("damage", damage), ("outage", outage)):
+                              ("damage", damage), ("outage", outage), ("pipeline", pipeline), ("diskfull", diskfull)):
             if name not in only:
                 continue
             t0 = time.monotonic()
@@ -1123,7 +1139,10 @@ def main(argv: list[str] | None = None) -> int:
             import shutil
 
             shutil.rmtree(work, ignore_errors=True)
-    figs = figures(results) + [Figure(name, "section failed (see above)", 1, 0) for name in errors]
+    from reliability_faults import figures as fault_figures
+
+    figs = (figures(results) + fault_figures(results, Figure)
+            + [Figure(name, "section failed (see above)", 1, 0) for name in errors])
     print_table(figs, console)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     console.print(f"host: {os.cpu_count()} CPUs, load average {load:.1f}; {time.monotonic() - t_all:.0f} s in all "
@@ -1146,7 +1165,9 @@ def _plain(value: Any) -> Any:
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_plain(v) for v in value]
-    return asdict(value) if hasattr(value, "__dataclass_fields__") else value
+    if hasattr(value, "__dataclass_fields__"):  # a run's whole output is for the tests, not the report
+        return {k: v for k, v in asdict(value).items() if not k.endswith("_output")}
+    return value
 
 
 if __name__ == "__main__":

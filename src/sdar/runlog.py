@@ -12,6 +12,7 @@ is built, not when its task ends.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
 import threading
@@ -70,8 +71,13 @@ class TaskLog(io.TextIOBase):
     Use as a context manager around the pipeline call; `failed()` lists the tasks that did not succeed.
     """
 
-    def __init__(self, log_dir: str | Path, console, live: bool | None = None, phase_every_s: float = 30.0) -> None:
+    def __init__(self, log_dir: str | Path, console, live: bool | None = None, phase_every_s: float = 30.0,
+                 on_disk_full=None) -> None:
         super().__init__()
+        # a log that finds its disk full: `disk_full` says where (sdar.storage.DiskFull), the console says it once,
+        # nothing more is written to files, and `on_disk_full()` is called (the runner stops the run)
+        self.disk_full = None
+        self.on_disk_full = on_disk_full
         self.dir = Path(log_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.console = console
@@ -99,9 +105,7 @@ class TaskLog(io.TextIOBase):
 
     def write(self, text: str) -> int:
         with self._lock:
-            self._all.write(text)
-            if "\n" in text:
-                self._all.flush()
+            self._to_file(self._all, self.path, text, flush="\n" in text)
             tid = threading.get_ident()
             buf = self._partial.get(tid, "") + text
             *lines, rest = buf.split("\n")
@@ -112,9 +116,29 @@ class TaskLog(io.TextIOBase):
 
     def flush(self) -> None:
         with self._lock:
-            self._all.flush()
-            for f in self._files.values():
+            self._to_file(self._all, self.path, "", flush=True)
+            for key, f in self._files.items():
+                self._to_file(f, self.tasks[key].log_path, "", flush=True)
+
+    def _to_file(self, f, path: Path, text: str, flush: bool) -> None:
+        """Write (and flush) a log file; a full disk is said once and ends file writing, never raised into the
+        runner's threads."""
+        if self.disk_full is not None:
+            return
+        try:
+            if text:
+                f.write(text)
+            if flush:
                 f.flush()
+        except OSError as exc:
+            from sdar.storage import DiskFull, free_bytes, is_disk_full
+
+            if not is_disk_full(exc):
+                raise
+            self.disk_full = DiskFull(path, len(text.encode()) or None, free_bytes(path), what="the task log")
+            self.console.print(f"[red]error:[/red] {self.disk_full}", soft_wrap=True, highlight=False)
+            if self.on_disk_full is not None:
+                self.on_disk_full()
 
     # ---- parsing ------------------------------------------------------------------------------------
     def _line(self, tid: int, line: str) -> None:
@@ -154,16 +178,14 @@ class TaskLog(io.TextIOBase):
 
     def _finish(self, task: TaskState, status: str) -> None:
         task.status, task.ended = status, time.monotonic()
-        self._files[task.key].flush()
+        self._to_file(self._files[task.key], task.log_path, "", flush=True)
         if not self.live_view:
             extra = f" ({task.info})" if task.info else ""
             self.console.print(f"  {task.key}: {status.lower()} in {task.seconds:.0f}s{extra}", highlight=False)
         self._refresh()
 
     def _write_task(self, task: TaskState, line: str) -> None:
-        f = self._files[task.key]
-        f.write(line)
-        f.flush()  # the log is read while the task runs
+        self._to_file(self._files[task.key], task.log_path, line, flush=True)  # the log is read while the task runs
         task.lines += 1
 
     def _progress(self, task: TaskState, plain: str) -> None:
@@ -245,9 +267,9 @@ class TaskLog(io.TextIOBase):
                 self._live.update(self._table())
                 self._live.__exit__(*exc)
                 self._live = None
-            for f in self._files.values():
-                f.close()
-            self._all.close()
+            for f in (*self._files.values(), self._all):
+                with contextlib.suppress(OSError):  # a full disk: said already
+                    f.close()
             self.console.file = self._console_file
 
     # ---- after the run --------------------------------------------------------------------------------

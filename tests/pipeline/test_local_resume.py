@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 
 def _sdar(*args: str, **kw) -> subprocess.Popen:
@@ -25,59 +24,37 @@ def _sdar(*args: str, **kw) -> subprocess.Popen:
 
 def test_a_killed_run_resumes_without_redoing_finished_tasks_and_logs_each_run_once(tmp_path):
     from mlflow.tracking import MlflowClient
+    from reliability_faults import pipeline_section  # the fault as benchmarks/bench_reliability.py injects it
 
-    root = tmp_path / "root"
-    proc = _sdar("run", "--local", "--quick", "--arms", "grpo", "--steps", "3", "--eval-tasks", "4",
-                 "--set", "checkpoint.every=1", "--root", str(root), "--quiet", start_new_session=True)
-    try:
-        deadline, killed = time.monotonic() + 400, False
-        while time.monotonic() < deadline and proc.poll() is None:
-            if list(root.glob("outputs/*/grpo-seed0/checkpoints/step-000001/_COMPLETE.json")):
-                os.killpg(proc.pid, signal.SIGKILL)  # mid-training: step 1 saved, steps 2-3 to go
-                killed = True
-                break
-            time.sleep(0.2)
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert killed, f"the run ended before its first checkpoint (rc {proc.returncode}):\n{out[-3000:]}"
-    job = re.search(r"^job (\S+) \(new\); should it stop, `sdar run --local --root \S+ --resume (\S+)`", out, re.M)
-    assert job and job.group(1) == job.group(2), out[-3000:]
-    job = job.group(1)
+    res = pipeline_section(tmp_path)  # killed after step 1's checkpoint of 3, then `--resume <job>`
+    root, job = Path(res.root), res.job
+    assert re.search(rf"^job {job} \(new\); should it stop, `sdar run --local --root \S+ --resume {job}`",
+                     res.killed_output, re.M), res.killed_output[-3000:]
     records = root / "outputs" / job / "tasks"
-    finished = sorted(p.name for p in records.iterdir() if (p / "_DONE.json").is_file())
-    assert finished == ["evaluate-baseline-grpo-0", "rollout-grpo-0-0", "teacher-replay-grpo-0-0"], finished
-    stamps = {name: (records / name / "_DONE.json").stat().st_mtime_ns for name in finished}
-
-    # the same job again: refused with settings, continued without
-    refused = _sdar("run", "--local", "--root", str(root), "--resume", job, "--arms", "sdar")
-    assert refused.wait(60) != 0 and "continues the job with the settings it began with; drop arms" in refused.stdout.read()
-    again = _sdar("run", "--local", "--root", str(root), "--resume", job, "--quiet")
-    out2, _ = again.communicate(timeout=600)
-    assert again.returncode == 0, out2[-4000:]
+    assert res.tasks_finished_before == 3 and res.tasks_redone == 0  # baseline evaluation, rollout, teacher replay
+    assert res.resume_status == 0, res.resume_output[-4000:]
+    out2 = res.resume_output
     assert f"job {job} (continued)" in out2 and "Traceback" not in out2
     for task in ("evaluate", "rollout", "teacher-replay"):  # answered from their records, not run again
         assert f"  {task}: success in 0s (finished before in this job: not redone)" in out2, out2[-4000:]
-    assert {n: (records / n / "_DONE.json").stat().st_mtime_ns for n in finished} == stamps
     logs = sorted((root / "logs").iterdir())[-1]
     train_log = (logs / "gated-train.log").read_text()
     assert re.search(r"resumed from \S+/grpo-seed0/checkpoints/step-000001 at step 1", train_log), train_log[-3000:]
-    assert "[grpo] step 1/3" not in train_log and "[grpo] step 3/3" in train_log
-    assert (root / "outputs" / job / "tasks" / "train-grpo-0-0" / "_DONE.json").is_file()
+    assert res.resumed_at_step == 1 and "[grpo] step 1/3" not in train_log and "[grpo] step 3/3" in train_log
+    assert (records / "train-grpo-0-0" / "_DONE.json").is_file()
 
     client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     names = sorted(r.info.run_name for r in runs)
     assert len(names) == 3 and names[1:] == ["grpo-seed0", "warm-start-seed0"], names  # one parent, one per arm
     assert all(r.info.status == "FINISHED" and r.data.tags["sdar.pipeline_job_id"] == job for r in runs)
-    for run in runs:
-        for key in run.data.metrics:
-            steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
-            assert len(steps) == len(set(steps)), (run.info.run_name, key, steps)
+    assert res.runs_duplicated == res.rows_duplicated == res.runs_left_running == 0
     grpo = next(r for r in runs if r.info.run_name == "grpo-seed0")
     assert [m.step for m in client.get_metric_history(grpo.info.run_id, "success")] == [0, 1, 2]
     assert "final/success" in grpo.data.metrics
 
+    # the same job again: refused with settings, and once finished
+    refused = _sdar("run", "--local", "--root", str(root), "--resume", job, "--arms", "sdar")
+    assert refused.wait(60) != 0 and "continues the job with the settings it began with; drop arms" in refused.stdout.read()
     done = _sdar("run", "--local", "--root", str(root), "--resume", job)
     assert done.wait(120) != 0 and f"job {job} finished already" in done.stdout.read()

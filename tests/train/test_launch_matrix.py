@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -329,3 +330,33 @@ def test_a_batch_that_cannot_be_split_over_the_ranks_is_refused_at_start(tiny_ck
     assert "tasks_per_step=2 task groups cannot be split over 3 ranks" in text, text[-3000:]
     assert "sdar/train/trainer.py" not in text, text[-3000:]  # a message, not our traceback (torchrun prints its own)
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_a_sharded_checkpoint_cut_off_half_uploaded_is_never_taken_and_a_restart_resumes_from_the_last_whole_one(
+        references, s3_server, tmp_path):
+    """Several ranks, one checkpoint (issue 43.6): fsdp at 2 ranks through S3 (moto), and step 2's upload cut off
+    after rank 0's shard reached the bucket and before rank 1's (what a job stopped mid-upload leaves, in the order
+    write_checkpoint uploads: the shards, then `_COMPLETE.json`, then `latest.json`). That checkpoint is never taken:
+    the store's latest stays step 1, and a restart on a fresh pod (no local spool) at 1 rank resumes from step 1,
+    clears the half upload, and ends where the straight one-process run does."""
+    from sdar.storage import open_store
+    from sdar.train.checkpoint import COMPLETE_FILE, LATEST_MARKER, checkpoint_path, latest_checkpoint
+
+    uri = f"s3://{s3_server.make_bucket()}/run"
+    launch("trainjob", _overrides("grpo", False, 1, tmp_path / "pod-a", "fsdp", uri), 2)
+    store = open_store(uri)
+    marker_at_1 = store.read_text(LATEST_MARKER)
+    launch("trainjob", _overrides("grpo", False, 2, tmp_path / "pod-a", "fsdp", uri), 2)
+    cut = checkpoint_path(2)
+    assert {k.rsplit("/", 1)[-1] for k in store.list(f"{cut}/shards")} >= {"__0_0.distcp", "__1_0.distcp"}
+    store.delete(f"{cut}/shards/__1_0.distcp")  # rank 1's shard never arrived ...
+    store.delete(f"{cut}/{COMPLETE_FILE}")  # ... so neither did the manifest, nor the marker's move
+    store.write_text(LATEST_MARKER, marker_at_1)
+    assert store.list(f"{cut}/shards") and latest_checkpoint(store)[0] == 1
+
+    restart = launch("trainjob", _overrides("grpo", False, 2, tmp_path / "pod-b", "fsdp", uri), 1)
+    assert re.search(r"resumed from s3://\S+/step-000001 at step 1", restart.stderr), restart.stderr[-3000:]
+    assert latest_checkpoint(store)[0] == 2
+    assert {k.rsplit("/", 1)[-1] for k in store.list(f"{cut}/shards")} == {"__0_0.distcp", ".metadata"}
+    print("\n".join(assert_same_run(references("grpo", False), tmp_path / "pod-b", "half-uploaded-then-1-rank")))

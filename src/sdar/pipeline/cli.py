@@ -174,7 +174,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                                 verbose=args.verbose, parallelism=args.parallel, resume=args.resume, **settings)
     except JobError as exc:
         raise SystemExit(f"sdar run: {exc}") from None
-    return 0 if result["status"] == "SUCCEEDED" else 1
+    return 0 if result["status"] == "SUCCEEDED" else 5 if result.get("disk_full") else 1
 
 
 @_needs_the_dag

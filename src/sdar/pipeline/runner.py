@@ -186,6 +186,7 @@ def run_local(settings: RunSettings | None = None, *, quick: bool = False, root:
                                                  quiet=quiet, verbose=verbose)
     result = _local_result(s.experiment, parent.run_id, uri, error, seconds, view, log_dir, report_dir)
     result["resume_command"] = resume_command(root, job) if error else ""
+    result["disk_full"] = view is not None and view.disk_full is not None
     # the exit handler ended the parent run; make sure it is not left RUNNING if the runner itself failed
     from mlflow.tracking import MlflowClient
 
@@ -322,7 +323,8 @@ def _run_logged(pipeline, args: dict[str, Any], log_dir: Path, console, *, quiet
         warnings.filterwarnings("ignore", message=".*non-Python base image.*", category=RuntimeWarning)
         view = None
         if not verbose:  # one line per task on the console; each task's full log in its own file
-            view = stack.enter_context(TaskLog(log_dir, console, live=False if quiet else None))
+            # a full disk under the logs stops the run's tasks: it ends as a failed run that says why in one line
+            view = stack.enter_context(TaskLog(log_dir, console, live=False if quiet else None, on_disk_full=_stop_tasks))
             console.print(f"task logs: {log_dir}/", soft_wrap=True)
             # the runner logs to sys.stdout (its handler is made per run), so this takes it all
             stack.enter_context(contextlib.redirect_stdout(view))
@@ -330,6 +332,8 @@ def _run_logged(pipeline, args: dict[str, Any], log_dir: Path, console, *, quiet
             pipeline(**args)
         except RuntimeError as exc:  # a failed task; teardown already ran (exit handler)
             error = str(exc)
+    if view is not None and view.disk_full is not None:
+        return str(view.disk_full), view
     if view is not None and error:
         view.report_failures()
     return error, view

@@ -1,233 +1,35 @@
-"""A thin layer over MLflow for the trainer and the pipeline: runs, nested arm runs, resume, params, metrics.
-
-Default store: `sqlite:///<output_dir or cwd>/mlflow.db` (artifacts beside it) when MLFLOW_TRACKING_URI is unset.
-"""
+"""`Tracker`: one MLflow run as a context manager (nested arm runs, resume, outages waited out, a full local disk stopped at)."""
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import enum
 import json
 import logging
 import math
 import os
-import re
-import shutil
-import sqlite3
-import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sdar.retry import Outage
 from sdar.tags import PIPELINE_JOB_TAG
+from sdar.tracking.params import flatten_params, metric_value
+from sdar.tracking.store import (
+    ARTIFACTS_DIR,
+    NONFINITE_METRIC,
+    PARENT_TAG,
+    RESUME_TAG,
+    bridge_s3_endpoint,
+    get_or_create_experiment,
+    mlflow_client,
+    resolve_tracking_uri,
+    safe_name,
+    sqlite_path,
+)
 
 log = logging.getLogger(__name__)
-
-DB_NAME = "mlflow.db"
-# artifacts of the default SQLite store live in <db dir>/mlartifacts/<experiment>/<run_id>/artifacts
-ARTIFACTS_DIR = "mlartifacts"
-NONFINITE_METRIC = "tracking/nonfinite_metrics"
-PARENT_TAG = "mlflow.parentRunId"
-RESUME_TAG = "sdar.resume_count"
-# MLflow's limits (mlflow.utils.validation): per log_batch call and per param value / key
 _MAX_METRICS_PER_BATCH = 1000
 _MAX_PARAMS_PER_BATCH = 100
-_MAX_PARAM_CHARS = 6000
-_MAX_KEY_CHARS = 250
-
-
-def cache_dir() -> Path:
-    """sdar's cache directory (sdar_envs.base.cache_root: the one definition)."""
-    from sdar_envs.base import cache_root
-
-    return cache_root()
-
-
-def default_tracking_uri(output_dir: str | os.PathLike | None = None) -> str:
-    """MLFLOW_TRACKING_URI when set, else `sqlite:///<output_dir or cwd>/mlflow.db` (absolute)."""
-    if os.environ.get("MLFLOW_TRACKING_URI"):
-        return os.environ["MLFLOW_TRACKING_URI"]
-    root = Path(output_dir if output_dir is not None else os.getcwd()).expanduser().resolve()
-    return f"sqlite:///{root / DB_NAME}"
-
-
-def sqlite_path(tracking_uri: str) -> Path | None:
-    """The database file of a `sqlite:///...` URI, or None for any other URI."""
-    if not tracking_uri.startswith("sqlite:///"):
-        return None
-    return Path(tracking_uri[len("sqlite:///"):].split("?", 1)[0])
-
-
-def _schema_template() -> Path:
-    """An empty MLflow SQLite database at the current schema, built once per mlflow version.
-
-    Building runs all of MLflow's alembic migrations (5-10 s on a busy 2-core machine); copying the
-    template takes milliseconds, which matters for tests and for each fresh `output_dir`.
-    """
-    import mlflow
-    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-
-    cache = cache_dir()
-    template = cache / f"mlflow-{mlflow.__version__}-empty.db"
-    if template.is_file():
-        return template
-    cache.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".mlflow-template-", suffix=".db", dir=cache)
-    os.close(fd)
-    os.unlink(tmp)  # SQLAlchemy creates the file itself
-    try:
-        store = SqlAlchemyStore(f"sqlite:///{tmp}", default_artifact_root=str(cache / "unused-artifacts"))
-        store.engine.dispose()
-        os.replace(tmp, template)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-    return template
-
-
-def prepare_sqlite_store(db_path: str | os.PathLike) -> str:
-    """Create the SQLite MLflow database `db_path` if missing (from the schema template); returns its URI.
-
-    The 'Default' experiment of a new database stores artifacts in `<db dir>/mlartifacts/0`.
-    An existing database is left as it is (MLflow checks its schema when opened).
-    """
-    db_path = Path(db_path).expanduser().resolve()
-    uri = f"sqlite:///{db_path}"
-    if db_path.exists():
-        return uri
-    db_path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        template = _schema_template()
-    except OSError as exc:  # an unwritable cache: MLflow builds the schema in place instead
-        log.warning("no MLflow schema template (%s); MLflow will create %s itself", exc, db_path)
-        return uri
-    fd, tmp = tempfile.mkstemp(prefix=f".{db_path.name}.", dir=db_path.parent)
-    os.close(fd)
-    try:
-        shutil.copyfile(template, tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp made it 0600; a shared store must be readable by `mlflow ui`
-        default_artifacts = (db_path.parent / ARTIFACTS_DIR / "0").as_uri()
-        with contextlib.closing(sqlite3.connect(tmp)) as con, con:
-            con.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0", (default_artifacts,))
-        with contextlib.suppress(FileExistsError):  # another process created it first: keep theirs
-            os.link(tmp, db_path)
-    finally:
-        os.unlink(tmp)
-    return uri
-
-
-def resolve_tracking_uri(tracking_uri: str | None = None, output_dir: str | os.PathLike | None = None) -> str:
-    """The tracking URI to use (argument, else `default_tracking_uri`), with a SQLite file made ready."""
-    uri = tracking_uri or default_tracking_uri(output_dir)
-    path = sqlite_path(uri)
-    if path is not None:
-        prepare_sqlite_store(path)
-    return uri
-
-
-def _plain(value: Any) -> Any:
-    """A nested dict for dataclasses / pydantic models / mappings; the value itself otherwise."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
-    if hasattr(value, "model_dump") and callable(value.model_dump):
-        return value.model_dump()
-    return value
-
-
-def flatten_params(params: Any, max_chars: int = 500, prefix: str = "") -> dict[str, str]:
-    """`params` (mapping, dataclass, pydantic model, nested freely) as {'a.b.c': str}, values cut to max_chars.
-
-    Lists become JSON; a cut value ends with '...'; an empty nested mapping is kept as '{}'.
-    """
-    if not 4 <= max_chars <= _MAX_PARAM_CHARS:
-        raise ValueError(f"max_chars must be in [4, {_MAX_PARAM_CHARS}] (MLflow's limit), got {max_chars}")
-    out: dict[str, str] = {}
-
-    def text(v: Any) -> str:
-        if isinstance(v, enum.Enum):
-            v = v.value
-        if isinstance(v, (list, tuple, set, frozenset)):
-            seq = sorted(v, key=str) if isinstance(v, (set, frozenset)) else list(v)
-            return json.dumps([_plain(x) for x in seq], default=str)
-        return str(v)
-
-    def walk(obj: Any, key: str) -> None:
-        obj = _plain(obj)
-        if isinstance(obj, Mapping):
-            if not obj and key:
-                out[key] = "{}"
-            for k, v in obj.items():
-                walk(v, f"{key}.{k}" if key else str(k))
-            return
-        if not key:
-            raise TypeError(f"params must be a mapping or a dataclass, got {type(obj).__name__}")
-        if len(key) > _MAX_KEY_CHARS:
-            raise ValueError(f"param key {key[:60]!r}... is {len(key)} chars; MLflow allows {_MAX_KEY_CHARS}")
-        s = text(obj)
-        out[key] = s if len(s) <= max_chars else s[: max_chars - 3] + "..."
-
-    walk(params, prefix)
-    return out
-
-
-def _metric_value(key: str, value: Any) -> float:
-    if hasattr(value, "item") and callable(value.item):  # torch / numpy scalars
-        value = value.item()
-    if isinstance(value, (bool, int, float)):
-        return float(value)
-    raise TypeError(f"metric {key!r} has a non-numeric value {value!r} ({type(value).__name__}); log numbers only")
-
-
-def mlflow_client(tracking_uri: str):
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(tracking_uri=tracking_uri)
-
-
-def _reader(tracking_uri: str | None, output_dir: str | os.PathLike | None) -> tuple[str, Any]:
-    """(uri, client) for reading; a SQLite file that does not exist is an error, never created."""
-    uri = tracking_uri or default_tracking_uri(output_dir)
-    db = sqlite_path(uri)
-    if db is not None and not db.is_file():
-        raise LookupError(
-            f"no MLflow database at {db.resolve()}; runs are logged there by Tracker(output_dir=...) "
-            "(check MLFLOW_TRACKING_URI / output_dir)"
-        )
-    return uri, mlflow_client(uri)
-
-
-def _bridge_s3_endpoint() -> None:
-    # MLflow's S3 artifact store reads only MLFLOW_S3_ENDPOINT_URL; sdar's storage reads
-    # SDAR_S3_ENDPOINT_URL, so MinIO set up for one works for both
-    if os.environ.get("SDAR_S3_ENDPOINT_URL") and not os.environ.get("MLFLOW_S3_ENDPOINT_URL"):
-        os.environ["MLFLOW_S3_ENDPOINT_URL"] = os.environ["SDAR_S3_ENDPOINT_URL"]
-
-
-def _safe_name(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "experiment"
-
-
-def _get_or_create_experiment(client, name: str, artifact_location: str | None) -> str:
-    from mlflow.exceptions import MlflowException
-
-    exp = client.get_experiment_by_name(name)
-    if exp is None:
-        try:
-            return client.create_experiment(name, artifact_location=artifact_location)
-        except MlflowException:  # a parallel arm created it between our two calls
-            exp = client.get_experiment_by_name(name)
-            if exp is None:
-                raise
-    if exp.lifecycle_stage == "deleted":
-        log.warning("experiment %r was deleted; restoring it to log into it", name)
-        client.restore_experiment(exp.experiment_id)
-    return exp.experiment_id
 
 
 class Tracker:
@@ -297,7 +99,8 @@ class Tracker:
         from mlflow.exceptions import MlflowException
 
         self.tracking_uri = resolve_tracking_uri(self.tracking_uri, self.output_dir)
-        _bridge_s3_endpoint()
+        bridge_s3_endpoint()
+        logging.getLogger("mlflow.store.db.utils").addFilter(_quiet_when_disk_full)  # we say it in one line
         client = mlflow_client(self.tracking_uri)
         if self.resume_run_id:
             try:
@@ -332,8 +135,8 @@ class Tracker:
             location = self.artifact_location
             db = sqlite_path(self.tracking_uri)
             if location is None and db is not None:
-                location = (db.resolve().parent / ARTIFACTS_DIR / _safe_name(self.experiment)).as_uri()
-            self.experiment_id = _get_or_create_experiment(client, self.experiment, location)
+                location = (db.resolve().parent / ARTIFACTS_DIR / safe_name(self.experiment)).as_uri()
+            self.experiment_id = get_or_create_experiment(client, self.experiment, location)
             tags = dict(self.tags)
             if self.parent_run_id:
                 try:
@@ -383,8 +186,10 @@ class Tracker:
         try:
             fn(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - any failure of the tracking server: defer, never raise ...
-            full = self._local_disk_full(exc)
-            if full is not None and what != "end":  # ... but a full disk of a local store: stop, as a checkpoint would
+            full = self._local_disk_full(exc)  # ... but a full disk of a local store: stop, as a checkpoint would
+            if full is not None and what == "end":
+                return  # the run stays RUNNING: the rerun resumes it
+            if full is not None:
                 raise full from exc
             self.outage.failed(f"MLflow call {what} failed ({type(exc).__name__}: {str(exc)[:200]}); buffering calls "
                                f"until {self.tracking_uri} answers again")
@@ -502,7 +307,7 @@ class Tracker:
         for key, value in metrics.items():
             if (str(key), step) in self._logged:  # a resumed run replays this step exactly: logged already
                 continue
-            v = _metric_value(key, value)
+            v = metric_value(key, value)
             if math.isfinite(v):
                 batch.append(Metric(str(key), v, ts, step))
             else:
@@ -560,83 +365,8 @@ class Tracker:
         self._send("log_artifacts", client.log_artifacts, self.run_id, str(local_dir), artifact_path)
 
 
-def close_crashed_runs(experiment: str, tags: Mapping[str, str], *, tracking_uri: str | None = None,
-                       output_dir: str | os.PathLike | None = None, status: str = "KILLED") -> list[str]:
-    """Mark RUNNING runs of `experiment` carrying all of `tags` as `status`: runs whose process died before
-    it could end them (a kill before the first checkpoint leaves nothing to resume them from). Call it only
-    while holding what makes such a run yours (the trainer's output-directory lock). Returns their ids."""
-    try:
-        uri, client = _reader(tracking_uri, output_dir)
-    except LookupError:  # no store yet: nothing can have crashed in it
-        return []
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        return []
-    query = " and ".join(["attributes.status = 'RUNNING'"] + [f"tags.`{k}` = '{v}'" for k, v in tags.items()])
-    runs = client.search_runs([exp.experiment_id], filter_string=query)
-    for run in runs:
-        client.set_terminated(run.info.run_id, status=status)
-        client.set_tag(run.info.run_id, "sdar.closed_by", "next start in the same output directory")
-    return [r.info.run_id for r in runs]
+def _quiet_when_disk_full(record: logging.LogRecord) -> bool:
+    """Drop MLflow's SQLAlchemy-store traceback of a full disk: the Tracker ends the run with one line naming it."""
+    from sdar.storage import is_disk_full
 
-
-
-@dataclass
-class RunRecord:
-    """One run as `find_runs` returns it: ids, status and the latest value of each metric."""
-
-    run_id: str
-    run_name: str
-    status: str
-    parent_run_id: str | None = None
-    start_time: int | None = None  # ms since epoch
-    end_time: int | None = None
-    params: dict[str, str] = field(default_factory=dict)
-    metrics: dict[str, float] = field(default_factory=dict)
-    tags: dict[str, str] = field(default_factory=dict)
-
-
-def find_runs(
-    experiment: str,
-    filter_string: str = "",
-    *,
-    tracking_uri: str | None = None,
-    output_dir: str | os.PathLike | None = None,
-    order_by: list[str] | None = None,
-    max_results: int = 10_000,
-) -> list[RunRecord]:
-    """Runs of `experiment` matching an MLflow filter (e.g. "tags.mlflow.parentRunId = 'abc'"
-    or "params.arm = 'sdar'"), newest first unless `order_by` says otherwise."""
-    uri, client = _reader(tracking_uri, output_dir)
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        raise LookupError(
-            f"experiment {experiment!r} not found in {uri}; runs are created by Tracker(experiment={experiment!r}) "
-            "(check MLFLOW_TRACKING_URI / output_dir)"
-        )
-    out: list[RunRecord] = []
-    token = None
-    while len(out) < max_results:
-        page = client.search_runs(
-            [exp.experiment_id], filter_string, max_results=min(1000, max_results - len(out)),
-            order_by=order_by, page_token=token,
-        )
-        for run in page:
-            out.append(RunRecord(
-                run_id=run.info.run_id, run_name=run.info.run_name, status=run.info.status,
-                parent_run_id=run.data.tags.get(PARENT_TAG), start_time=run.info.start_time,
-                end_time=run.info.end_time, params=dict(run.data.params), metrics=dict(run.data.metrics),
-                tags=dict(run.data.tags),
-            ))
-        token = page.token
-        if not token:
-            break
-    return out
-
-
-def metric_history(
-    run_id: str, key: str, *, tracking_uri: str | None = None, output_dir: str | os.PathLike | None = None
-) -> list[tuple[int, float]]:
-    """(step, value) of every logged value of metric `key` in a run, by step (for curves in reports)."""
-    _, client = _reader(tracking_uri, output_dir)
-    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+    return not (record.exc_info and record.exc_info[1] is not None and is_disk_full(record.exc_info[1]))
