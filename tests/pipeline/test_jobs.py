@@ -89,3 +89,28 @@ def test_one_runner_per_job_and_unknown_jobs_are_named(tmp_path):
         assert other.returncode != 0 and f"job job-a is being run by another process (pid {os.getpid()})" in other.stderr
     with job_lock(root, "job-a"):  # released with the run: the next one takes it
         pass
+
+
+def test_one_checkpoint_uri_for_a_run_gives_each_job_and_arm_its_own_prefix(tmp_path, monkeypatch):
+    """`--set checkpoint.uri=s3://bucket/prefix` (or the pipeline's checkpoint_root) is a root: two jobs of two arms
+    each checkpoint under <root>/<job>/<arm>-seed<s>, never into one another's (issue 43.4)."""
+    from sdar.pipeline import steps
+
+    seen = []
+
+    def fake_train(config_path, ov, labels):  # what the arm would train with; no training here
+        seen.append(ov["checkpoint.uri"])
+        final = tmp_path / "final" / str(len(seen))
+        final.mkdir(parents=True)
+        (final / "adapter.bin").write_text("w")
+        return {"final_dir": str(final), "steps": 1, "history": [], "run_id": "", "output_dir": str(final.parent)}
+
+    monkeypatch.setattr(steps, "_train", fake_train)
+    monkeypatch.delenv(JOB_ENV, raising=False)
+    for job in ("job-a", "job-b"):
+        for arm in ("grpo", "sdar"):
+            steps.train_arm(arm, 0, "configs/household-tiny.yaml", json.dumps({"checkpoint.uri": "s3://b/runs/"}), job,
+                            str(tmp_path / job / arm / "ck"), str(tmp_path / job / arm / "h.json"), tracking=False,
+                            output_root=str(tmp_path / "out"))
+    assert seen == ["s3://b/runs/job-a/grpo-seed0", "s3://b/runs/job-a/sdar-seed0", "s3://b/runs/job-b/grpo-seed0",
+                    "s3://b/runs/job-b/sdar-seed0"]

@@ -299,7 +299,8 @@ def train_arm(arm: str, seed: int, config_path: str, overrides: str, job_id: str
     parent_run_id makes this run an MLflow child of the pipeline's run.
     output_root: run directory root (<output_root>/<job_id>/<arm>-seed<seed>); a retried step resumes
     from its latest checkpoint there. checkpoint_root: put checkpoints under this URI instead
-    (s3://bucket/prefix on a cluster). checkpoint_dir: gets a copy of the final policy (LoRA adapter +
+    (s3://bucket/prefix on a cluster), at <checkpoint_root>/<job_id>/<arm>-seed<seed>; a `checkpoint.uri` in
+    `overrides` is taken as such a root too. checkpoint_dir: gets a copy of the final policy (LoRA adapter +
     tokenizer); history_path: JSON {arm, seed, run_id, steps, train_seconds, output_dir, history}.
     pairs: teacher_replay's DPO pairs file (Composer channel 3), added to the first step's loss of an arm
     with a replay weight; pairs_accounting (its metadata: the pool's accounting) is logged to this arm's
@@ -325,8 +326,11 @@ def train_arm(arm: str, seed: int, config_path: str, overrides: str, job_id: str
         extra["parent_run_id"] = info["parent_run_id"]
     if pairs:
         extra["replay.pairs_path"] = pairs
-    if checkpoint_root:
-        extra["checkpoint.uri"] = f"{checkpoint_root.rstrip('/')}/{job_id}/{name}"
+    # checkpoint_root, else a checkpoint.uri of the run's overrides, is a root: each job and arm gets its own prefix
+    # under it (one uri for every arm, or for two runs, would have each resume from the others' checkpoints)
+    root = checkpoint_root or str(step_overrides(overrides).get("checkpoint.uri") or "")
+    if root:
+        extra["checkpoint.uri"] = f"{root.rstrip('/')}/{job_id}/{name}"
     ov = step_overrides(overrides, arm=arm, seed=int(seed), tracking=tracking, output_dir=str(Path(output_root) / job_id / name),
                         family=family, model=model, url=info.get("url", ""), extra=extra,
                         sizes={"steps": steps, "group_size": group_size, "tasks_per_step": tasks_per_step,
