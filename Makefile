@@ -86,6 +86,16 @@ install: $(STAMP) browser
 test: $(STAMP) browser
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# two pipeline runs at once on the store k8s/ deploys (mlflow server over PostgreSQL, artifacts in S3): not part of
+# `make test` (about 4 minutes on 2 cores, and PostgreSQL from apt); installs Debian's postgresql as root or with sudo
+.PHONY: test-postgres
+test-postgres: $(STAMP)
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get install -y -q postgresql >/dev/null; \
+	  elif sudo -n true 2>/dev/null; then sudo apt-get install -y -q postgresql >/dev/null; \
+	  else echo "PostgreSQL is needed: apt-get install postgresql (as root), then rerun make test-postgres"; exit 1; fi; }
+	$(PY) -m pytest tests/pipeline/test_shared_stores.py $(PYTEST_ARGS)
+
 demo: $(STAMP)
 	$(VENV)/bin/sdar demo --mode $(DEMO)
 

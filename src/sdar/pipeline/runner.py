@@ -133,7 +133,8 @@ def run_local(settings: RunSettings | None = None, *, quick: bool = False, root:
 
     settings: sizes and arms (default: `RunSettings.quick()` when quick, else the config's sizes).
     root: pipeline_root of the runner; run outputs, the MLflow store (mlflow.db, unless
-    tracking_uri or MLFLOW_TRACKING_URI names another) and reports/<stamp>/ go under it.
+    tracking_uri or MLFLOW_TRACKING_URI names another) and reports/<stamp>/ go under it (<stamp>: the time and
+    the job's random part, so two runs at once on one root never share a folder).
     The console shows one line per pipeline task (a live table on a terminal: name, state, seconds, and
     the step and success of training tasks); the whole runner log goes to <root>/logs/<stamp>/pipeline.log
     and each task's to <root>/logs/<stamp>/<task>.log, and a failed task's log is printed with its path.
@@ -160,7 +161,8 @@ def run_local(settings: RunSettings | None = None, *, quick: bool = False, root:
         uri = resolve_tracking_uri(asked_uri or f"sqlite:///{root / 'mlflow.db'}")
     job = resume or new_job_id()
     cfg_path = config_file(s.config_path)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
+    # <stamp>-<the job's random part>: two runs started in one second on one root keep their logs and reports apart
+    stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{job.rsplit('-', 1)[-1]}"
     report_dir, log_dir = root / "reports" / stamp, root / "logs" / stamp
     args = {**s.arguments(), "config_path": str(cfg_path), "tracking_uri": uri, "output_root": str(root / "outputs"),
             "report_dir": str(report_dir)}
