@@ -43,6 +43,10 @@ class TrainConfig:
                 "{seed} are filled in."})
     tracking: bool = field(default=True, metadata={
         "help": "Log to MLflow (SQLite under output_dir unless MLFLOW_TRACKING_URI is set)."})
+    report_to: list[str] = field(default_factory=lambda: ["mlflow"], metadata={
+        "help": "Where the numbers go besides the console (TRL's report_to): any of mlflow (when tracking is on), "
+                "jsonl (<output_dir>/metrics.jsonl) and tensorboard (<output_dir>/tensorboard; pip install "
+                "'sdar[tensorboard]')."})
     parent_run_id: str | None = field(default=None, metadata={"help": "MLflow parent run (the pipeline's run)."})
     device: str = field(default="auto", metadata={
         "help": "Where the policy runs when not under torchrun (which puts rank r on cuda:LOCAL_RANK): auto = the "
@@ -87,6 +91,13 @@ class TrainConfig:
         for key, (value, valid) in choices.items():
             if value not in valid:
                 raise ValueError(f"{key}={value!r} is not one of {', '.join(valid)}")
+        if isinstance(self.report_to, str):  # --set report_to=jsonl
+            self.report_to = [self.report_to]
+        from sdar.tracking.loggers import REPORT_TO
+
+        if unknown := [r for r in self.report_to if r not in REPORT_TO]:
+            raise ValueError(f"report_to={self.report_to!r}: {', '.join(map(repr, unknown))} is not one of "
+                             f"{', '.join(REPORT_TO)}")
         if not (isinstance(self.scoring.packed, bool) or self.scoring.packed == "auto"):
             raise ValueError(f"scoring.packed={self.scoring.packed!r} is not one of true, false, auto")
         # every command that reads it samples or scores at it (sdar eval's teacher gap too); evaluation

@@ -41,7 +41,8 @@ HISTORY_KEYS = (
 )
 RESULT_VERSION = 1
 # settings that do not change what a run computes: a result made under other values is still valid
-_NOT_IDENTITY = ("steps", "output_dir", "experiment", "parent_run_id", "tracking", "checkpoint_uri", "eval_every",
+_NOT_IDENTITY = ("steps", "output_dir", "experiment", "parent_run_id", "tracking", "report_to", "checkpoint_uri",
+                 "eval_every",
                  "checkpoint_every",
                  # a speed-up whose on/off runs give the same samples and statistics (tests/train/test_reference_parity.py);
                  # the older speed-up flags stay in: the committed results' fingerprints were taken with them

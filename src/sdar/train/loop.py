@@ -35,12 +35,13 @@ def run(trainer) -> dict[str, Any]:
 
 
 def _tracker(trainer):
-    """The arm's MLflow run (rank 0; the other ranks' tracker is off): the resumed run's own when the checkpoint
-    names one, after marking runs of this output directory that died before their first checkpoint as KILLED."""
+    """The arm's loggers (`report_to`; rank 0's, the other ranks' are off): its MLflow run, the resumed run's own when
+    the checkpoint names one, after marking runs of this output directory that died before their first checkpoint as
+    KILLED; and the JSON-lines and TensorBoard loggers when asked for."""
     from sdar.tracking import Tracker, close_crashed_runs
 
     cfg, main = trainer.cfg, trainer.dist.is_main
-    tracking = None if cfg.tracking and main else False
+    tracking = None if cfg.tracking and "mlflow" in cfg.report_to and main else False
     tags = {"arm": trainer.arm.name, "family": cfg.env.family, "sdar.output_dir": str(trainer.out.resolve())}
     if trainer.run_id is None and main and Tracker(cfg.experiment, enabled=tracking).enabled:
         # a run killed before its first checkpoint left its MLflow run RUNNING: nothing resumes it
@@ -49,9 +50,13 @@ def _tracker(trainer):
         if crashed:
             trainer.console.print(f"marked {len(crashed)} earlier run(s) in {trainer.out} that died before their "
                                   f"first checkpoint as KILLED: {', '.join(crashed)}")
-    return Tracker(cfg.experiment, run_name=f"{trainer.arm.name}-seed{cfg.seed}", parent_run_id=cfg.parent_run_id,
-                   tags=tags, resume_run_id=trainer.run_id, resume_step=trainer.step, enabled=tracking,
-                   output_dir=str(trainer.out))
+    from sdar.tracking.loggers import RunLoggers, make_loggers
+
+    mlflow = Tracker(cfg.experiment, run_name=f"{trainer.arm.name}-seed{cfg.seed}", parent_run_id=cfg.parent_run_id,
+                     tags=tags, resume_run_id=trainer.run_id, resume_step=trainer.step,
+                     enabled=tracking, output_dir=str(trainer.out))
+    # the others of report_to (rank 0's alone), each dropping what it holds from the step this run resumes at
+    return RunLoggers(mlflow, make_loggers(cfg.report_to, trainer.out, trainer.step) if main else [])
 
 
 def _steps(trainer, tracker) -> dict[str, Any]:
