@@ -7,8 +7,18 @@ satisfy; tests/pipeline/test_local_run.py checks that a real pipeline run satisf
 from __future__ import annotations
 
 from sdar.eval.compare import ArmRun, log_view_metrics
-from sdar.mlflow_view import (EXPERIMENT_KIND_TAG, HELD_OUT, JOB_TAG, RUN_COLOR_TAG, TRAINING_KIND, VIEW_TAG_PREFIX,
-                              WARM_START, arm_color, view_key, view_runs)
+from sdar.tags import PIPELINE_JOB_TAG
+from sdar.tracking.view import (
+    EXPERIMENT_KIND_TAG,
+    HELD_OUT,
+    RUN_COLOR_TAG,
+    TRAINING_KIND,
+    VIEW_TAG_PREFIX,
+    WARM_START,
+    arm_color,
+    view_key,
+    view_runs,
+)
 
 
 def _evaluation(arm: str, seed: int, wins: list[int], run_id: str = "") -> dict:
@@ -65,6 +75,6 @@ def check_view(uri: str, job: str, arms: list[str], seeds: list[int]) -> list:
     want = sorted([f"{WARM_START}-seed{s}" for s in seeds] + [f"{a}-seed{s}" for a in arms for s in seeds])
     assert sorted(r.info.run_name for r in shown) == want
     for r in shown:
-        assert r.data.tags[JOB_TAG] == job and r.data.tags[RUN_COLOR_TAG] == arm_color(r.data.tags["arm"])
+        assert r.data.tags[PIPELINE_JOB_TAG] == job and r.data.tags[RUN_COLOR_TAG] == arm_color(r.data.tags["arm"])
         assert HELD_OUT in r.data.metrics, r.info.run_name
     return shown

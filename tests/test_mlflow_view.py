@@ -18,7 +18,7 @@ CONFIG = str(Path(__file__).resolve().parents[1] / "configs" / "household-tiny.y
 def test_the_view_is_saved_on_the_server_and_named_by_the_url(mlflow_uri):
     from mlflow.tracking import MlflowClient
 
-    from sdar.mlflow_view import VIEW_TAG_PREFIX, arm_color, view_key, view_state, view_url
+    from sdar.tracking.view import VIEW_TAG_PREFIX, arm_color, view_key, view_state, view_url
 
     build_comparison_store(mlflow_uri, "job-1", ["grpo", "grpo_opsd", "sdar"], [0, 1])
     shown = check_view(mlflow_uri, "job-1", ["grpo", "grpo_opsd", "sdar"], [0, 1])
@@ -100,7 +100,7 @@ def test_sdar_ui_prints_the_url_of_the_newest_comparison_in_a_root(tmp_path, cap
 def test_sdar_submit_saves_the_runs_view_before_the_run_logs_and_prints_its_url(mlflow_uri, capsys, monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    from sdar.mlflow_view import VIEW_TAG_PREFIX, view_key
+    from sdar.tracking.view import VIEW_TAG_PREFIX, view_key
     from sdar.pipeline.cli import _print_view
 
     _print_view("kfp-run-1", mlflow_uri, None)  # what `sdar submit --mlflow-url` does after submitting run kfp-run-1
@@ -120,7 +120,7 @@ def test_sdar_submit_prints_the_view_in_the_experiment_the_compiled_pipeline_log
     from mlflow.tracking import MlflowClient
 
     from sdar.cli import main
-    from sdar.mlflow_view import VIEW_TAG_PREFIX, view_key
+    from sdar.tracking.view import VIEW_TAG_PREFIX, view_key
     from sdar.pipeline import runner
 
     ir = tmp_path / "pipeline.yaml"

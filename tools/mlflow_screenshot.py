@@ -3,7 +3,7 @@ shows in a browser that has never seen MLflow.
 
 Starts `mlflow server` on 127.0.0.1 over a comparison's store (the demo's runs/kfp-local/mlflow.db by default),
 opens the view of its newest pipeline job (or --job) in headless Chromium with a fresh profile, the way
-tests/integration/test_mlflow_ui.py does (sdar.mlflow_ui.render), and saves docs/images/mlflow-comparison.png.
+tests/integration/test_mlflow_ui.py does (sdar.tracking.ui.render), and saves docs/images/mlflow-comparison.png.
 Usage:
     python tools/mlflow_screenshot.py [--store runs/kfp-local/mlflow.db] [--out docs/images/mlflow-comparison.png]
 """
@@ -16,8 +16,8 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sdar.mlflow_ui import comparison_view, render, serve
-    from sdar.mlflow_view import view_runs, view_url
+    from sdar.tracking.ui import comparison_view, render, serve
+    from sdar.tracking.view import view_runs, view_url
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--store", default="runs/kfp-local/mlflow.db", help="MLflow store: a SQLite file or a URI")

@@ -15,7 +15,7 @@ _COMMAND_MODULES = (
     "sdar.train.cli",
     "sdar.replay.cli",
     "sdar.pipeline.cli",
-    "sdar.mlflow_ui",
+    "sdar.tracking.ui",
     "sdar.sizing.cli",
     "sdar.study.cli",
     "sdar.config_cli",

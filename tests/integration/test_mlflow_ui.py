@@ -15,7 +15,7 @@ GENAI_ONLY = ("Token Usage", "Detect Issues", "Tool calls")  # the GenAI overvie
 
 
 def test_the_printed_url_opens_the_arms_side_by_side_in_a_fresh_browser(tmp_path, mlflow_uri):
-    from sdar.mlflow_ui import comparison_url, render, serve
+    from sdar.tracking.ui import comparison_url, render, serve
 
     build_comparison_store(mlflow_uri, "job-ui", ARMS, [0])
     names = [f"{a}-seed0" for a in ARMS] + ["warm-start-seed0"]
@@ -46,7 +46,7 @@ def test_a_tracking_servers_comparison_url_is_on_that_server(tmp_path, mlflow_ur
 
     from rich.console import Console
 
-    from sdar.mlflow_ui import serve
+    from sdar.tracking.ui import serve
     from sdar.pipeline.runner import _print_summary, _view
 
     info = build_comparison_store(mlflow_uri, "job-remote", ARMS, [0])

@@ -269,7 +269,7 @@ def plot_comparison(runs: list[ArmRun], path: str | Path, baseline: dict[str, An
     by_arm: dict[str, list[ArmRun]] = defaultdict(list)
     for r in runs:
         by_arm[r.arm].append(r)
-    from sdar.mlflow_view import WARM_START, arm_color
+    from sdar.tracking.view import WARM_START, arm_color
 
     fig, (ax_s, ax_g) = plt.subplots(1, 2, figsize=(12, 4.5))
     last_step = 0
@@ -363,11 +363,10 @@ def log_to_run(run_id: str, metrics: dict[str, float], *, files: dict[str, Path]
     import time
 
     from mlflow.entities import Metric
-    from mlflow.tracking import MlflowClient
 
-    from sdar.tracking import resolve_tracking_uri
+    from sdar.tracking import mlflow_client, resolve_tracking_uri
 
-    client = MlflowClient(tracking_uri=resolve_tracking_uri(tracking_uri))
+    client = mlflow_client(resolve_tracking_uri(tracking_uri))
     ts = int(time.time() * 1000)
     batch = [Metric(k, float(v), ts, step) for k, v in metrics.items() if v is not None and math.isfinite(float(v))]
     for i in range(0, len(batch), 1000):
@@ -390,34 +389,32 @@ def log_comparison(comparison: Comparison, *, parent_run_id: str, tracking_uri: 
     """Attach the table, plot and JSON to the pipeline's MLflow parent run (under comparison/),
     with per-arm metrics (`compare/<arm>/success`, ...); with the arm runs (and the baseline step's result), log
     the view's metrics into every run the comparison's MLflow view shows (`log_view_metrics`) and save the view
-    on the parent's experiment again (sdar.mlflow_view.publish_view: the same view, whoever wrote it first)."""
+    on the parent's experiment again (sdar.tracking.view.publish_view: the same view, whoever wrote it first)."""
     log_to_run(parent_run_id, {f"compare/{k}": v for k, v in comparison.metrics().items()},
                files={p.name: p for p in (comparison.table_path, comparison.plot_path, comparison.json_path)},
                artifact_path="comparison", tracking_uri=tracking_uri)
     if runs is not None:
         log_view_metrics(runs, baseline, tracking_uri=tracking_uri)
-    from mlflow.tracking import MlflowClient
-
-    from sdar.mlflow_view import JOB_TAG, publish_view
-    from sdar.tracking import resolve_tracking_uri
+    from sdar.tags import PIPELINE_JOB_TAG
+    from sdar.tracking import mlflow_client, resolve_tracking_uri
+    from sdar.tracking.view import publish_view
 
     uri = resolve_tracking_uri(tracking_uri)
-    parent = MlflowClient(tracking_uri=uri).get_run(parent_run_id)
-    if parent.data.tags.get(JOB_TAG):
-        publish_view(uri, parent.info.experiment_id, parent.data.tags[JOB_TAG])
+    parent = mlflow_client(uri).get_run(parent_run_id)
+    if parent.data.tags.get(PIPELINE_JOB_TAG):
+        publish_view(uri, parent.info.experiment_id, parent.data.tags[PIPELINE_JOB_TAG])
 
 
 def log_view_metrics(runs: list[ArmRun], baseline: dict[str, Any] | None, *, tracking_uri: str | None = None) -> int:
-    """The comparison view's metrics (sdar.mlflow_view.CHARTS) in each arm run and each seed's warm-start run:
+    """The comparison view's metrics (sdar.tracking.view.CHARTS) in each arm run and each seed's warm-start run:
     held-out success (and an arm's paired difference from its own warm start) at step 0, and per step the
     training success, gap, gate and distillation weight (`computed`, per seed). Returns the runs written."""
     from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
 
-    from sdar.mlflow_view import DISTILL_WEIGHT, GAP, GATE, HELD_OUT, TRAIN_SUCCESS, VS_WARM_START
-    from sdar.tracking import resolve_tracking_uri
+    from sdar.tracking import mlflow_client, resolve_tracking_uri
+    from sdar.tracking.view import DISTILL_WEIGHT, GAP, GATE, HELD_OUT, TRAIN_SUCCESS, VS_WARM_START
 
-    client = MlflowClient(tracking_uri=resolve_tracking_uri(tracking_uri))
+    client = mlflow_client(resolve_tracking_uri(tracking_uri))
 
     def exists(run_id: str | None) -> bool:
         if not run_id:

@@ -38,11 +38,24 @@ import os
 from typing import Any
 
 from sdar.kube import api_message, kube_client
-from sdar.launch.job import (JobKind, collect_result, job_namespace, procs_per_node, require_s3, sigterm_raises,
-                             train_args)
+from sdar.launch.job import (
+    JobKind,
+    collect_result,
+    job_namespace,
+    procs_per_node,
+    require_s3,
+    sigterm_raises,
+    train_args,
+)
 from sdar.launch.job import delete_labelled as delete_jobs
-from sdar.launch.pods import (container_security_context, empty_dirs, output_scratch, pod_security_context,
-                              shm_volume, writable_dirs)
+from sdar.launch.pods import (
+    container_security_context,
+    empty_dirs,
+    output_scratch,
+    pod_security_context,
+    shm_volume,
+    writable_dirs,
+)
 from sdar.launch.secrets import secret_env, teacher_vars
 
 # The Kubeflow Trainer release the TrainJob is built for, validated against (its kubeflow-trainer-api models) and
@@ -248,9 +261,9 @@ class StatusLog:
 
     def _mlflow(self, call) -> None:
         try:
-            from mlflow.tracking import MlflowClient
+            from sdar.tracking import mlflow_client
 
-            call(MlflowClient(tracking_uri=os.environ.get("MLFLOW_TRACKING_URI")))
+            call(mlflow_client(os.environ.get("MLFLOW_TRACKING_URI")))
         except Exception as exc:  # noqa: BLE001 - the job matters more than its record; say it once
             print(f"(could not log the TrainJob's status to MLflow: {exc}; the step's log has it)", flush=True)
             self.run_id = None

@@ -179,9 +179,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 @_needs_the_dag
 def _cmd_submit(args: argparse.Namespace) -> int:
-    from sdar.pipeline.runner import submit
-
     import json
+
+    from sdar.pipeline.runner import submit
 
     arguments = dict(args.arg or [])
     if args.set:  # on top of the run's --arg overrides, else of the compiled pipeline's default
@@ -221,12 +221,11 @@ def _print_view(job: str, mlflow_url: str | None, experiment: str | None) -> Non
         print(f"the comparison in MLflow: sdar ui --tracking-uri MLFLOW_URL --job {job}  (prints its URL; or pass "
               "--mlflow-url to sdar submit)")
         return
-    from mlflow.tracking import MlflowClient
-
-    from sdar.mlflow_view import publish_view, view_url
+    from sdar.tracking import mlflow_client
+    from sdar.tracking.view import publish_view, view_url
 
     name = experiment or DEFAULT_EXPERIMENT
-    client = MlflowClient(tracking_uri=url)
+    client = mlflow_client(url)
     try:
         exp = client.get_experiment_by_name(name)
         exp_id = exp.experiment_id if exp is not None else client.create_experiment(name)

@@ -120,8 +120,8 @@ def log_warm_start(info: Mapping[str, Any], result: Mapping[str, Any], tracking_
     """The warm start of one seed as an MLflow run nested under the pipeline's parent run (`warm-start-seed<s>`,
     arm tag `warm-start`, the job's id inherited from the parent): its held-out numbers as `final/*`, the
     reference bar of the comparison's view. Returns its run id."""
-    from sdar.mlflow_view import WARM_START
     from sdar.tracking import Tracker
+    from sdar.tracking.view import WARM_START
 
     with Tracker(info.get("experiment") or "sdar-comparison", run_name=f"{WARM_START}-seed{result['seed']}",
                  parent_run_id=info["parent_run_id"], tracking_uri=tracking_uri,

@@ -10,7 +10,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sdar.tracking import PARENT_TAG, PIPELINE_JOB_TAG, Tracker, mlflow_client, default_tracking_uri, resolve_tracking_uri
+from sdar.tracking import (
+    PARENT_TAG,
+    PIPELINE_JOB_TAG,
+    Tracker,
+    default_tracking_uri,
+    mlflow_client,
+    resolve_tracking_uri,
+)
 
 KFP_MLFLOW_ENV = "SDAR_KFP_MLFLOW"  # auto (default) | on | off: attach to the run KFP's MLflow integration opened
 OWNER_TAG = "sdar.parent_owner"  # "kfp" on a pipeline parent run that KFP opened and closes itself
@@ -74,10 +81,10 @@ def open_pipeline_run(experiment: str, job_id: str, family: str, *, tracking_uri
     """The pipeline's MLflow parent run, tagged with its job id: `parent_run_id` resumed, KFP's own pipeline run
     when its MLflow integration opened one (`kfp_mlflow_run`: then no second parent run is made, and KFP closes
     it), or a new run named `run_name` (default comparison-<job id>) with `params`. Its experiment gets the job's
-    view (sdar.mlflow_view.publish_view: the URL `sdar ui` prints opens it). Left RUNNING on purpose:
+    view (sdar.tracking.view.publish_view: the URL `sdar ui` prints opens it). Left RUNNING on purpose:
     close_pipeline_runs ends it with the pipeline's final state. Returns (run id, tracking URI); the run's
     experiment is `pipeline_run_experiment(run id, uri)` (KFP's may differ from `experiment`)."""
-    from sdar.mlflow_view import publish_view
+    from sdar.tracking.view import publish_view
 
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(output_root)
     tags = {PIPELINE_JOB_TAG: job_id, "sdar.kind": "pipeline", "family": family}

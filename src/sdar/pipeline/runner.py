@@ -190,12 +190,11 @@ def run_local(settings: RunSettings | None = None, *, quick: bool = False, root:
     result["resume_command"] = resume_command(root, job) if error else ""
     result["disk_full"] = view is not None and view.disk_full is not None
     # the exit handler ended the parent run; make sure it is not left RUNNING if the runner itself failed
-    from mlflow.tracking import MlflowClient
-
     from sdar.eval.compare import log_to_run
+    from sdar.tracking import mlflow_client
 
     log_to_run(parent.run_id, {"pipeline/seconds": seconds}, tracking_uri=uri)
-    if MlflowClient(tracking_uri=uri).get_run(parent.run_id).info.status == "RUNNING":
+    if mlflow_client(uri).get_run(parent.run_id).info.status == "RUNNING":
         parent.end("FAILED" if error else "FINISHED")
     _print_summary(console, result, uri)
     return result
@@ -240,10 +239,9 @@ def resume_command(root: Path, job: str) -> str:
 def _resumed(root: Path, job: str, settings: RunSettings | None, asked_uri: str | None):
     """(settings, quick, tracking URI, parent run id) of the unfinished job `job`; JobError when it cannot go on."""
     from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
 
     from sdar.pipeline.jobs import JobError, read_job
-    from sdar.tracking import resolve_tracking_uri
+    from sdar.tracking import mlflow_client, resolve_tracking_uri
 
     if settings is not None:
         raise JobError(f"job {job} continues with the settings it began with; pass no settings with resume")
@@ -253,7 +251,7 @@ def _resumed(root: Path, job: str, settings: RunSettings | None, asked_uri: str 
         raise JobError(f"job {job} logs to {uri}, not {asked_uri} (MLFLOW_TRACKING_URI or --tracking-uri): "
                        "unset it, or set it to the job's store")
     try:
-        parent = MlflowClient(tracking_uri=uri).get_run(saved["parent_run_id"])
+        parent = mlflow_client(uri).get_run(saved["parent_run_id"])
     except MlflowException as exc:
         raise JobError(f"job {job}'s MLflow parent run {saved['parent_run_id']} is not in {uri}: {exc}") from None
     if parent.info.status == "FINISHED":
@@ -275,16 +273,16 @@ def _stop_run(console, output_root: str, parent_run_id: str, uri: str, why: Base
     """The runner was ended by a signal (or Ctrl-C): stop its task processes and the env servers it started, mark its
     MLflow runs that are still open KILLED, and say so in one line."""
     from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
 
     from sdar.env_service import local as local_envs
+    from sdar.tracking import mlflow_client
 
     _stop_tasks()  # any left: Ctrl-C has no handler of ours, and a task may have started since the signal
     tasks = _STOPPED["tasks"]
     servers = local_envs.stop_runner_servers(output_root, os.getpid())
     closed = 0
     try:
-        client = MlflowClient(tracking_uri=uri)
+        client = mlflow_client(uri)
         parent = client.get_run(parent_run_id)
         runs = [parent, *client.search_runs([parent.info.experiment_id],
                                             f"tags.`mlflow.parentRunId` = '{parent_run_id}'")]
@@ -378,12 +376,12 @@ def _local_result(experiment: str, parent_run_id: str, uri: str, error: str | No
 
 def _view(uri: str, parent_run_id: str, root: Path, port: int = 5000) -> dict[str, str]:
     """The comparison's MLflow view of this run: the `sdar ui` command that serves the store and the URL it opens."""
-    from mlflow.tracking import MlflowClient
+    from sdar.tags import PIPELINE_JOB_TAG
+    from sdar.tracking import mlflow_client
+    from sdar.tracking.view import publish_view, view_url
 
-    from sdar.mlflow_view import JOB_TAG, publish_view, view_url
-
-    parent = MlflowClient(tracking_uri=uri).get_run(parent_run_id)
-    job = parent.data.tags.get(JOB_TAG) or parent_run_id  # no job tag: launch_envs never ran
+    parent = mlflow_client(uri).get_run(parent_run_id)
+    job = parent.data.tags.get(PIPELINE_JOB_TAG) or parent_run_id  # no job tag: launch_envs never ran
     publish_view(uri, parent.info.experiment_id, job)
     default_root = Path("runs/kfp-local").resolve() == root
     command = "sdar ui" + ("" if default_root else f" --root {root}") + (f" --job {job}" if job else "")

@@ -9,7 +9,14 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from sdar.config.secrets import MLFLOW_KEYS, MLFLOW_SECRET, S3_KEYS, S3_SECRET, TEACHER_KEYS, TEACHER_SECRET
+from sdar.config.secrets import (
+    MLFLOW_KEYS,
+    MLFLOW_SECRET,
+    S3_KEYS,
+    S3_SECRET,
+    TEACHER_KEYS,
+    TEACHER_SECRET,
+)
 
 PIPELINE_NAME = "sdar-comparison"  # the DAG's name, and its entry point's in group sdar.pipelines
 DEFAULT_ARMS = ["grpo", "grpo_opsd", "sdar"]

@@ -1,9 +1,10 @@
 """A thin layer over MLflow for the trainer and the pipeline: runs, nested arm runs, resume, params, metrics.
 
 Default store: `sqlite:///<output_dir or cwd>/mlflow.db` (artifacts beside it) when MLFLOW_TRACKING_URI is unset.
-The package, by concept: `store` (where runs are kept: URIs, the SQLite store, the client, experiments), `params`
-(settings and numbers as MLflow takes them), `tracker` (`Tracker`, one run), `runs` (reading runs back). Import
-from here; the modules are the layout, not the interface.
+The package, by concept: `store` (where runs are kept: URIs, the SQLite store, the one client, experiments),
+`params` (settings and numbers as MLflow takes them), `tracker` (`Tracker`, one run), `loggers` (`report_to`: the
+JSON-lines and TensorBoard loggers beside MLflow), `runs` (reading runs back), `view` (the comparison's saved MLflow
+view and its URL) and `ui` (`sdar ui`: the MLflow server over a store). Import the first four's names from here.
 """
 
 from sdar.tags import PIPELINE_JOB_TAG

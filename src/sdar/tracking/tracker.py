@@ -151,7 +151,7 @@ class Tracker:
                 if parent.data.tags.get(PIPELINE_JOB_TAG):
                     tags.setdefault(PIPELINE_JOB_TAG, parent.data.tags[PIPELINE_JOB_TAG])
             if tags.get("arm"):  # an arm's run has the arm's colour in MLflow, the colour of the report's plot
-                from sdar.mlflow_view import RUN_COLOR_TAG, arm_color
+                from sdar.tracking.view import RUN_COLOR_TAG, arm_color
 
                 tags.setdefault(RUN_COLOR_TAG, arm_color(tags["arm"]))
             run = client.create_run(self.experiment_id, tags=tags, run_name=self.run_name)

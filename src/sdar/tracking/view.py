@@ -27,7 +27,6 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 TRAINING_KIND = "custom_model_development"  # MLflow's model-training kind (genai_development is the other)
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 RUN_COLOR_TAG = "mlflow.runColor"
-JOB_TAG = PIPELINE_JOB_TAG  # the pipeline job a run belongs to
 WARM_START = "warm-start"  # the `arm` tag of a warm start's evaluation run (the reference of every chart)
 
 # one colour per arm, everywhere (MLflow's run colours and the report's plot); matplotlib's tab10 order
@@ -71,7 +70,7 @@ def view_key(job_id: str) -> str:
 
 def view_filter(job_id: str) -> str:
     """The MLflow search filter of the view: the runs of the job that carry an arm (the arms and warm starts)."""
-    return f"tags.`{JOB_TAG}` = '{job_id}' and tags.`arm` LIKE '%'"
+    return f"tags.`{PIPELINE_JOB_TAG}` = '{job_id}' and tags.`arm` LIKE '%'"
 
 
 def _chart(kind: str, metric: str, section: str) -> dict[str, Any]:
@@ -105,9 +104,9 @@ def view_state(job_id: str) -> dict[str, Any]:
 
 def publish_view(tracking_uri: str, experiment_id: str, job_id: str) -> str:
     """Make the experiment a model-training one and save the job's view on it (idempotent); returns its key."""
-    from mlflow.tracking import MlflowClient
+    from sdar.tracking.store import mlflow_client
 
-    client = MlflowClient(tracking_uri=tracking_uri)
+    client = mlflow_client(tracking_uri)
     key = view_key(job_id)
     client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
     client.set_experiment_tag(experiment_id, VIEW_TAG_PREFIX + key, json.dumps(view_state(job_id)))
@@ -122,7 +121,7 @@ def view_url(base_url: str, experiment_id: str, job_id: str) -> str:
 
 def view_runs(tracking_uri: str, experiment_id: str, job_id: str) -> list:
     """The runs the job's view shows (MLflow Run objects, by run name)."""
-    from mlflow.tracking import MlflowClient
+    from sdar.tracking.store import mlflow_client
 
-    return MlflowClient(tracking_uri=tracking_uri).search_runs([experiment_id], view_filter(job_id),
+    return mlflow_client(tracking_uri).search_runs([experiment_id], view_filter(job_id),
                                                                order_by=["tags.`mlflow.runName` ASC"])

@@ -1,4 +1,4 @@
-"""`sdar ui`: the MLflow UI on a run's store, opened on the comparison's view (sdar.mlflow_view), and a headless
+"""`sdar ui`: the MLflow UI on a run's store, opened on the comparison's view (sdar.tracking.view), and a headless
 Chromium that reads what that page shows (the UI test and the docs' screenshot use it).
 
 `serve` starts `mlflow server` on 127.0.0.1 over a store; `render` opens a URL in Debian's `chromium` with a fresh
@@ -236,18 +236,17 @@ def _devtools_port(proc: subprocess.Popen, profile: str, timeout_s: float = 90.0
 def newest_job(tracking_uri: str, experiment: str | None = None) -> tuple[str, str]:
     """(experiment id, job id) of the newest pipeline run in the store (of `experiment` when given): the run
     tagged with a pipeline job id that has no parent of its own."""
-    from mlflow.tracking import MlflowClient
+    from sdar.tags import PIPELINE_JOB_TAG
+    from sdar.tracking.store import mlflow_client
 
-    from sdar.mlflow_view import JOB_TAG
-
-    client = MlflowClient(tracking_uri=tracking_uri)
+    client = mlflow_client(tracking_uri)
     exps = [client.get_experiment_by_name(experiment)] if experiment else client.search_experiments()
     ids = [e.experiment_id for e in exps if e is not None]
-    runs = client.search_runs(ids, f"tags.`{JOB_TAG}` LIKE '%'", order_by=["attributes.start_time DESC"],
+    runs = client.search_runs(ids, f"tags.`{PIPELINE_JOB_TAG}` LIKE '%'", order_by=["attributes.start_time DESC"],
                               max_results=200) if ids else []
     for run in runs:
         if not run.data.tags.get("mlflow.parentRunId") or run.data.tags.get("sdar.parent_owner") == "kfp":
-            return run.info.experiment_id, run.data.tags[JOB_TAG]
+            return run.info.experiment_id, run.data.tags[PIPELINE_JOB_TAG]
     where = f"experiment {experiment!r}" if experiment else "any experiment"
     raise LookupError(f"no comparison pipeline run in {where} of {tracking_uri}; run `sdar run --local --quick` (or "
                       "`make demo`) first, or pass --tracking-uri to the store the pipeline logged to")
@@ -255,25 +254,24 @@ def newest_job(tracking_uri: str, experiment: str | None = None) -> tuple[str, s
 
 def comparison_url(tracking_uri: str, base_url: str, job: str | None = None, experiment: str | None = None) -> str:
     """The URL of a job's comparison view (the newest job when None) on the MLflow UI at `base_url`."""
-    from sdar.mlflow_view import view_url
+    from sdar.tracking.view import view_url
 
     return view_url(base_url, *comparison_view(tracking_uri, job, experiment))
 
 
 def comparison_view(tracking_uri: str, job: str | None = None, experiment: str | None = None) -> tuple[str, str]:
     """(experiment id, job id) of a job's comparison (the newest job when None), its view saved on the experiment
-    first (sdar.mlflow_view.publish_view), so that stores written before views existed open the same way."""
-    from sdar.mlflow_view import publish_view
+    first (sdar.tracking.view.publish_view), so that stores written before views existed open the same way."""
+    from sdar.tracking.view import publish_view
 
     exp_id, newest = newest_job(tracking_uri, experiment)
     if job and job != newest:
-        from mlflow.tracking import MlflowClient
+        from sdar.tags import PIPELINE_JOB_TAG
+        from sdar.tracking.store import mlflow_client
 
-        from sdar.mlflow_view import JOB_TAG
-
-        client = MlflowClient(tracking_uri=tracking_uri)
+        client = mlflow_client(tracking_uri)
         found = [r for e in client.search_experiments()
-                 for r in client.search_runs([e.experiment_id], f"tags.`{JOB_TAG}` = '{job}'", max_results=1)]
+                 for r in client.search_runs([e.experiment_id], f"tags.`{PIPELINE_JOB_TAG}` = '{job}'", max_results=1)]
         if not found:
             raise LookupError(f"no run of pipeline job {job!r} in {tracking_uri}; `sdar ui` without --job opens the "
                               "newest one")
