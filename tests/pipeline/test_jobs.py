@@ -30,7 +30,18 @@ def _step(calls: list):
     return train
 
 
-def test_a_finished_task_is_answered_from_its_record_at_the_new_paths(tmp_path):
+@pytest.fixture(autouse=True)
+def _local_runner(monkeypatch):
+    """Records are the local runner's: it names the job (JOB_ENV); the tests pass KFP's id, which it overrides."""
+    monkeypatch.setenv(JOB_ENV, "")
+
+
+def _as_runner(monkeypatch, job: str) -> None:
+    monkeypatch.setenv(JOB_ENV, job)
+
+
+def test_a_finished_task_is_answered_from_its_record_at_the_new_paths(tmp_path, monkeypatch):
+    _as_runner(monkeypatch, "job1")
     calls: list = []
     train = _step(calls)
     root = str(tmp_path / "outputs")
@@ -47,11 +58,22 @@ def test_a_finished_task_is_answered_from_its_record_at_the_new_paths(tmp_path):
                      "nested": [str(tmp_path / "b" / "model"), "other"]} != first
     # another key, another job: each runs
     train("grpo", "job1", str(tmp_path / "c" / "m"), str(tmp_path / "c" / "h.json"), seed=1, output_root=root)
+    _as_runner(monkeypatch, "job2")
     train("grpo", "job2", str(tmp_path / "d" / "m"), str(tmp_path / "d" / "h.json"), output_root=root)
     assert calls[1:] == [("grpo", 1, "job1"), ("grpo", 0, "job2")]
 
 
-def test_an_interrupted_task_leaves_no_record_and_runs_again(tmp_path):
+def test_off_the_local_runner_nothing_is_recorded(tmp_path):
+    """On a cluster (JOB_ENV unset) KFP's retries and caching apply: the step runs each time and writes no record."""
+    calls: list = []
+    train = _step(calls)
+    for _ in range(2):
+        train("grpo", "kfp-uuid", str(tmp_path / "m"), str(tmp_path / "h.json"), output_root=str(tmp_path / "out"))
+    assert calls == [("grpo", 0, "kfp-uuid")] * 2 and not (tmp_path / "out").exists()
+
+
+def test_an_interrupted_task_leaves_no_record_and_runs_again(tmp_path, monkeypatch):
+    _as_runner(monkeypatch, "job")
     calls: list = []
     train = _step(calls)
     root = str(tmp_path / "outputs")

@@ -9,9 +9,9 @@ Its tasks: each step function decorated with `once_per_job` records its return v
 <output_root>/<job>/tasks/<task>-<key>/ once it returns, and the same task of the same job later restores them
 instead of running again. A task that was interrupted left no record and runs again; training then resumes from its
 own newest checkpoint (sdar.train's resume), and MLflow keeps one run per arm and one row per metric and step
-(sdar.tracking.Tracker's resume_step). On a cluster JOB_ENV is unset and KFP's job id stands; a KFP retry of a task in
-a pod that still holds the task's record is answered from it. Outputs are hard links where the filesystem allows (a
-checkpoint costs no second copy), copies otherwise.
+(sdar.tracking.Tracker's resume_step). On a cluster JOB_ENV is unset: KFP's job id stands and nothing is recorded (its
+own retries and caching apply, and a pod's artifacts may sit on another filesystem than its outputs, where a record
+would be a second copy of a checkpoint). Outputs are hard links where the filesystem allows, copies otherwise.
 """
 
 from __future__ import annotations
@@ -97,7 +97,8 @@ def record_dir(output_root: str | os.PathLike, job_id: str, name: str) -> Path:
 
 
 def once_per_job(task: str, key: tuple[str, ...] = (), outputs: tuple[str, ...] = ()) -> Callable:
-    """Decorate a step function that takes `job_id` and `output_root`: its job id becomes `job_of(job_id)`, and once
+    """Decorate a step function that takes `job_id` and `output_root`. Under the local runner (JOB_ENV set; elsewhere the
+    function runs as it is) its job id becomes the runner's, and once
     the task `task` of that job (one per value of the `key` parameters, e.g. arm and seed) has returned, a later call
     restores the files and folders of its `outputs` parameters (paths it writes) and returns the recorded value, in
     which each recorded output path reads as the new one."""
@@ -110,6 +111,8 @@ def once_per_job(task: str, key: tuple[str, ...] = (), outputs: tuple[str, ...] 
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
             a = bound.arguments
+            if not os.environ.get(JOB_ENV, "").strip():  # not the local runner: KFP's own retries and caching apply
+                return fn(*bound.args, **bound.kwargs)
             a["job_id"] = job_of(a["job_id"])
             name = "-".join([task, *(str(a[k]) for k in key if a[k] not in ("", None))])
             where = record_dir(a["output_root"], a["job_id"], name)
