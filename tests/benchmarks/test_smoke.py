@@ -19,7 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = ROOT / "benchmarks"
 # the benchmarks whose smoke run lives in another test file
 ELSEWHERE = {"gpu_suite.sh": "tests/benchmarks/test_gpu_suite.py", "bench_train_step.py": "tests/benchmarks/test_gpu_suite.py",
-             "bench_reliability.py": "tests/reliability/test_bench_reliability.py"}
+             "bench_reliability.py": "tests/reliability/test_bench_reliability.py",
+             # bench_reliability's pipeline and diskfull sections, driven by the tests of those faults
+             "reliability_faults.py": "tests/pipeline/test_local_resume.py"}
 # the training tests' miniature of household-tiny (tests/train/conftest.py): its warm start is cached once for all
 SMALL = ["--set", "tasks_per_step=1", "--set", "group_size=2", "--set", "ppo.mini_batch_size=8",
          "--set", "scoring.batch_size=16", "--set", "teacher.max_prompt_tokens=1536", "--set", "rollout.max_turns=3",

@@ -6,25 +6,19 @@ step. Real processes, the real KFP local runner, a real MLflow store."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 
-def _sdar(*args: str, **kw) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    return subprocess.Popen([sys.executable, "-m", "sdar.cli", *args], cwd=REPO, env={**env, "COLUMNS": "200"},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
-
-
 def test_a_killed_run_resumes_without_redoing_finished_tasks_and_logs_each_run_once(tmp_path):
     from mlflow.tracking import MlflowClient
-    from reliability_faults import pipeline_section  # the fault as benchmarks/bench_reliability.py injects it
+    from reliability_faults import pipeline_section  # benchmarks/reliability_faults.py: the fault as the benchmark injects it
 
     res = pipeline_section(tmp_path, steps=2)  # killed after step 1's checkpoint of 2, then `--resume <job>`
     root, job = Path(res.root), res.job
@@ -53,8 +47,10 @@ def test_a_killed_run_resumes_without_redoing_finished_tasks_and_logs_each_run_o
     assert [m.step for m in client.get_metric_history(grpo.info.run_id, "success")] == [0, 1]
     assert "final/success" in grpo.data.metrics
 
-    # the same job again: refused with settings, and once finished
-    refused = _sdar("run", "--local", "--root", str(root), "--resume", job, "--arms", "sdar")
-    assert refused.wait(60) != 0 and "continues the job with the settings it began with; drop arms" in refused.stdout.read()
-    done = _sdar("run", "--local", "--root", str(root), "--resume", job)
-    assert done.wait(120) != 0 and f"job {job} finished already" in done.stdout.read()
+    # the same job again: refused with settings, and once finished (the command in this process: nothing starts)
+    from sdar.cli import main
+
+    with pytest.raises(SystemExit, match="continues the job with the settings it began with; drop arms"):
+        main(["run", "--local", "--root", str(root), "--resume", job, "--arms", "sdar"])
+    with pytest.raises(SystemExit, match=f"job {job} finished already"):
+        main(["run", "--local", "--root", str(root), "--resume", job])

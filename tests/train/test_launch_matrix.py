@@ -341,19 +341,18 @@ def test_a_sharded_checkpoint_cut_off_half_uploaded_is_never_taken_and_a_restart
     the store's latest stays step 1, and a restart on a fresh pod (no local spool) at 1 rank resumes from step 1,
     clears the half upload, and ends where the straight one-process run does."""
     from sdar.storage import open_store
-    from sdar.train.checkpoint import COMPLETE_FILE, LATEST_MARKER, checkpoint_path, latest_checkpoint
+    from sdar.train.checkpoint import COMPLETE_FILE, checkpoint_path, latest_checkpoint
 
     uri = f"s3://{s3_server.make_bucket()}/run"
     launch("trainjob", _overrides("grpo", False, 1, tmp_path / "pod-a", "fsdp", uri), 2)
     store = open_store(uri)
-    marker_at_1 = store.read_text(LATEST_MARKER)
-    launch("trainjob", _overrides("grpo", False, 2, tmp_path / "pod-a", "fsdp", uri), 2)
-    cut = checkpoint_path(2)
-    assert {k.rsplit("/", 1)[-1] for k in store.list(f"{cut}/shards")} >= {"__0_0.distcp", "__1_0.distcp"}
-    store.delete(f"{cut}/shards/__1_0.distcp")  # rank 1's shard never arrived ...
-    store.delete(f"{cut}/{COMPLETE_FILE}")  # ... so neither did the manifest, nor the marker's move
-    store.write_text(LATEST_MARKER, marker_at_1)
-    assert store.list(f"{cut}/shards") and latest_checkpoint(store)[0] == 1
+    done, cut = checkpoint_path(1), checkpoint_path(2)
+    assert {k.rsplit("/", 1)[-1] for k in store.list(f"{done}/shards")} >= {"__0_0.distcp", "__1_0.distcp"}
+    # step 2's upload cut off: rank 0's shard and the metadata arrived, rank 1's shard did not, so neither did the
+    # manifest nor the marker's move (its bytes: step 1's files, which a reader never opens without a manifest)
+    for name in ("__0_0.distcp", ".metadata"):
+        store.put_file(store.get_file(f"{done}/shards/{name}", tmp_path / name), f"{cut}/shards/{name}")
+    assert not store.exists(f"{cut}/{COMPLETE_FILE}") and latest_checkpoint(store)[0] == 1
 
     restart = launch("trainjob", _overrides("grpo", False, 2, tmp_path / "pod-b", "fsdp", uri), 1)
     assert re.search(r"resumed from s3://\S+/step-000001 at step 1", restart.stderr), restart.stderr[-3000:]
