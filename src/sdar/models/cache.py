@@ -45,8 +45,14 @@ def exclusive(target: Path, say: Callable[[str], Any] | None = None) -> Iterator
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            fh.seek(0)
-            holder = fh.read().strip() or "another process"
+            holder = ""
+            for _ in range(40):  # the holder writes who it is just after it takes the lock: give it 2 s to
+                fh.seek(0)
+                holder = fh.read().strip()
+                if holder:
+                    break
+                time.sleep(0.05)
+            holder = holder or "another process"
             message = f"waiting for {holder} to finish building {target}"
             if say is None:
                 import sys
