@@ -19,13 +19,9 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from sdar_envs.base import EnvStep
-from sdar_envs.client import (
-    AsyncRemoteEnv,
-    EnvServerError,
-    http_json,
-    serve_in_background,
-)
-from sdar_envs.server_config import ServerOptions
+from sdar_envs.client import AsyncRemoteEnv, EnvServerError, http_json
+from sdar_envs.launcher import serve_in_background
+from sdar_envs.server.config import ServerOptions
 
 OPERATOR = secrets.token_urlsafe(32)  # lists the server's sessions for the cross-talk check
 INVALID_RATE = 0.05  # share of deliberately invalid actions, so the error path is under load too

@@ -244,8 +244,9 @@ def fuzz_family(family: str, n_schema: int, n_raw: int, n_frames: int, seed: int
     from tests.envs.test_server_limits import rss_mb
     from tests.reliability.openapi_fuzz import Live
 
-    from sdar_envs.client import RemoteEnv, http_json, serve_in_background
-    from sdar_envs.server_config import ServerOptions
+    from sdar_envs.client import RemoteEnv, http_json
+    from sdar_envs.launcher import serve_in_background
+    from sdar_envs.server.config import ServerOptions
 
     res = FuzzResult(family)
     t0 = time.monotonic()
@@ -289,7 +290,8 @@ def cross_session(family: str, n_victims: int) -> CrossResult:
     from bench_env_load import sample_action
     from tests.envs.test_server import OPERATOR, _http, _ws_ask, _ws_connect
 
-    from sdar_envs.client import RemoteEnv, http_json, serve_in_background
+    from sdar_envs.client import RemoteEnv, http_json
+    from sdar_envs.launcher import serve_in_background
     from sdar_envs.openenv_models import step_from_payload
 
     res = CrossResult()
@@ -389,8 +391,8 @@ def flood_section(n: int, rate: float, header_timeout_s: float = 10.0) -> FloodR
     from tests.envs.test_server import _http
     from tests.envs.test_server_limits import rss_mb
 
-    from sdar_envs.client import serve_in_background
-    from sdar_envs.server_config import ServerOptions
+    from sdar_envs.launcher import serve_in_background
+    from sdar_envs.server.config import ServerOptions
 
     res = FloodResult(n, rate)
     t0 = time.monotonic()
@@ -536,8 +538,9 @@ def reclaim_section(n: int, ttl_s: float | None = None) -> ReclaimResult:
     from websockets.exceptions import ConnectionClosed
     from websockets.sync.client import connect
 
-    from sdar_envs.client import http_json, serve_in_background
-    from sdar_envs.server_config import ServerOptions
+    from sdar_envs.client import http_json
+    from sdar_envs.launcher import serve_in_background
+    from sdar_envs.server.config import ServerOptions
 
     ttl_s = ttl_s if ttl_s is not None else max(3.0, 0.05 * n)  # longer than opening them all takes
     res = ReclaimResult(n, ttl_s)

@@ -57,7 +57,7 @@ def main() -> None:
                                   constrained=False)
     handle, url = None, args.url
     if url is None:
-        from sdar_envs.client import serve_in_background
+        from sdar_envs.launcher import serve_in_background
 
         url, handle = serve_in_background("household", **cfg.env.kwargs)
         print(f"household server at {url}")

@@ -186,7 +186,7 @@ def test_dockerignore_admits_only_what_the_build_copies(dockerfile):
 
     copied = [c.split()[0] for c in build.all("COPY")]
     assert copied == ["envs/pyproject.toml", "envs/src"]
-    for path in ("envs/pyproject.toml", "envs/README.md", "envs/src/sdar_envs/server.py"):
+    for path in ("envs/pyproject.toml", "envs/README.md", "envs/src/sdar_envs/server/app.py"):
         assert included(path), path
     for path in (
         "pyproject.toml",  # sdar's own: the image never sees the torch-requiring distribution

@@ -213,7 +213,7 @@ def test_the_probe_port_must_be_its_own(helm, tmp_path):
 
 
 def test_client_limits_reach_the_server_and_default_to_its_own(render):
-    from sdar_envs.server_config import ServerOptions, options_from_args
+    from sdar_envs.server.config import ServerOptions, options_from_args
 
     def served(values: dict) -> ServerOptions:
         c = container(render(values).get("Deployment", "sdar-envs-household"))
@@ -307,7 +307,7 @@ def sdar_envs_parser():
 
 
 def test_args_build_a_serve_command_the_real_cli_accepts(render):
-    from sdar_envs.server_config import options_from_args
+    from sdar_envs.server.config import options_from_args
 
     r = render(
         {

@@ -326,7 +326,7 @@ def _fake_kubernetes(monkeypatch, replicas: int) -> list[tuple[str, str, str, st
     namespace), the way the API server authorises it."""
     import kubernetes.client
     import kubernetes.config
-    import sdar_envs.client
+    import sdar_envs.launcher
 
     calls: list[tuple[str, str, str, str]] = []
 
@@ -360,7 +360,7 @@ def _fake_kubernetes(monkeypatch, replicas: int) -> list[tuple[str, str, str, st
     monkeypatch.setattr(kubernetes.client, "AppsV1Api", lambda api_client=None: FakeApi("AppsV1Api"))
     monkeypatch.setattr(kubernetes.client, "CoreV1Api", lambda api_client=None: FakeApi("CoreV1Api"))
     monkeypatch.setattr(kubernetes.config, "load_incluster_config", lambda: None)
-    monkeypatch.setattr(sdar_envs.client, "wait_healthy", lambda *a, **k: None)
+    monkeypatch.setattr(sdar_envs.launcher, "wait_healthy", lambda *a, **k: None)
     return calls
 
 

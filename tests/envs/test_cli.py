@@ -25,7 +25,8 @@ def test_play_reads_numbers_and_text_from_piped_stdin(monkeypatch, capsys):
 
 
 def test_play_stops_at_end_of_input_and_against_a_server(capsys):
-    from sdar_envs.client import RemoteEnv, serve_in_background
+    from sdar_envs.client import RemoteEnv
+    from sdar_envs.launcher import serve_in_background
 
     url, handle = serve_in_background(GUESS_FACTORY, in_process=True)
     with handle, RemoteEnv(url) as env:
@@ -68,7 +69,8 @@ def test_serve_command_serves_until_terminated():
     import subprocess
     import sys
 
-    from sdar_envs.client import RemoteEnv, ServerHandle, wait_healthy
+    from sdar_envs.client import RemoteEnv
+    from sdar_envs.launcher import ServerHandle, wait_healthy
 
     with socket.socket() as s:  # a free port (released just before the server takes it)
         s.bind(("127.0.0.1", 0))

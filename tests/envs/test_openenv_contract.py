@@ -1,7 +1,7 @@
 """What sdar-envs relies on in OpenEnv (`openenv` 0.10, the successor of `openenv-core`), pinned, and wire
 compatibility with OpenEnv's own clients and runtime contract checks, against a real household server on 127.0.0.1.
 
-If an OpenEnv upgrade breaks one of these, the fix is in sdar_envs (server.py, client.py, openenv_models.py) and
+If an OpenEnv upgrade breaks one of these, the fix is in sdar_envs (server/, client.py, openenv_models.py) and
 docs/environments.md ("OpenEnv version"), not here: these tests say what the upgrade changed.
 """
 
@@ -110,7 +110,9 @@ def test_http_env_server_hooks_and_routes():
     from fastapi import FastAPI
     from openenv.core.env_server.types import ServerMode
 
-    from sdar_envs.server import _REPLACED_ROUTES, _UNSERVED_ROUTES, SdarEnvironment, SdarEnvServer
+    from sdar_envs.server.app import _REPLACED_ROUTES, _UNSERVED_ROUTES
+    from sdar_envs.server.environment import SdarEnvironment
+    from sdar_envs.server.sessions import SdarEnvServer
 
     for name in ("_create_session", "_destroy_session", "_reap_idle_sessions", "_run_in_session_executor"):
         assert inspect.iscoroutinefunction(getattr(HTTPEnvServer, name)), name
@@ -147,7 +149,8 @@ def test_env_client_hooks():
 # ---- wire compatibility with OpenEnv's own clients, on a real server ----------------------------------
 @pytest.fixture(scope="module")
 def household():
-    from sdar_envs.client import http_json, serve_in_background
+    from sdar_envs.client import http_json
+    from sdar_envs.launcher import serve_in_background
 
     url, handle = serve_in_background("household", in_process=True)
     with handle:
@@ -220,8 +223,9 @@ def test_a_reclaimed_session_is_reported_not_silently_replaced():
     (under RemoteEnv, AsyncRemoteEnv and the TRL adapter) reports why the server ended the session, on every call."""
     from openenv.core.generic_client import GenericEnvClient
 
-    from sdar_envs.client import EnvServerError, SdarEnvClient, http_json, serve_in_background
-    from sdar_envs.server_config import ServerOptions
+    from sdar_envs.client import EnvServerError, SdarEnvClient, http_json
+    from sdar_envs.launcher import serve_in_background
+    from sdar_envs.server.config import ServerOptions
 
     opts = ServerOptions(session_ttl_s=1.0, reap_interval_s=0.1)
     url, handle = serve_in_background("household", options=opts, in_process=True)

@@ -105,8 +105,8 @@ class GuessEnv(TextEnv):
 @pytest.fixture(scope="module")
 def server():
     """The guessing game served from a child process, as the trainer and benchmark run it."""
-    from sdar_envs.client import serve_in_background
-    from sdar_envs.server import ServerOptions
+    from sdar_envs.launcher import serve_in_background
+    from sdar_envs.server.config import ServerOptions
 
     url, handle = serve_in_background(
         GUESS_FACTORY, options=ServerOptions(max_sessions=32, max_action_chars=200), operator_token=OPERATOR
@@ -461,8 +461,9 @@ def test_mcp_session_lifecycle_uses_tokens(server):
 
 def test_one_client_cannot_lock_others_out():
     """A client opening idle sessions stops at its own limit (429); another client still gets in."""
-    from sdar_envs.client import EnvServerError, RemoteEnv, serve_in_background
-    from sdar_envs.server import ServerOptions
+    from sdar_envs.client import EnvServerError, RemoteEnv
+    from sdar_envs.launcher import serve_in_background
+    from sdar_envs.server.config import ServerOptions
 
     opts = ServerOptions(max_sessions=6, max_sessions_per_client=3)
     url, handle = serve_in_background(GUESS_FACTORY, options=opts, in_process=True)
@@ -493,8 +494,9 @@ def test_one_client_cannot_lock_others_out():
 
 
 def test_tokens_stay_out_of_the_server_log():
-    from sdar_envs.client import RemoteEnv, serve_in_background
-    from sdar_envs.server import ServerOptions
+    from sdar_envs.client import RemoteEnv
+    from sdar_envs.launcher import serve_in_background
+    from sdar_envs.server.config import ServerOptions
 
     url, handle = serve_in_background(GUESS_FACTORY, options=ServerOptions(log_level="debug"), operator_token=OPERATOR)
     with handle:
@@ -515,12 +517,8 @@ def test_tokens_stay_out_of_the_server_log():
 
 
 def test_operator_token_must_be_long_enough(monkeypatch):
-    from sdar_envs.server import (
-        OPERATOR_TOKEN_ENV,
-        ServerOptions,
-        create_env_app,
-        operator_token_from_env,
-    )
+    from sdar_envs.server.app import create_env_app, operator_token_from_env
+    from sdar_envs.server.config import OPERATOR_TOKEN_ENV, ServerOptions
 
     monkeypatch.setenv(OPERATOR_TOKEN_ENV, "short")
     with pytest.raises(ValueError, match="has 5 characters; use at least 16"):
@@ -533,8 +531,9 @@ def test_operator_token_must_be_long_enough(monkeypatch):
 
 # ---- limits: capacity and idle TTL (in-process servers, so closes can be observed) --------------
 def test_capacity_limit_gives_a_clear_error_and_frees_up():
-    from sdar_envs.client import EnvServerError, RemoteEnv, serve_in_background
-    from sdar_envs.server import ServerOptions
+    from sdar_envs.client import EnvServerError, RemoteEnv
+    from sdar_envs.launcher import serve_in_background
+    from sdar_envs.server.config import ServerOptions
 
     url, handle = serve_in_background(GUESS_FACTORY, options=ServerOptions(max_sessions=2), in_process=True)
     with handle:
@@ -559,8 +558,9 @@ def test_capacity_limit_gives_a_clear_error_and_frees_up():
 
 
 def test_idle_sessions_are_reclaimed_and_their_env_closed():
-    from sdar_envs.client import EnvServerError, RemoteEnv, serve_in_background
-    from sdar_envs.server import ServerOptions
+    from sdar_envs.client import EnvServerError, RemoteEnv
+    from sdar_envs.launcher import serve_in_background
+    from sdar_envs.server.config import ServerOptions
 
     opts = ServerOptions(session_ttl_s=1.0, reap_interval_s=0.1)
     url, handle = serve_in_background(GUESS_FACTORY, options=opts, in_process=True)
@@ -599,7 +599,8 @@ def test_idle_sessions_are_reclaimed_and_their_env_closed():
 
 
 def test_async_remote_env_drives_many_sessions_from_one_loop():
-    from sdar_envs.client import AsyncRemoteEnv, serve_in_background
+    from sdar_envs.client import AsyncRemoteEnv
+    from sdar_envs.launcher import serve_in_background
 
     url, handle = serve_in_background(GUESS_FACTORY, in_process=True)
 
@@ -627,7 +628,7 @@ def test_async_remote_env_drives_many_sessions_from_one_loop():
 
 
 def test_startup_failures_name_the_problem():
-    from sdar_envs.client import serve_in_background
+    from sdar_envs.launcher import serve_in_background
 
     with pytest.raises(ValueError, match="unknown environment 'no_such_family'; choose one of .*household"):
         serve_in_background("no_such_family")
@@ -638,19 +639,20 @@ def test_startup_failures_name_the_problem():
         serve_in_background("tests.envs.test_server:Missing", in_process=True)
     with pytest.raises(TypeError, match="env kwargs must be JSON values"):
         serve_in_background(GUESS_FACTORY, n_tasks=object())
-    from sdar_envs.server import ServerOptions
+    from sdar_envs.server.config import ServerOptions
 
     with pytest.raises(ValueError, match="max_sessions must be >= 1"):
         ServerOptions(max_sessions=0)
 
 
 def test_the_server_implements_the_session_table_the_routes_use():
-    """The routes know the server only through sdar_envs.server_routes.SessionTable (and a session's environment
+    """The routes know the server only through sdar_envs.server.routes.SessionTable (and a session's environment
     through SessionEnv): every member those interfaces name exists on the server's classes, methods as methods."""
     import inspect
 
-    from sdar_envs.server import SdarEnvironment, SdarEnvServer
-    from sdar_envs.server_routes import SessionEnv, SessionTable
+    from sdar_envs.server.environment import SdarEnvironment
+    from sdar_envs.server.routes import SessionEnv, SessionTable
+    from sdar_envs.server.sessions import SdarEnvServer
 
     for protocol, cls in ((SessionTable, SdarEnvServer), (SessionEnv, SdarEnvironment)):
         members = [n for n in vars(protocol) if not n.startswith("_")] + list(protocol.__annotations__)

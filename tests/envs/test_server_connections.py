@@ -40,7 +40,7 @@ def _probe(url: str, source: str | None = None) -> int:
 
 
 def test_the_defaults_fit_a_pipeline_and_no_one_address_fills_a_server():
-    from sdar_envs.server_config import ServerOptions
+    from sdar_envs.server.config import ServerOptions
 
     d = ServerOptions()
     # a paper-scale trainer pod holds 16 x 8 = 128 sessions; an address may hold two such steps' worth
@@ -62,8 +62,9 @@ def test_one_address_cannot_take_health_down():
     main port (from another address) and on the probe port (from that same address, as a kubelet on its node
     would) keep answering, and another client keeps playing; many addresses together stop at the global limit,
     and the probe port still answers."""
-    from sdar_envs.client import RemoteEnv, serve_in_background
-    from sdar_envs.server_config import ServerOptions
+    from sdar_envs.client import RemoteEnv
+    from sdar_envs.launcher import serve_in_background
+    from sdar_envs.server.config import ServerOptions
 
     opts = ServerOptions(max_sessions=16, max_sessions_per_client=8, max_connections_per_client=12, max_connections=40,
                          probe_port=0, header_timeout_s=30.0)  # fmt: skip
@@ -120,8 +121,8 @@ def test_one_address_cannot_take_health_down():
 def test_the_probe_port_cannot_be_filled_by_one_address():
     """Should a client reach the probe port (the NetworkPolicy off), it holds at most a few connections there:
     the kubelet, on another address, is still answered."""
-    from sdar_envs.client import serve_in_background
-    from sdar_envs.server_config import ServerOptions
+    from sdar_envs.launcher import serve_in_background
+    from sdar_envs.server.config import ServerOptions
 
     url, handle = serve_in_background(GUESS_FACTORY, options=ServerOptions(probe_port=0), in_process=True)
     probe_port = urllib.parse.urlsplit(handle.probe_url).port
@@ -141,8 +142,8 @@ def test_websockets_count_against_the_connection_limits():
     """uvicorn's own limit never counted WebSocket upgrades; ours counts them from the upgrade to their close."""
     from websockets.sync.client import connect
 
-    from sdar_envs.client import serve_in_background
-    from sdar_envs.server_config import ServerOptions
+    from sdar_envs.launcher import serve_in_background
+    from sdar_envs.server.config import ServerOptions
 
     opts = ServerOptions(max_sessions=64, max_sessions_per_client=0, max_connections_per_client=5)
     url, handle = serve_in_background(GUESS_FACTORY, options=opts, in_process=True)
@@ -178,8 +179,8 @@ def test_reclaimed_websockets_are_closed_with_the_reason():
     from websockets.exceptions import ConnectionClosed
     from websockets.sync.client import connect
 
-    from sdar_envs.client import serve_in_background
-    from sdar_envs.server_config import ServerOptions
+    from sdar_envs.launcher import serve_in_background
+    from sdar_envs.server.config import ServerOptions
 
     opts = ServerOptions(session_ttl_s=1.0, reap_interval_s=0.1)
     url, handle = serve_in_background(GUESS_FACTORY, options=opts, in_process=True)
@@ -212,7 +213,7 @@ WRONG_IDS = [{"episode_id": 5}, {"episode_id": {"a": 1}}, {"episode_id": True}, 
 
 
 def test_reset_and_step_bodies_never_cause_a_server_error(tmp_path):
-    from sdar_envs.client import serve_in_background
+    from sdar_envs.launcher import serve_in_background
 
     url, handle = serve_in_background(GUESS_FACTORY, in_process=True)
     with handle:
@@ -238,7 +239,7 @@ def test_reset_and_step_bodies_never_cause_a_server_error(tmp_path):
 
 
 def test_a_failed_reset_leaves_no_task_behind():
-    from sdar_envs.client import serve_in_background
+    from sdar_envs.launcher import serve_in_background
 
     url, handle = serve_in_background(GUESS_FACTORY, in_process=True)
     with handle:
@@ -253,7 +254,7 @@ def test_a_failed_reset_leaves_no_task_behind():
 
 
 def test_the_served_schema_declares_every_request_body():
-    from sdar_envs.client import serve_in_background
+    from sdar_envs.launcher import serve_in_background
 
     url, handle = serve_in_background(GUESS_FACTORY, in_process=True)
     with handle:
@@ -274,7 +275,7 @@ def test_the_served_schema_declares_every_request_body():
 def test_options_survive_the_command_line_a_background_server_is_started_with():
     import dataclasses
 
-    from sdar_envs.server_config import ServerOptions, add_serve_arguments, options_from_args, options_to_args
+    from sdar_envs.server.config import ServerOptions, add_serve_arguments, options_from_args, options_to_args
 
     opts = ServerOptions(family="shop", env_kwargs={"backend": "sim"}, port=1234, max_sessions=77, max_sessions_per_client=9,
                          max_connections_per_client=20, max_connections=300, probe_port=4321, session_ttl_s=12.5,
@@ -303,8 +304,9 @@ def test_a_client_whose_event_loop_stalls_past_uvicorns_ping_timeout_keeps_its_s
     silence, 300 s, not uvicorn's 20 s, which closed the sessions of SmolLM2 pipeline runs on 2 cores)."""
     import time
 
-    from sdar_envs.client import RemoteEnv, serve_in_background
-    from sdar_envs.server import WS_PING_TIMEOUT_S
+    from sdar_envs.client import RemoteEnv
+    from sdar_envs.launcher import serve_in_background
+    from sdar_envs.server.process import WS_PING_TIMEOUT_S
 
     assert WS_PING_TIMEOUT_S >= 120
     url, handle = serve_in_background("household", backend="sim")

@@ -21,8 +21,8 @@ LIMIT = 6 * 4096 + 64 * 1024  # the body limit at the default --max-action-chars
 @pytest.fixture(scope="module")
 def served():
     """(url, port, pid) of the guessing game served from a child process with short timeouts."""
-    from sdar_envs.client import serve_in_background
-    from sdar_envs.server import ServerOptions
+    from sdar_envs.launcher import serve_in_background
+    from sdar_envs.server.config import ServerOptions
 
     opts = ServerOptions(header_timeout_s=HEAD_S, body_timeout_s=BODY_S, keep_alive_s=1)
     assert opts.max_body_bytes == LIMIT

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from sdar_envs.client import RemoteEnv, ServerHandle, wait_healthy
+from sdar_envs.client import RemoteEnv
+from sdar_envs.launcher import ServerHandle, wait_healthy
 
 REPO = Path(__file__).resolve().parents[2]
 # what sdar-envs must never bring along (the point of the separate distribution)

@@ -22,7 +22,7 @@ def _family_or_skip(family: str) -> None:
 def served(request):
     family = request.param
     _family_or_skip(family)
-    from sdar_envs.client import serve_in_background
+    from sdar_envs.launcher import serve_in_background
 
     url, handle = serve_in_background(family)
     yield family, url
@@ -87,7 +87,8 @@ def test_household_on_the_real_alfworld_engine_over_the_wire():
         resolve_data_root()
     except Exception as exc:  # the official games are not on this machine
         pytest.skip(f"ALFWorld games not found: {exc}")
-    from sdar_envs.client import RemoteEnv, serve_in_background
+    from sdar_envs.client import RemoteEnv
+    from sdar_envs.launcher import serve_in_background
 
     url, handle = serve_in_background("household", backend="alfworld")
     with handle, RemoteEnv(url, "household") as env:
@@ -119,7 +120,8 @@ def test_alfworld_unknown_task_ids_are_404_not_500():
         resolve_data_root()
     except Exception as exc:  # the official games are not on this machine
         pytest.skip(f"ALFWorld games not found: {exc}")
-    from sdar_envs.client import EnvServerError, RemoteEnv, http_json, serve_in_background
+    from sdar_envs.client import EnvServerError, RemoteEnv, http_json
+    from sdar_envs.launcher import serve_in_background
 
     url, handle = serve_in_background("household", backend="alfworld")
     with handle:

@@ -10,7 +10,8 @@ import pytest
 
 pytest.importorskip("trl")
 
-from sdar_envs.client import http_json, serve_in_background  # noqa: E402
+from sdar_envs.client import http_json  # noqa: E402
+from sdar_envs.launcher import serve_in_background  # noqa: E402
 from tests.integration.trl_tiny import scripted_bias, tiny_policy  # noqa: E402
 
 OPERATOR = "operator-token-for-trl-tests-0123456789"

@@ -67,7 +67,8 @@ def test_sessions_of_an_env_server_carry_the_in_process_privileged_text():
     from sdar.config import load_config
     from sdar_envs import make_env
     from sdar_envs.base import privileged_skills_for
-    from sdar_envs.client import RemoteEnv, serve_in_background
+    from sdar_envs.client import RemoteEnv
+    from sdar_envs.launcher import serve_in_background
 
     cfg = load_config(CONFIG)
     url, handle = serve_in_background("household", in_process=True, **cfg.env.kwargs)

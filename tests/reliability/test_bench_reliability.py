@@ -62,7 +62,7 @@ def test_kill_section_prints_zeros(tmp_path):
 def test_flood_section_prints_zeros(tmp_path):
     report = bench(tmp_path, "--only", "flood", "--flood", "500")
     flood = report["sections"]["flood"]
-    from sdar_envs.server_config import ServerOptions
+    from sdar_envs.server.config import ServerOptions
 
     held = ServerOptions().connections_per_client_limit  # what one address may hold at the defaults
     assert flood["connections"] == 500 and flood["refused_at_once"] == 500 - held

@@ -183,8 +183,8 @@ def _send(port: int, wire: bytes) -> int | None:
 
 @pytest.fixture(scope="module")
 def served():
-    from sdar_envs.client import serve_in_background
-    from sdar_envs.server import ServerOptions
+    from sdar_envs.launcher import serve_in_background
+    from sdar_envs.server.config import ServerOptions
 
     opts = ServerOptions(header_timeout_s=1.0, body_timeout_s=1.0, keep_alive_s=1)
     url, handle = serve_in_background(GUESS_FACTORY, options=opts, operator_token=OPERATOR)
@@ -277,7 +277,8 @@ def test_reserved_keys_and_wrongly_typed_ids_never_get_a_5xx(family):
     every family: refused (400 / 422, or a WebSocket error) before anything is called, and the episode goes on."""
     from websockets.sync.client import connect
 
-    from sdar_envs.client import http_json, serve_in_background
+    from sdar_envs.client import http_json
+    from sdar_envs.launcher import serve_in_background
     from tests.envs.test_server import _http
     from tests.envs.test_server_connections import RESERVED as BODIES_RESERVED
     from tests.envs.test_server_connections import WRONG_IDS

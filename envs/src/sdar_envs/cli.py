@@ -15,7 +15,7 @@ def register(subparsers: Any) -> None:
     envs.set_defaults(func=lambda _args: envs.print_help() or 0)
     sub = envs.add_subparsers(dest="envs_command", metavar="ENVS_COMMAND")
 
-    from sdar_envs.server_config import add_serve_arguments
+    from sdar_envs.server.config import add_serve_arguments
 
     serve = sub.add_parser("serve", help="serve one family over HTTP/WebSocket (OpenEnv protocol)")
     add_serve_arguments(serve)
@@ -58,8 +58,8 @@ def _env_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 # ---- serve ----------------------------------------------------------------------------------
 def _serve(args: argparse.Namespace) -> int:
-    from sdar_envs.server import run_server
-    from sdar_envs.server_config import options_from_args
+    from sdar_envs.server.config import options_from_args
+    from sdar_envs.server.process import run_server
 
     options = options_from_args(args)
     print(f"sdar envs: serving {options.family} on http://{options.host}:{options.port} (WebSocket /ws, health /health)", flush=True)

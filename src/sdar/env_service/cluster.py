@@ -57,7 +57,7 @@ def wait_serving(deployment: dict[str, Any], url: str, timeout_s: float) -> None
                 "startup_timeout_s for slow backends"
             )
         time.sleep(3)
-    from sdar_envs.client import wait_healthy
+    from sdar_envs.launcher import wait_healthy
 
     wait_healthy(url, timeout_s=max(30.0, deadline - time.monotonic()))
 

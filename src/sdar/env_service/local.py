@@ -23,7 +23,7 @@ def serve(family: str, env_kwargs: dict[str, Any], job_id: str, output_root: str
           startup_timeout_s: float, info: dict[str, Any]) -> dict[str, Any]:
     """Start `python -m sdar_envs.server` detached (it outlives this step) and register its pid with
     `info`; returns {url, pids, log, registry}."""
-    from sdar_envs.client import serve_in_background
+    from sdar_envs.launcher import serve_in_background
 
     url, handle = serve_in_background(family, die_with_parent=False, startup_timeout_s=startup_timeout_s,
                                       **env_kwargs)

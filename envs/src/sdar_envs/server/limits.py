@@ -2,8 +2,8 @@
 address and in all, body size and time, header time, and JSON that stays cheap to parse (UTF-8, nesting
 depth, integer digits, no lone surrogates).
 
-Used by `sdar_envs.server`: `RequestGuard` wraps the ASGI app; `guarded_protocols` gives uvicorn's HTTP
-and WebSocket protocols with a deadline on request heads and every connection counted against
+Used by the app and the process (`sdar_envs.server.app`, `sdar_envs.server.process`): `RequestGuard` wraps the
+ASGI app; `guarded_protocols` gives uvicorn's HTTP and WebSocket protocols with a deadline on request heads and every connection counted against
 `ConnectionLimits` (a WebSocket stays counted from its upgrade to its close); `ProbeListener` answers
 GET /health on a port of its own, outside those limits; `loads_guarded` parses every JSON body and frame.
 """

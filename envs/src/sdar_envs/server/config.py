@@ -1,4 +1,4 @@
-"""Options of an environment server and their command-line form, kept apart from `server.py` so
+"""Options of an environment server and their command-line form, kept apart from the app (`app.py`) so
 that building the `sdar` CLI does not import FastAPI and OpenEnv."""
 
 from __future__ import annotations

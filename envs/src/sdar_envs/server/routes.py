@@ -1,4 +1,4 @@
-"""What a client speaks to a SdarEnvServer (sdar_envs.server): the WebSocket message protocol at /ws, the stateful
+"""What a client speaks to a SdarEnvServer (sdar_envs.server.sessions): the WebSocket message protocol at /ws, the stateful
 HTTP session routes (/sessions...), POST /mcp's JSON-RPC session methods, /info, /tasks and /metadata. Each reads and
 checks what the client sent, calls the server's session table, and answers with a status and a message."""
 
@@ -28,19 +28,19 @@ from openenv.core.env_server.types import (
 from pydantic import ValidationError
 
 from sdar_envs.openenv_models import family_metadata
-from sdar_envs.server_errors import (
+from sdar_envs.server.config import ServerOptions
+from sdar_envs.server.errors import (
     ActionTooLongError,
     EnvRequestError,
     RequestValidationFailed,
     SessionGoneError,
     TooManySessionsError,
 )
-from sdar_envs.server_config import ServerOptions
-from sdar_envs.server_limits import BadJSON, loads_guarded
+from sdar_envs.server.limits import BadJSON, loads_guarded
 
 
 class SessionEnv(Protocol):
-    """One session's environment as the routes read it (sdar_envs.server.SdarEnvironment)."""
+    """One session's environment as the routes read it (sdar_envs.server.environment.SdarEnvironment)."""
 
     @property
     def state(self) -> Any: ...
@@ -50,7 +50,7 @@ class SessionEnv(Protocol):
 
 class SessionTable(Protocol):
     """What the routes call on the server: the session table and its limits, and nothing else. The server
-    (sdar_envs.server.SdarEnvServer) implements it; the routes know it only through this interface."""
+    (sdar_envs.server.sessions.SdarEnvServer) implements it; the routes know it only through this interface."""
 
     options: ServerOptions
 

@@ -1,5 +1,6 @@
 """The errors a client of an env server can cause, each mapped to one HTTP status (and a short `kind`): raised by
-a session's environment and the session table (sdar_envs.server), answered by the routes (sdar_envs.server_routes)."""
+a session's environment (sdar_envs.server.environment) and the session table (sdar_envs.server.sessions), answered by
+the routes (sdar_envs.server.routes)."""
 
 from __future__ import annotations
 
