@@ -1,13 +1,14 @@
 """An MLflow store in the shape the comparison pipeline writes, made with the pipeline's own functions in seconds
 (no training): the parent run and its view (sdar.pipeline.mlflow_runs.open_pipeline_run), a warm-start run per seed
 (sdar.pipeline.evaluation.log_warm_start), an arm run per arm and seed as the trainer opens it (sdar.tracking.Tracker with
-the parent), and the view's metrics (sdar.eval.compare.log_view_metrics). `check_view` is what every such store must
+the parent), and the view's metrics (sdar.eval.compare.view_rows, written by sdar.tracking.comparison.log_view_metrics). `check_view` is what every such store must
 satisfy; tests/pipeline/test_local_run.py checks that a real pipeline run satisfies it too."""
 
 from __future__ import annotations
 
-from sdar.eval.compare import ArmRun, log_view_metrics
+from sdar.eval.compare import ArmRun, view_rows
 from sdar.tags import PIPELINE_JOB_TAG
+from sdar.tracking.comparison import log_view_metrics
 from sdar.tracking.view import (
     EXPERIMENT_KIND_TAG,
     HELD_OUT,
@@ -57,7 +58,7 @@ def build_comparison_store(uri: str, job: str, arms: list[str], seeds: list[int]
                 ev = _evaluation(arm, seed, [1, 1, 0, 1, 0, int(arm == "sdar")], t.run_id)
                 t.log_metrics({"final/success": ev["success"]})
             runs.append(ArmRun(arm, seed, ev, history, t.run_id))
-    log_view_metrics(runs, baseline, tracking_uri=uri)
+    log_view_metrics(view_rows(runs, baseline), tracking_uri=uri)
     return info
 
 

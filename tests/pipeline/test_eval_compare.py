@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from sdar.eval import wilson_interval
-from sdar.eval.compare import ArmRun, log_comparison, results_table, summarize, write_comparison
+from sdar.eval.compare import ArmRun, results_table, summarize, write_comparison
+from sdar.tracking.comparison import log_comparison
 
 
 def _eval(arm: str, seed: int, wins: int, n: int, per_type: dict[str, tuple[int, int]]) -> dict:
@@ -110,6 +111,30 @@ def test_mismatched_history_and_missing_fields_are_clear_errors():
         write_comparison([], "/tmp/unused")
 
 
+def test_the_comparison_is_computed_without_mlflow(tmp_path):
+    """sdar.eval.compare is statistics, table and plot: a fresh interpreter writes a comparison and its view's rows
+    and has not imported MLflow (its writes are sdar.tracking.comparison's)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from sdar.eval.compare import ArmRun, view_rows, write_comparison\n"
+        "ev = {'arm': 'sdar', 'seed': 0, 'success': 0.5, 'ci95': [0.1, 0.9], 'n': 4, 'run_id': 'r1', "
+        "'outcomes': [['t', 0, 1], ['u', 0, 0]]}\n"
+        "runs = [ArmRun.from_dicts(ev, {'arm': 'sdar', 'seed': 0, 'history': [{'step': 1, 'success': 0.5, "
+        "'sdar/gap_mean': -0.1, 'sdar/gate_mean': 0.4}]})]\n"
+        f"write_comparison(runs, {str(tmp_path)!r})\n"
+        "rows = view_rows(runs, None)\n"
+        "assert [(r.run_id, r.step) for r in rows] == [('r1', 0), ('r1', 1)], rows\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'mlflow'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+    assert (tmp_path / "comparison.md").is_file() and (tmp_path / "comparison.png").is_file()
+
+
 def test_log_comparison_attaches_files_and_metrics_to_a_running_parent(runs, tmp_path, mlflow_uri):
     from mlflow.tracking import MlflowClient
 
@@ -117,7 +142,7 @@ def test_log_comparison_attaches_files_and_metrics_to_a_running_parent(runs, tmp
 
     parent = Tracker("cmp-test", run_name="parent", tracking_uri=mlflow_uri).start()
     comp = write_comparison(runs, tmp_path / "out")
-    log_comparison(comp, parent_run_id=parent.run_id, tracking_uri=mlflow_uri)
+    log_comparison(comp.metrics(), comp.files, parent_run_id=parent.run_id, tracking_uri=mlflow_uri)
     client = MlflowClient(tracking_uri=mlflow_uri)
     run = client.get_run(parent.run_id)
     assert run.info.status == "RUNNING"  # the exit handler, not compare, ends the parent run

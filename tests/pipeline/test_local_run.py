@@ -59,6 +59,7 @@ def test_quick_pipeline_produces_the_comparison_and_mlflow_runs(tmp_path, monkey
     # the quick settings, cut further (1 step, 2 rollouts per task, 6 held-out tasks, the training tests' smaller
     # model and warm start, tests/train/conftest.py's SMALL) to keep CI short
     small = {k: SMALL[k] for k in ("model.tiny_overrides", "warmstart.tokenizer_episodes", "rollout.max_response_tokens")}
+    small["report_to"] = ["mlflow", "jsonl"]  # the training and evaluation steps also write JSON lines
     s = RunSettings.quick(arms=arms, steps=1, group_size=2, eval_tasks=6, experiment="e2e", overrides=small)
     # every process the run starts (the KFP tasks, the env server) watched for deprecation warnings of our own calls
     deprecations = tmp_path / "deprecations.log"
@@ -102,6 +103,15 @@ def test_quick_pipeline_produces_the_comparison_and_mlflow_runs(tmp_path, monkey
         assert child.data.metrics["final/success"] == pytest.approx(summaries[arm]["success"])
         assert parent.data.metrics[f"compare/{arm}/success"] == pytest.approx(summaries[arm]["success"])
         assert len(client.get_metric_history(child.info.run_id, "reward")) == s.steps
+    # report_to's JSON lines: a row per step in each training output, each evaluation's numbers in its own
+    trained = sorted(root.glob("outputs/**/metrics.jsonl"))
+    rows = {f.parent.name: [json.loads(ln) for ln in f.read_text().splitlines()] for f in trained}
+    finals = {k: r[0] for k, r in rows.items() if k.startswith("eval-") and "final/success" in r[0]}
+    assert sorted(finals) == sorted(f"eval-{a}-seed0-seed0" for a in arms), sorted(rows)
+    for arm in arms:
+        assert finals[f"eval-{arm}-seed0-seed0"]["final/success"] == pytest.approx(summaries[arm]["success"])
+    assert rows["eval-baseline-seed0"][0]["baseline/success"] == pytest.approx(comparison["baseline"]["success"])
+    assert sorted(k for k, r in rows.items() if len(r) == s.steps and "reward" in r[0]) == [f"{a}-seed0" for a in arms]
 
     # the env server is gone
     regs = _registries(root)

@@ -75,3 +75,27 @@ def test_a_training_run_reports_every_step_to_jsonl_and_tensorboard(tiny_ckpt, t
     assert [(s, pytest.approx(v)) for s, v in scalars["loss/total"]] == [(h["step"], h["loss/total"]) for h in history]
     assert json.loads((out / "params.json").read_text())["arm"] == cfg.arm
     assert not (out / "mlflow.db").exists()  # tracking off: MLflow never opened
+
+
+def test_a_logger_that_fails_to_close_still_ends_the_mlflow_run(mlflow_uri):
+    from mlflow.tracking import MlflowClient
+
+    from sdar.tracking import Tracker
+    from sdar.tracking.loggers import RunLoggers
+
+    class Broken:
+        def log_params(self, params):
+            pass
+
+        def log_metrics(self, metrics, step):
+            pass
+
+        def close(self):
+            raise OSError("cannot close")
+
+    tracker = Tracker("loggers-close", run_name="r", tracking_uri=mlflow_uri)
+    with pytest.raises(OSError, match="cannot close"), RunLoggers(tracker, [Broken()]) as loggers:
+        loggers.log_metrics({"loss": 1.0}, step=1)
+    run = MlflowClient(tracking_uri=mlflow_uri).get_run(tracker.run_id)
+    assert run.info.status == "FINISHED"  # not left RUNNING
+    assert run.data.metrics == {"loss": 1.0}

@@ -2,7 +2,8 @@
 and teacher-student gap over training steps, from each arm's evaluation and training history.
 
 Inputs are plain dicts (what the pipeline's evaluate and gated_train steps write as JSON), so the
-same code serves the KFP compare component, `sdar run --local` and notebooks.
+same code serves the KFP compare component, `sdar run --local` and notebooks. Nothing here writes to MLflow: the
+comparison's runs and view are written by sdar.tracking.comparison from what this module computes.
 """
 
 from __future__ import annotations
@@ -322,6 +323,11 @@ class Comparison:
     plot_path: Path
     json_path: Path
 
+    @property
+    def files(self) -> list[Path]:
+        """The table, the plot and the JSON."""
+        return [self.table_path, self.plot_path, self.json_path]
+
     def metrics(self) -> dict[str, float]:
         """Flat metrics per arm (`<arm>/success`, `<arm>/success_ci_low`, ...), for MLflow and KFP."""
         out: dict[str, float] = {}
@@ -354,91 +360,21 @@ def write_comparison(runs: list[ArmRun], out_dir: str | Path, baseline: dict[str
     return Comparison(table, summaries, out / "comparison.md", plot, out / "comparison.json")
 
 
-def log_to_run(run_id: str, metrics: dict[str, float], *, files: dict[str, Path] | None = None,
-               artifact_path: str | None = None, tracking_uri: str | None = None, step: int = 0) -> None:
-    """Add metrics (and files, as artifacts named by the dict keys) to an existing MLflow run
-    without touching its status, so a parent run stays RUNNING until the pipeline ends."""
-    import shutil
-    import tempfile
-    import time
+def view_rows(runs: list[ArmRun], baseline: dict[str, Any] | None) -> list:
+    """What the comparison's MLflow view shows, per run: each seed's warm-start run gets its held-out success at step
+    0; each arm run its held-out success and its paired difference from its own warm start at step 0, and per
+    training step its success, gap, gate and distillation weight (`computed`, per seed). Runs without an id are left
+    out (an untracked arm). sdar.tracking.comparison.log_view_metrics writes them."""
+    from sdar.tracking.view import DISTILL_WEIGHT, GAP, GATE, HELD_OUT, TRAIN_SUCCESS, VS_WARM_START, ViewRows
 
-    from mlflow.entities import Metric
-
-    from sdar.tracking import mlflow_client, resolve_tracking_uri
-
-    client = mlflow_client(resolve_tracking_uri(tracking_uri))
-    ts = int(time.time() * 1000)
-    batch = [Metric(k, float(v), ts, step) for k, v in metrics.items() if v is not None and math.isfinite(float(v))]
-    for i in range(0, len(batch), 1000):
-        client.log_batch(run_id, metrics=batch[i : i + 1000])
-    for name, src in (files or {}).items():
-        src = Path(src)
-        if not src.is_file():
-            raise FileNotFoundError(f"cannot log {src} to run {run_id}: not a file")
-        if src.name == name:
-            client.log_artifact(run_id, str(src), artifact_path)
-            continue
-        with tempfile.TemporaryDirectory() as tmp:  # MLflow names an artifact after its file
-            dst = Path(tmp) / name
-            shutil.copyfile(src, dst)
-            client.log_artifact(run_id, str(dst), artifact_path)
-
-
-def log_comparison(comparison: Comparison, *, parent_run_id: str, tracking_uri: str | None = None,
-                   runs: list[ArmRun] | None = None, baseline: dict[str, Any] | None = None) -> None:
-    """Attach the table, plot and JSON to the pipeline's MLflow parent run (under comparison/),
-    with per-arm metrics (`compare/<arm>/success`, ...); with the arm runs (and the baseline step's result), log
-    the view's metrics into every run the comparison's MLflow view shows (`log_view_metrics`) and save the view
-    on the parent's experiment again (sdar.tracking.view.publish_view: the same view, whoever wrote it first)."""
-    log_to_run(parent_run_id, {f"compare/{k}": v for k, v in comparison.metrics().items()},
-               files={p.name: p for p in (comparison.table_path, comparison.plot_path, comparison.json_path)},
-               artifact_path="comparison", tracking_uri=tracking_uri)
-    if runs is not None:
-        log_view_metrics(runs, baseline, tracking_uri=tracking_uri)
-    from sdar.tags import PIPELINE_JOB_TAG
-    from sdar.tracking import mlflow_client, resolve_tracking_uri
-    from sdar.tracking.view import publish_view
-
-    uri = resolve_tracking_uri(tracking_uri)
-    parent = mlflow_client(uri).get_run(parent_run_id)
-    if parent.data.tags.get(PIPELINE_JOB_TAG):
-        publish_view(uri, parent.info.experiment_id, parent.data.tags[PIPELINE_JOB_TAG])
-
-
-def log_view_metrics(runs: list[ArmRun], baseline: dict[str, Any] | None, *, tracking_uri: str | None = None) -> int:
-    """The comparison view's metrics (sdar.tracking.view.CHARTS) in each arm run and each seed's warm-start run:
-    held-out success (and an arm's paired difference from its own warm start) at step 0, and per step the
-    training success, gap, gate and distillation weight (`computed`, per seed). Returns the runs written."""
-    from mlflow.exceptions import MlflowException
-
-    from sdar.tracking import mlflow_client, resolve_tracking_uri
-    from sdar.tracking.view import DISTILL_WEIGHT, GAP, GATE, HELD_OUT, TRAIN_SUCCESS, VS_WARM_START
-
-    client = mlflow_client(resolve_tracking_uri(tracking_uri))
-
-    def exists(run_id: str | None) -> bool:
-        if not run_id:
-            return False
-        try:
-            client.get_run(run_id)
-            return True
-        except MlflowException:
-            print(f"note: run {run_id} is not in {client.tracking_uri}; the comparison's view will not show it")
-            return False
-
-    written = 0
-    for ws in ((baseline or {}).get("by_seed") or {}).values():
-        if exists(ws.get("run_id")):
-            log_to_run(ws["run_id"], {HELD_OUT: float(ws["success"])}, tracking_uri=tracking_uri)
-            written += 1
+    rows = [ViewRows(ws["run_id"], 0, {HELD_OUT: float(ws["success"])})
+            for ws in ((baseline or {}).get("by_seed") or {}).values() if ws.get("run_id")]
     for r in runs:
-        if not exists(r.run_id):
+        if not r.run_id:
             continue
         diff = paired_vs_warm_start([r], baseline)[0]
-        log_to_run(r.run_id, {HELD_OUT: float(r.evaluation["success"]), VS_WARM_START: diff},
-                   tracking_uri=tracking_uri)
-        for row in computed([r]).get(r.arm, []):
-            log_to_run(r.run_id, {TRAIN_SUCCESS: row["success"], GAP: row["gap"], GATE: row["gate"],
-                                  DISTILL_WEIGHT: row["distill_weight"]}, tracking_uri=tracking_uri, step=row["step"])
-        written += 1
-    return written
+        rows.append(ViewRows(r.run_id, 0, {HELD_OUT: float(r.evaluation["success"]), VS_WARM_START: diff}))
+        rows += [ViewRows(r.run_id, int(row["step"]), {TRAIN_SUCCESS: row["success"], GAP: row["gap"],
+                                                       GATE: row["gate"], DISTILL_WEIGHT: row["distill_weight"]})
+                 for row in computed([r]).get(r.arm, [])]
+    return rows

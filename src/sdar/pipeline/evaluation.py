@@ -10,6 +10,7 @@ from typing import Any
 
 from sdar.pipeline.jobs import once_per_job
 from sdar.pipeline.steps import prepare_step, read_json, tracking_uri_of, write_json
+from sdar.tracking.loggers import log_once
 
 EVAL_SAMPLING_SEED = 10_007  # + the seed: the sampling seed of every evaluation of a seed (its warm start and arms)
 
@@ -66,7 +67,7 @@ def evaluate_policy(config_path: str, overrides: str, job_id: str, result_path: 
                                                         for t, v in result["per_type"].items()}}
     target_run = run_id or info.get("parent_run_id") or ""
     if tracking and target_run:
-        from sdar.eval.compare import log_to_run
+        from sdar.tracking.comparison import log_to_run
 
         prefix = "final" if run_id else name
         log_to_run(target_run, {f"{prefix}/{k}": v for k, v in {**runs[0]["metrics"], **numbers}.items()},
@@ -97,6 +98,7 @@ def _play_eval(*, config_path: str, overrides: str, job_id: str, name: str, chec
     res = run_eval(rt.backend, rt.tokenizer, rt.env_factory, tasks, rt.rollout_cfg, temperature=temperature,
                    episodes_per_task=episodes_per_task, sampling_seed=sampling_seed)
     outcomes = [[t.task_id, k % episodes_per_task, int(t.won)] for k, t in enumerate(res.trajectories)]
+    log_once(cfg.report_to, cfg.output_dir, res.metrics(prefix="final" if checkpoint else name))  # jsonl, tensorboard
     return {"label": name, "arm": arm, "seed": seed, "baseline": not checkpoint, "temperature": temperature,
             "episodes_per_task": episodes_per_task, "sampling_seed": sampling_seed, "task_ids": tasks,
             "family": cfg.env.family, **res.to_dict(), "wins": sum(o[2] for o in outcomes), "outcomes": outcomes,

@@ -190,7 +190,7 @@ def run_local(settings: RunSettings | None = None, *, quick: bool = False, root:
     result["resume_command"] = resume_command(root, job) if error else ""
     result["disk_full"] = view is not None and view.disk_full is not None
     # the exit handler ended the parent run; make sure it is not left RUNNING if the runner itself failed
-    from sdar.eval.compare import log_to_run
+    from sdar.tracking.comparison import log_to_run
     from sdar.tracking import mlflow_client
 
     log_to_run(parent.run_id, {"pipeline/seconds": seconds}, tracking_uri=uri)

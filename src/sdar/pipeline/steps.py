@@ -274,7 +274,7 @@ def log_pair_accounting(run_id: str, accounting: Mapping[str, Any], tracking_uri
     tokens, cost, latency, agreement) as `dag_<key>` metrics of the arm's MLflow run; returns them."""
     acct = {f"dag_{k}": float(v) for k, v in accounting.items() if isinstance(v, (int, float))}
     if acct:
-        from sdar.eval.compare import log_to_run
+        from sdar.tracking.comparison import log_to_run
 
         log_to_run(run_id, acct, tracking_uri=tracking_uri)
     return acct
@@ -397,7 +397,8 @@ def compare_arms(evaluations: list[str], histories: list[str], table_path: str, 
     """
     import shutil
 
-    from sdar.eval.compare import ArmRun, log_comparison, write_comparison
+    from sdar.eval.compare import ArmRun, view_rows, write_comparison
+    from sdar.tracking.comparison import log_comparison
 
     hists = {}
     for path in histories:
@@ -416,12 +417,13 @@ def compare_arms(evaluations: list[str], histories: list[str], table_path: str, 
     shutil.copyfile(result.plot_path, plot_path)
     if report_dir:
         Path(report_dir).mkdir(parents=True, exist_ok=True)
-        for p in (result.table_path, result.plot_path, result.json_path):
+        for p in result.files:
             shutil.copyfile(p, Path(report_dir) / p.name)
     parent = info.get("parent_run_id") or ""
     if tracking and parent:
-        log_comparison(result, parent_run_id=parent, tracking_uri=tracking_uri_of(tracking_uri, info, output_root),
-                       runs=runs, baseline=read_json(baseline) or None)
+        log_comparison(result.metrics(), result.files, parent_run_id=parent,
+                       tracking_uri=tracking_uri_of(tracking_uri, info, output_root),
+                       rows=view_rows(runs, read_json(baseline) or None))
     print(result.table)
     print(f"plot: {result.plot_path}")
     best = max(result.summaries, key=lambda s: s.success).arm

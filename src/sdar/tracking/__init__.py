@@ -3,8 +3,9 @@
 Default store: `sqlite:///<output_dir or cwd>/mlflow.db` (artifacts beside it) when MLFLOW_TRACKING_URI is unset.
 The package, by concept: `store` (where runs are kept: URIs, the SQLite store, the one client, experiments),
 `params` (settings and numbers as MLflow takes them), `tracker` (`Tracker`, one run), `loggers` (`report_to`: the
-JSON-lines and TensorBoard loggers beside MLflow), `runs` (reading runs back), `view` (the comparison's saved MLflow
-view and its URL) and `ui` (`sdar ui`: the MLflow server over a store). Import the first four's names from here.
+JSON-lines and TensorBoard loggers beside MLflow), `runs` (reading runs back), `comparison` (the comparison's
+writes into existing runs), `view` (the comparison's saved MLflow view and its URL) and `ui` (`sdar ui`: the MLflow
+server over a store). Import the first four's names from here.
 """
 
 from sdar.tags import PIPELINE_JOB_TAG

@@ -95,6 +95,20 @@ def make_loggers(report_to: list[str], output_dir: str | os.PathLike, resume_ste
     return [kinds[name](output_dir, resume_step) for name in report_to if name in kinds]
 
 
+def log_once(report_to: list[str], output_dir: str | os.PathLike, metrics: dict[str, float], step: int = 0) -> int:
+    """Metrics of a step that is not a training run (a pipeline evaluation, a comparison) to the loggers of
+    `report_to` besides MLflow, in `output_dir`, appended to what they hold; MLflow's copy is the caller's (it goes
+    into an existing run: sdar.tracking.comparison.log_to_run). Returns the loggers written."""
+    loggers = make_loggers(report_to, output_dir, None)
+    try:
+        for logger in loggers:
+            logger.log_metrics(metrics, step)
+    finally:
+        for logger in loggers:
+            logger.close()
+    return len(loggers)
+
+
 class RunLoggers:
     """The Tracker (MLflow, or a disabled one) and the other loggers of `report_to` as one: params and metrics go to
     each, files and artifacts to MLflow. A context manager, as the Tracker is."""
@@ -111,9 +125,12 @@ class RunLoggers:
         return self
 
     def __exit__(self, *exc) -> Any:
-        for logger in self.others:
-            logger.close()
-        return self.tracker.__exit__(*exc)
+        try:  # a logger that fails to close must not leave the MLflow run RUNNING
+            for logger in self.others:
+                logger.close()
+        finally:
+            result = self.tracker.__exit__(*exc)
+        return result
 
     def log_params(self, params: Any) -> None:
         self.tracker.log_params(params)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import re
 import zlib
+from dataclasses import dataclass
 from typing import Any
 
 from sdar.tags import PIPELINE_JOB_TAG
@@ -37,7 +38,7 @@ ARM_COLORS = {
 }
 _SPARE = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354")
 
-# the view's metrics, logged by the compare step into every run it shows (sdar.eval.compare.log_view_metrics) under
+# the view's metrics, logged by the compare step into every run it shows (sdar.tracking.comparison.log_view_metrics) under
 # names that read as chart titles: (chart type, metric). Held-out success first, the warm start its reference bar.
 HELD_OUT = "held-out success"
 VS_WARM_START = "held-out success - own warm start"
@@ -57,6 +58,16 @@ TITLES = {  # what each chart shows, for the section's readers (MLflow titles a 
 }
 SECTION = "sdar comparison: held-out success (warm start = before RL), training success, gap, gate, distillation"
 
+
+
+@dataclass(frozen=True)
+class ViewRows:
+    """The view's metrics (CHARTS) for one MLflow run: {metric: value} at `step` (sdar.eval.compare.view_rows makes
+    them, sdar.tracking.comparison.log_view_metrics writes them)."""
+
+    run_id: str
+    step: int
+    metrics: dict[str, float]
 
 def arm_color(arm: str) -> str:
     """The arm's fixed colour (hex); an arm outside ARM_COLORS gets a stable one of the spare colours."""
