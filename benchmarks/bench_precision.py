@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     from sdar.models.scoring import free_token_mask
     from sdar.train import Trainer
     from sdar.train.metrics import step_metrics
+    from sdar.train.runtime import Shortcuts
     from sdar.train.warmstart import ensure_warm_start, warm_start_path
 
     overrides = dict(parse_set(s) for s in args.set)
@@ -53,8 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides = {"tasks_per_step": 1, "group_size": 2, "rollout.max_turns": 3, **overrides}
     # old_logp from each trainer's own score phase: the sampler's log-probs (float32's, here) would stand in for
     # bfloat16's, and rows left to the update's first forward would be compared before they are filled
-    overrides = {"arm": args.arm, "tracking": False, "eval.every": 0,
-                 "ppo.old_logp_from_sampler": False, "ppo.reuse_old_logp": False, **overrides}
+    overrides = {"arm": args.arm, "tracking": False, "eval.every": 0, **overrides}
     base = load_config(args.config, overrides)
     ensure_warm_start(base)
     start = warm_start_path(base)
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.manual_seed(cfg.seed)  # the fresh adapter's initialisation: the same in both
         policy = load_policy(ModelSpec(name_or_path=where, dtype=dtype, lora=m.lora, lora_r=m.lora_r,
                                        lora_alpha=m.lora_alpha, lora_dropout=m.lora_dropout))
-        trainers[dtype] = Trainer(cfg, policy=policy)
+        trainers[dtype] = Trainer(cfg, policy=policy, shortcuts=Shortcuts(old_logp_from_sampler=False, reuse_old_logp=False))
     t32, t16 = trainers["float32"], trainers["bfloat16"]
     adapter = {k: v for k, v in t32.policy.model.state_dict().items() if "lora_" in k}
     t16.policy.model.load_state_dict(adapter, strict=False)  # the same adapter values (float32 in both)

@@ -55,10 +55,9 @@ from _shared import (
     random_policy,
 )
 
-# the speed-ups, each a config flag (default on); --compare-off sets every one of them to its "off" value
-SPEEDUPS_OFF = {"rollout.jump_forward": False, "rollout.share_prefix": False, "ppo.old_logp_from_sampler": False, "ppo.reuse_old_logp": False,
-                "scoring.prefix_cache": False, "scoring.length_buckets": False, "scoring.merged_inference": False, "scoring.dedup": False,
-                "scoring.head_at_free_tokens": False}
+# the modes that run without the shortcuts that keep the numbers (sdar.train.runtime.Shortcuts.none(): no settings, a
+# run takes them all); --compare-off adds mode off
+SHORTCUTS_OFF = ("off",)
 # issue 40's fast paths, each a config switch (default auto: packed on CUDA, padded elsewhere): what --modes batched
 # and packed set, and padded the per-row paths wherever the run is (on a GPU, "on" is the packed path)
 FAST = {"batched": {"rollout.sampler": "batched", "scoring.packed": True},
@@ -67,7 +66,7 @@ FAST = {"batched": {"rollout.sampler": "batched", "scoring.packed": True},
 # the precision a real model runs in, each on the defaults: fp32 against bf16 side by side (the same warm start, trained
 # in the config's warmstart.dtype, loaded in each)
 PRECISION = {"fp32": {"model.dtype": "float32"}, "bf16": {"model.dtype": "bfloat16"}}
-MODES = {"on": {}, "off": SPEEDUPS_OFF, **FAST, **PRECISION}
+MODES = {"on": {}, "off": {}, **FAST, **PRECISION}
 # the trainer's named phases, Trainer.<name>_phase: the meter attributes each forward to the one running
 PHASES = ("rollout", "score", "update")
 # --smoke: the training tests' miniature of household-tiny (tests/train/conftest.py, the same warm start), one task
@@ -162,8 +161,7 @@ def limits(trainer, trajs) -> dict[str, float]:
             for m in range(0, len(mini), cfg.ppo.micro_batch_size):
                 micro = mini[m : m + cfg.ppo.micro_batch_size]
                 # rows of similar length per forward (the least padding), one backward per micro-batch
-                groups = length_groups([len(r) for r in micro], len(micro)) if cfg.scoring.length_buckets else [
-                    list(range(len(micro)))]
+                groups = length_groups([len(r) for r in micro], len(micro))
                 loss = 0.0
                 for g in groups:
                     ids, mask = _padded([micro[i] for i in g], pad, device)
@@ -179,22 +177,25 @@ def limits(trainer, trajs) -> dict[str, float]:
     return out
 
 
-def build_trainer(cfg, shape: str, layers: int | None, console):
+def build_trainer(cfg, shape: str, layers: int | None, console, shortcuts: bool = True):
     """The trainer of `cfg` on a model of `shape` (tiny: the config's warm-started model; smollm2: SmolLM2-135M-Instruct,
-    its real weights, warm-started when the config says so)."""
+    its real weights, warm-started when the config says so); shortcuts=False: without the shortcuts that keep the
+    numbers (Shortcuts.none())."""
     from dataclasses import replace
 
     from sdar.train import Trainer
+    from sdar.train.runtime import Shortcuts
 
+    taken = Shortcuts() if shortcuts else Shortcuts.none()
     if shape in REAL:
         from sdar.train.warmstart import ensure_warm_start
 
         if shape != cfg.model.name_or_path:
             cfg = replace(cfg, model=replace(cfg.model, name_or_path=shape))
         ensure_warm_start(cfg, console)
-        return Trainer(cfg, console=console)
+        return Trainer(cfg, console=console, shortcuts=taken)
     return Trainer(cfg, policy=random_policy(shape, cfg.model, layers=layers, device=str(cfg.resolved_device()), seed=cfg.seed),
-                   console=console)
+                   console=console, shortcuts=taken)
 
 
 def metered(trainer, meter: ForwardMeter, last: dict) -> None:
@@ -238,7 +239,7 @@ def teacher_floor(trainer, meter: ForwardMeter, record: dict) -> None:
     teacher.prompts, teacher.score = prompts, score
 
 
-def arm_steps(args, shape: str, arm: str, overrides: dict, console):
+def arm_steps(args, shape: str, arm: str, overrides: dict, console, shortcuts: bool = True):
     """One arm's run, a step per `next()`: the first builds the trainer and runs the warm-up step, then one timed
     step each; the generator's return value (StopIteration.value) is the arm's figures."""
     from sdar.config import load_config
@@ -246,7 +247,7 @@ def arm_steps(args, shape: str, arm: str, overrides: dict, console):
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_config(args.config, {**overrides, "arm": arm, "tracking": False, "output_dir": tmp,
                                         "teacher.for_all_arms": False, "eval.every": 0})
-        trainer = build_trainer(cfg, shape, args.layers, console)
+        trainer = build_trainer(cfg, shape, args.layers, console, shortcuts)
         model = trainer.policy.model
         counts = trainer.policy.parameter_counts()
         meter, last, record = ForwardMeter.of(model), {}, {}
@@ -451,7 +452,8 @@ def main(argv: list[str] | None = None) -> None:
         args.floor_rate = {d: matmul_rate(getattr(torch, d), str(probe.resolved_device())) for d in sorted(dtypes)}
         console.print("matrix-multiply rate (2048 x 2048): " + ", ".join(f"{r / 1e9:,.0f} GFLOP/s in {d}"
                                                                         for d, r in args.floor_rate.items()))
-    runs = {(arm, mode): arm_steps(args, args.model, arm, {**overrides, **extra}, console) for arm in arms for mode, extra in modes.items()}
+    runs = {(arm, mode): arm_steps(args, args.model, arm, {**overrides, **extra}, console, mode not in SHORTCUTS_OFF)
+            for arm in arms for mode, extra in modes.items()}
     # interleaved: a round runs one step of every arm in turn, so a machine that drifts (another tenant, heat)
     # slows every arm alike and the ratios between them stay side by side
     rows: dict[tuple[str, str], dict] = {}

@@ -235,11 +235,12 @@ def test_a_config_error_is_a_message_and_status_2_not_a_traceback(tmp_path):
 
 # ---- the sections: one flat list of 50 settings became optim, ppo, scoring, teacher, eval, checkpoint ------
 def test_a_setting_that_moved_into_a_section_is_refused_with_its_new_place(tmp_path):
-    from sdar.config import MOVED_KEYS, ConfigError, config_fields
+    from sdar.config import MOVED_KEYS, RETIRED, ConfigError, config_fields
 
     keys = {k for k, *_ in config_fields()}
-    assert set(MOVED_KEYS.values()) <= keys and not set(MOVED_KEYS) & keys
-    for old, new in MOVED_KEYS.items():
+    moved = {old: new for old, new in MOVED_KEYS.items() if new not in RETIRED}  # a retired one loads with a note
+    assert set(moved.values()) <= keys and not set(MOVED_KEYS) & keys and not set(RETIRED) & keys
+    for old, new in moved.items():
         with pytest.raises(ConfigError, match=rf"^{re.escape(old)} is now {re.escape(new)} "):
             load_config(CONFIG, {old: 1})  # refused before its value is read
     path = tmp_path / "old.yaml"
@@ -252,10 +253,14 @@ def test_the_identity_of_a_config_is_taken_in_the_flat_layout():
     """Study fingerprints and warm-start keys recorded before the sections stay valid: the identity is computed
     from the flat layout (MOVED_KEYS backwards) without the fields added since at their defaults
     (drop_added_defaults), which holds exactly the values of the sections."""
-    from sdar.config import MOVED_KEYS, drop_added_defaults, flat_layout
+    from sdar.config import MOVED_KEYS, RETIRED, drop_added_defaults, flat_layout
 
     cfg = load_config(CONFIG)
     flat, nested = drop_added_defaults(flat_layout(cfg.to_dict())), drop_added_defaults(cfg.to_dict())
+    for key, value in RETIRED.items():  # the retired switches, at the value every recorded run had
+        head, _, name = key.partition(".")
+        assert name not in nested[head]
+        nested[head][name] = value
     for old, new in MOVED_KEYS.items():
         head, _, name = new.partition(".")
         assert flat[old] == nested[head][name]
@@ -263,6 +268,26 @@ def test_the_identity_of_a_config_is_taken_in_the_flat_layout():
     assert {k: v for k, v in flat.items() if k not in MOVED_KEYS} == {
         k: ({kk: vv for kk, vv in v.items() if f"{k}.{kk}" not in MOVED_KEYS.values()} if isinstance(v, dict) else v)
         for k, v in nested.items() if k not in ("optim", "ppo", "scoring", "teacher", "eval", "checkpoint")}
+
+
+def test_a_retired_switch_loads_with_a_note_and_changes_no_identity(tmp_path, capsys):
+    """The switches between paths of the same numbers are retired (sdar.config.compat.RETIRED): a config or --set
+    that names one, in its section or by its old flat name, loads with a note naming it; the study fingerprint is
+    the one of the config without it."""
+    from sdar.config import RETIRED, ConfigError
+    from sdar.study.runner import config_fingerprint
+
+    path = tmp_path / "old.yaml"
+    path.write_text("scoring:\n  dedup: false\n  batch_size: 8\nrollout:\n  jump_forward: false\nlength_buckets: false\n")
+    cfg = load_config(path, {"ppo.reuse_old_logp": False})
+    err = capsys.readouterr().err
+    for shown in ("scoring.dedup=False", "rollout.jump_forward=False", "length_buckets=False", "ppo.reuse_old_logp=False"):
+        assert f"note: {shown} in {path} is ignored: it no longer chooses anything" in err, err
+    assert cfg.scoring.batch_size == 8 and not hasattr(cfg.scoring, "dedup")
+    assert config_fingerprint(cfg) == config_fingerprint(load_config(None, {"scoring.batch_size": 8}))
+    assert len(RETIRED) == 9 and set(RETIRED.values()) == {True}
+    with pytest.raises(ConfigError, match="unknown key"):  # a misspelt one is still refused
+        load_config(None, {"scoring.dedupe": False})
 
 
 def test_a_bound_is_declared_beside_its_field_and_reads_back_as_it_prints():

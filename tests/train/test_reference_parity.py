@@ -15,6 +15,7 @@ from sdar.agent.rollout import Trajectory, Turn, episode_reward, penalized, turn
 from sdar.config import FAMILY_DEFAULTS, load_config
 from sdar.models.scoring import free_token_mask
 from sdar.train.distributed import RowSplit
+from sdar.train.runtime import Shortcuts
 from sdar.train.update import micro_batches
 
 from .conftest import make_trainer, small_config
@@ -286,7 +287,7 @@ def test_old_logp_from_the_first_forward_changes_nothing(tiny_ckpt, tmp_path, mi
     results = {}
     for reuse in (True, False):
         trainer = make_trainer(small_config(tmp_path / str(reuse), arm="sdar", steps=1, tracking=False,
-                                       **{"ppo.mini_batch_size": mini, "ppo.reuse_old_logp": reuse}))
+                                            **{"ppo.mini_batch_size": mini}), shortcuts=Shortcuts(reuse_old_logp=reuse))
         m = trainer.train_step(0).metrics
         results[reuse] = (m, _updated(trainer))
     (m1, w1), (m0, w0) = results[True], results[False]
@@ -304,8 +305,9 @@ def test_old_logp_from_the_sampler_changes_nothing(tiny_ckpt, tmp_path, mini):
     pass's log-probs: no scoring pass, the same update and statistics, and a first PPO ratio of 1."""
     results = {}
     for on in (True, False):
-        trainer = make_trainer(small_config(tmp_path / str(on), arm="sdar", steps=1, tracking=False, **{"ppo.mini_batch_size": mini,
-                                       "ppo.reuse_old_logp": False}, **{"ppo.old_logp_from_sampler": on}))
+        trainer = make_trainer(small_config(tmp_path / str(on), arm="sdar", steps=1, tracking=False,
+                                            **{"ppo.mini_batch_size": mini}),
+                               shortcuts=Shortcuts(reuse_old_logp=False, old_logp_from_sampler=on))
         calls = []
         import sdar.models.scoring as sc
 
@@ -339,7 +341,7 @@ def test_merged_inference_changes_nothing(tiny_ckpt, tmp_path):
     results = {}
     for on in (True, False):
         trainer = make_trainer(small_config(tmp_path / str(on), arm="sdar", steps=2, tracking=False,
-                                            **{"ppo.mini_batch_size": 100000, "scoring.merged_inference": on}))
+                                            **{"ppo.mini_batch_size": 100000}), shortcuts=Shortcuts(merged_inference=on))
         trainer.train_step(0)
         sampler = trainer.backend.inference()
         assert isinstance(sampler, PeftModel) != on and (sampler is trainer.model) != on
@@ -366,7 +368,7 @@ def test_shared_prefix_rollouts_change_nothing(tiny_ckpt, tmp_path):
     results = {}
     for on in (True, False):
         trainer = make_trainer(small_config(tmp_path / str(on), arm="sdar", steps=2, tracking=False,
-                                            **{"ppo.mini_batch_size": 100000, "rollout.share_prefix": on}))
+                                            **{"ppo.mini_batch_size": 100000}), shortcuts=Shortcuts(share_prefix=on))
         trajs = []
         trainer.collect = lambda step, real=trainer.collect, trajs=trajs: trajs.append(real(step)) or trajs[-1]
         metrics = [trainer.train_step(k).metrics for k in (0, 1)]
@@ -427,14 +429,14 @@ def test_the_update_forward_from_shared_prefixes_gives_the_plain_forwards_number
         torch.testing.assert_close(g1[n], g0[n], rtol=tol * 10, atol=tol * 10 * max(float(g0[n].abs().max()), 1e-6))
 
 
-@pytest.mark.parametrize("flags", [{"scoring.prefix_cache": False}, {"scoring.length_buckets": False}, {}])
+@pytest.mark.parametrize("flags", [{"prefix_cache": False}, {"length_buckets": False}, {}])
 def test_the_update_with_length_groups_and_prefix_reuse_changes_nothing(tiny_ckpt, tmp_path, flags):
     """Issue 14.4: a step with the update's forwards regrouped (length groups, a task's prompt start once) makes
     the same update, with the same statistics, as with both switched off."""
     results = {}
-    for name, extra in (("on", flags), ("off", {"scoring.prefix_cache": False, "scoring.length_buckets": False})):
+    for name, extra in (("on", flags), ("off", {"prefix_cache": False, "length_buckets": False})):
         trainer = make_trainer(small_config(tmp_path / name, arm="sdar", steps=1, tracking=False, **{"ppo.mini_batch_size": 6,
-                                       "ppo.micro_batch_size": 3}, **extra))
+                                            "ppo.micro_batch_size": 3}), shortcuts=Shortcuts(**extra))
         import sdar.models.scoring as sc
 
         calls = []
@@ -446,7 +448,7 @@ def test_the_update_with_length_groups_and_prefix_reuse_changes_nothing(tiny_ckp
             sc.shared_prefix_logprobs = real
         results[name] = (m, calls, _updated(trainer))
     (m1, c1, w1), (m0, c0, w0) = results["on"], results["off"]
-    assert (True in c1) == flags.get("scoring.prefix_cache", True) and True not in c0  # the update used the prefix path
+    assert (True in c1) == flags.get("prefix_cache", True) and True not in c0  # the update used the prefix path
     for key in ("loss/pg", "loss/kl", "loss/sdar", "pg/ratio_mean", "pg/approx_kl", "sdar/gap_mean", "loss/total"):
         assert m1[key] == pytest.approx(m0[key], abs=1e-5), key
     _assert_same_update(w1, w0, trainer.cfg.optim.lr)
@@ -536,8 +538,9 @@ def test_dedup_scoring_changes_no_step_and_switches_off(tiny_ckpt, tmp_path, mon
     results = {}
     for on in (True, False):
         trainer = make_trainer(small_config(tmp_path / str(on), arm="sdar", steps=1, tracking=False,
-                                            **{"ppo.mini_batch_size": 100000}, group_size=4, **{"scoring.dedup": on,
-                                            "rollout.temperature": 0.3}))  # a task's rollouts often agree
+                                            **{"ppo.mini_batch_size": 100000}, group_size=4,
+                                            **{"rollout.temperature": 0.3}),  # a task's rollouts often agree
+                               shortcuts=Shortcuts(dedup=on))
         rows, trajs = [], []
 
         def counted(model, p, *a, real=sc._grouped_prefix_logprobs, **k):
@@ -567,8 +570,8 @@ def test_head_at_free_tokens_changes_no_step_and_switches_off(tiny_ckpt, tmp_pat
     response span, and runs the head at fewer positions."""
     results = {}
     for on in (True, False):
-        trainer = make_trainer(small_config(tmp_path / str(on), arm="sdar", steps=1, tracking=False,
-                                            **{"scoring.head_at_free_tokens": on}))
+        trainer = make_trainer(small_config(tmp_path / str(on), arm="sdar", steps=1, tracking=False),
+                               shortcuts=Shortcuts(head_at_free_tokens=on))
         rows = []
         for module in {trainer.model, trainer.policy.inference_model()}:
             module.get_output_embeddings().register_forward_pre_hook(

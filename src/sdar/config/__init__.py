@@ -13,7 +13,7 @@ identities valid), `load` (file + overrides + family defaults -> TrainConfig), `
 
 from sdar.algos.arm_config import ARMS, OVERRIDABLE, ArmConfig, get_arm
 from sdar.config.bounds import Bound, check_numbers, field_bounds
-from sdar.config.compat import ADDED_DEFAULTS, MOVED_KEYS, drop_added_defaults, flat_layout
+from sdar.config.compat import ADDED_DEFAULTS, MOVED_KEYS, RETIRED, drop_added_defaults, flat_layout
 from sdar.config.help import config_fields
 from sdar.config.load import (FAMILY_DEFAULTS, SET_HELP, ConfigError, apply_family_defaults, from_dict, load_config,
                               parse_overrides, parse_set)
@@ -25,7 +25,7 @@ from sdar.config.sections import (PENALIZE, PLACEMENTS, PRETOKENIZERS, REWARDS, 
 from sdar.config.values import RENAMED_ARM_SETTINGS, check_arm_overrides
 
 __all__ = [
-    "ADDED_DEFAULTS", "ARMS", "FAMILY_DEFAULTS", "MOVED_KEYS", "NUMBER_BOUNDS", "OVERRIDABLE", "PENALIZE",
+    "ADDED_DEFAULTS", "ARMS", "FAMILY_DEFAULTS", "MOVED_KEYS", "NUMBER_BOUNDS", "OVERRIDABLE", "PENALIZE", "RETIRED",
     "PLACEMENTS", "PRETOKENIZERS", "RENAMED_ARM_SETTINGS", "REWARDS", "SAMPLERS", "SET_HELP", "STRATEGIES",
     "ArmConfig", "Bound",
     "CheckpointConfig", "ConfigError", "DistributedConfig", "EnvConfig", "EvalConfig", "LaunchConfig", "ModelConfig",

@@ -48,6 +48,36 @@ MOVED_KEYS: dict[str, str] = {
 }
 
 
+# Switches that chose between paths computing the same numbers (up to float rounding), retired: the runtime takes
+# every such shortcut itself (sdar.train.runtime.Shortcuts; checks and benchmarks turn them off there). A config
+# that still names one loads, with a note that it is ignored; every identity keeps them at these values, the ones
+# every run recorded before had. Dotted key -> that value.
+RETIRED: dict[str, bool] = {
+    "rollout.jump_forward": True, "rollout.share_prefix": True, "ppo.reuse_old_logp": True,
+    "ppo.old_logp_from_sampler": True, "scoring.prefix_cache": True, "scoring.dedup": True,
+    "scoring.merged_inference": True, "scoring.length_buckets": True, "scoring.head_at_free_tokens": True,
+}
+
+
+def drop_retired(data: dict[str, Any], where: str = "config") -> list[str]:
+    """Remove the RETIRED settings from `data` (a config's nested dict, or its old flat keys); returns a note per
+    setting removed, for the loader to print."""
+    notes = []
+    flat = {old: new for old, new in MOVED_KEYS.items() if new in RETIRED}
+    for key in RETIRED:
+        head, _, name = key.partition(".")
+        section = data.get(head)
+        found = [(section, name, key)] if isinstance(section, dict) and name in section else []
+        found += [(data, old, old) for old, new in flat.items() if new == key and old in data]
+        for holder, name_there, shown in found:
+            value = holder.pop(name_there)
+            notes.append(f"note: {shown}={value!r} in {where} is ignored: it no longer chooses anything (the runtime "
+                         "takes every shortcut that keeps the numbers itself: docs/training.md#speed-ups)")
+        if isinstance(section, dict) and not section and head in data:
+            del data[head]
+    return notes
+
+
 def _added_defaults(cls: type, prefix: str = "") -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     out: dict[str, Any] = {}
@@ -71,6 +101,9 @@ def flat_layout(d: dict[str, Any]) -> dict[str, Any]:
     what every identity is computed from (the warm-start cache key, a study run's fingerprint), so a run
     recorded before the sections has the same identity after them."""
     d = {k: (dict(v) if isinstance(v, dict) else v) for k, v in d.items()}
+    for key, value in RETIRED.items():  # the retired switches at the value every recorded run had
+        head, _, name = key.partition(".")
+        d.setdefault(head, {}).setdefault(name, value)
     for old, new in MOVED_KEYS.items():
         head, _, name = new.partition(".")
         if isinstance(d.get(head), dict) and name in d[head]:

@@ -4,6 +4,8 @@ made one TrainConfig, checked once; every setting that cannot be used is a Confi
 from __future__ import annotations
 
 import argparse
+import copy
+import sys
 import typing
 from dataclasses import fields, is_dataclass
 from pathlib import Path
@@ -11,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from sdar.config.compat import MOVED_KEYS
+from sdar.config.compat import MOVED_KEYS, drop_retired
 from sdar.config.schema import TrainConfig
 from sdar.config.sections import EnvConfig
 from sdar.config.values import coerce_number
@@ -27,6 +29,10 @@ def from_dict(cls, data: dict[str, Any], where: str = "config"):
     moved into a section with its new place)."""
     if not isinstance(data, dict):
         raise ValueError(f"{where} must be a mapping, got {type(data).__name__}")
+    if cls is TrainConfig:  # a retired switch (compat.RETIRED) loads, said once
+        data = copy.deepcopy(data)
+        for note in drop_retired(data, where):
+            print(note, file=sys.stderr)
     known = {f.name: f for f in fields(cls)}
     unknown = sorted(set(data) - set(known))
     if cls is TrainConfig and (old := [k for k in unknown if k in MOVED_KEYS]):

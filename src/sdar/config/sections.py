@@ -61,15 +61,6 @@ class RolloutConfig:
         "help": "Threads stepping remote sessions concurrently.", "bound": ">= 1"})
     constrained: bool = field(default=False, metadata={
         "help": "Decode only admissible actions (families that list them)."})
-    jump_forward: bool = field(default=True, metadata={
-        "help": "Constrained decoding (transformers backend): a token the trie forces is appended without a decode "
-                "step and a run of them goes through the model in one forward; false = one token per forward "
-                "(the same samples and log-probs, for benchmarks and checks)."})
-    share_prefix: bool = field(default=True, metadata={
-        "help": "Constrained decoding (transformers backend): the prompt start that rows of a chunk share (a task's "
-                "rollouts at one turn: system prompt, task and step lines) is encoded once per group and every row "
-                "continues from its KV cache, and the prefill computes the last position's logits only; false = "
-                "every prompt whole, as before (the same samples and log-probs up to float rounding)."})
     sampler: str = field(default="auto", metadata={
         "help": "Constrained decoding (transformers backend): how each step's tokens are decided. auto (the default): "
                 "lookahead on a CUDA device, rows elsewhere (TrainConfig.resolved_sampler; the measured rule in "
@@ -327,50 +318,17 @@ class PPOConfig:
                 "mini-batch's tokens."})
     shuffle_mini_batches: bool = field(default=False, metadata={
         "help": "Draw mini-batches in a random order; false takes them in rollout order (the reference: batch.split)."})
-    reuse_old_logp: bool = field(default=True, metadata={
-        "help": "Take old_logp of the first mini-batch's rows from the update's own first forward (the weights have "
-                "not moved yet, so it is the same number) instead of a separate scoring pass; false scores every row "
-                "first. With the reference's mini-batch (256) and a step of <= 256 turn-samples, no old_logp pass "
-                "is left."})
-    old_logp_from_sampler: bool = field(default=True, metadata={
-        "help": "Take old_logp from the sampling pass itself when the sampler is the trainer's own model (the "
-                "transformers backend's constrained sampler reports the log-prob of the distribution it drew from, "
-                "which is the trainer's score: same weights, allowed set and temperature; top_p must be 1); vLLM "
-                "and rows without sampler log-probs are scored as before. false = always score."})
 
 
 @dataclass
 class ScoringConfig:
-    """How the forwards of a step run (the no-grad scoring passes and the update's): switches that
-    change speed and memory, never the numbers beyond float rounding (tests/train/test_reference_parity.py).
-    build_runtime reads them once into the runtime's `Scorer`."""
+    """How the forwards of a step run (the no-grad scoring passes and the update's): settings that change speed and
+    memory, never the numbers beyond float rounding (tests/train/test_reference_parity.py). build_runtime reads them
+    once into the runtime's `Scorer`, which takes every shortcut that keeps the numbers by itself (sdar.train.runtime
+    .Shortcuts: a group's prompt start encoded once, each distinct row scored once, rows of similar length together,
+    the head at the free tokens only, merged LoRA layers on a CPU)."""
 
     batch_size: int = field(default=16, metadata={"help": "Sequences per no-grad scoring forward.", "bound": ">= 1"})
-    prefix_cache: bool = field(default=True, metadata={
-        "help": "The teacher and reference passes encode the prompt start a task's turn-samples share (system "
-                "prompt, task, skills in either placement) once per step and continue each turn-sample from its KV "
-                "cache (the same log-probs as the plain forward); false = a plain forward per turn-sample."})
-    dedup: bool = field(default=True, metadata={
-        "help": "The no-grad scoring passes (old_logp, reference, teacher) forward each distinct turn-sample once: "
-                "rows with the same prompt, response and allowed tokens (a task's rollouts often play the same first "
-                "turns) take that forward's log-probs (the same numbers up to float rounding); false = every row."})
-    merged_inference: bool = field(default=True, metadata={
-        "help": "With LoRA, the no-grad forwards run on plain modules without peft's per-layer wrappers: sampling, "
-                "the old_logp pass and the teacher on a copy of the adapted layers with the adapter merged in (base "
-                "+ BA, refreshed after every weight change; the same log-probs up to float rounding, ~1e-6), the "
-                "reference on the base weights themselves (shared, bit-identical). CPU only: there peft's wrappers "
-                "cost 15-20% of a small model's forward; on a GPU the copy of the adapted layers (~13 GB for a 7B "
-                "model) costs more memory than the launches it saves, and `sdar size` does not plan for it. "
-                "false = the peft module (adapter disabled for the reference)."})
-    length_buckets: bool = field(default=True, metadata={
-        "help": "Forward rows of similar length together (scoring chunks and, inside each update micro-batch, groups "
-                "of similar length: the micro-batch and its loss are unchanged, only padding goes); false = one "
-                "padded forward per micro-batch and unsorted scoring chunks."})
-    head_at_free_tokens: bool = field(default=True, metadata={
-        "help": "Every forward of a step (scoring passes and the update) runs the output head and the softmax only "
-                "at the response tokens that are not forced: a constrained step allowing just the sampled token has "
-                "log-prob 0, entropy 0 and no gradient, and no prompt position is scored (the same numbers up to "
-                "float rounding); false = the head over each forward's response span, forced tokens included."})
     packed: bool | str = field(default="auto", metadata={
         "help": "auto (the default): true on a CUDA device, false elsewhere (TrainConfig.resolved_packed; the measured "
                 "rule in docs/training.md). true: every scoring pass (old_logp, reference, teacher) and each update "
@@ -378,7 +336,7 @@ class ScoringConfig:
                 "its rows' prefix trees (sdar.models.packing): each position the rows share (a task's prompt start, "
                 "identical turns) is computed once, in rows of scoring.pack_tokens positions with a tree attention mask "
                 "(sdpa or eager attention; other models keep the plain path). The same log-probs up to float rounding; "
-                "fewer, larger forwards (what a GPU wants). false = the grouped, bucketed forwards above.",
+                "fewer, larger forwards (what a GPU wants). false = grouped forwards of rows of similar length, each group's prompt start encoded once.",
         "added": True})
     pack_tokens: int = field(default=2048, metadata={
         "help": "Positions per packed row (scoring.packed): attention costs each row its length squared, so rows of "

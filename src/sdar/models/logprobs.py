@@ -77,8 +77,8 @@ _HEAD_WHERE_NEEDED = contextvars.ContextVar("head_where_needed", default=True)
 @contextmanager
 def head_where_needed(on: bool = True) -> Iterator[None]:
     """Inside: scoring runs the output head only at the response tokens it needs (on, the default) or, off, over
-    each forward's whole response span, forced tokens included (the same numbers; what `--set scoring.head_at_free_tokens=
-    false` measures)."""
+    each forward's whole response span, forced tokens included (the same numbers; the reference path of
+    `Shortcuts(head_at_free_tokens=False)`, sdar.train.runtime)."""
     token = _HEAD_WHERE_NEEDED.set(on)
     try:
         yield

@@ -441,9 +441,9 @@ class Scorer:
     """How every forward of a run scores responses: the scoring passes (old_logp, the reference, the teacher),
     the update's forward with gradients, the DPO pairs' sums and the hint channel's logits. All at `temperature`,
     the rollout's (scores are those of the distribution the tokens were sampled from; the hint logits excepted,
-    see `response_logits`), with the `scoring:` section's switches, none of which changes a number beyond float
-    rounding (tests/train/test_reference_parity.py). `build_runtime` makes the run's one Scorer (`Scorer.of`); a
-    caller passes a model and rows, never a temperature or a switch.
+    see `response_logits`), with shortcuts none of which changes a number beyond float rounding
+    (tests/train/test_reference_parity.py; all on but in checks and benchmarks). `build_runtime` makes the run's one
+    Scorer (`Scorer.of`); a caller passes a model and rows, never a temperature or a switch.
 
     batch_size: sequences per no-grad forward. prefix_cache: rows of one group (a task's turn-samples) continue
     from one KV cache of the prompt start they share. dedup: a no-grad pass forwards each distinct row once.
@@ -464,12 +464,12 @@ class Scorer:
     pack_tokens: int = 2048
 
     @classmethod
-    def of(cls, cfg, pad_id: int, device=None) -> Scorer:
-        """The Scorer of a TrainConfig: its `scoring:` section at its rollout temperature (packed: auto per device)."""
+    def of(cls, cfg, pad_id: int, device=None, **shortcuts: bool) -> Scorer:
+        """The Scorer of a TrainConfig: its `scoring:` section at its rollout temperature (packed: auto per device),
+        every shortcut taken unless `shortcuts` turns one off (sdar.train.runtime.Shortcuts)."""
         s = cfg.scoring
-        return cls(temperature=cfg.rollout.temperature, pad_id=pad_id, batch_size=s.batch_size, prefix_cache=s.prefix_cache,
-                   dedup=s.dedup, length_buckets=s.length_buckets, head_at_free_tokens=s.head_at_free_tokens,
-                   packed=cfg.resolved_packed(device), pack_tokens=s.pack_tokens)
+        return cls(temperature=cfg.rollout.temperature, pad_id=pad_id, batch_size=s.batch_size,
+                   packed=cfg.resolved_packed(device), pack_tokens=s.pack_tokens, **shortcuts)
 
     def scope(self):
         """The context every forward of a step runs in (where the output head runs: `head_where_needed`)."""

@@ -44,8 +44,9 @@ RESULT_VERSION = 1
 _NOT_IDENTITY = ("steps", "output_dir", "experiment", "parent_run_id", "tracking", "report_to", "checkpoint_uri",
                  "eval_every",
                  "checkpoint_every",
-                 # a speed-up whose on/off runs give the same samples and statistics (tests/train/test_reference_parity.py);
-                 # the older speed-up flags stay in: the committed results' fingerprints were taken with them
+                 # shortcuts whose on/off runs give the same samples and statistics (tests/train/test_reference_parity.py),
+                 # retired as settings (sdar.config.compat.RETIRED; identities keep them at True): the older ones stay
+                 # in, the committed results' fingerprints were taken with them
                  "merged_inference", "rollout.share_prefix", "dedup_scoring", "head_at_free_tokens",
                  # the sampler and the scoring layout (auto: chosen per device; the same numbers up to float rounding)
                  "rollout.sampler", "scoring.packed", "scoring.pack_tokens")
@@ -291,7 +292,7 @@ class StudyRunner:
         digest is filled in."""
         if (family, seed) in self._warm_checked:
             return
-        from sdar.train.runtime import build_runtime
+        from sdar.train.runtime import Shortcuts, build_runtime
 
         path = self.warmstart_path(family, seed)
         cfg = cell_config(self.spec, Cell(family, "grpo", seed), self.work)
@@ -305,17 +306,15 @@ class StudyRunner:
                                "step-0 student evaluation to check that the warm start built here is the same one")
             recorded = rec["student"]["tasks"]
 
-            def replay_differs(c) -> list[str]:
-                replay = eval_record(build_runtime(c, train=False).evaluate())["tasks"]
+            def replay_differs(shortcuts: Shortcuts) -> list[str]:
+                replay = eval_record(build_runtime(cfg, train=False, shortcuts=shortcuts).evaluate())["tasks"]
                 return sorted(t for t in set(recorded) | set(replay) if recorded.get(t) != replay.get(t))
 
-            differ = replay_differs(cfg)
-            # a record made before a same-numbers speed-up (merged_inference, rollout.share_prefix) was sampled
-            # without it; their log-probs agree within 1e-5 only, and a sample flipped by that is not another warm
-            # start: replay as the record may have been made
-            for older in (replace(cfg, rollout=replace(cfg.rollout, share_prefix=False)),
-                          replace(cfg, scoring=replace(cfg.scoring, merged_inference=False),
-                                  rollout=replace(cfg.rollout, share_prefix=False))):
+            differ = replay_differs(Shortcuts())
+            # a record made before a same-numbers shortcut (merged_inference, share_prefix) was sampled without it;
+            # their log-probs agree within 1e-5 only, and a sample flipped by that is not another warm start: replay
+            # as the record may have been made
+            for older in (Shortcuts(share_prefix=False), Shortcuts(share_prefix=False, merged_inference=False)):
                 if not differ:
                     break
                 differ = replay_differs(older)

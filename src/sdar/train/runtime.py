@@ -56,6 +56,36 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     return float((x * mask.to(x.device)).sum() / mask.sum().clamp(min=1.0))
 
 
+@dataclass(frozen=True)
+class Shortcuts:
+    """The shortcuts a run takes that keep its numbers (the same samples, statistics and update up to float rounding;
+    tests/train/test_reference_parity.py checks each against its path without it). They are no settings: a run takes
+    them all (their old config switches are retired, sdar.config.compat.RETIRED). `Shortcuts.none()` is the reference
+    path, every shortcut off: what the checks compare with and the benchmarks measure the shortcuts against.
+
+    jump_forward: constrained decoding appends a token the trie forces without a decode step. share_prefix: the
+    prompt start a task's rollouts share is encoded once per turn. reuse_old_logp: old_logp of the first mini-batch's
+    rows from the update's own first forward. old_logp_from_sampler: old_logp from the sampling pass (the trainer's own
+    model, top_p 1). prefix_cache: the scoring passes and the update encode a group's prompt start once. dedup: a no-grad
+    pass forwards each distinct row once. merged_inference: with LoRA on a CPU, the no-grad forwards on plain modules
+    with the adapter merged in. length_buckets: rows of similar length forwarded together. head_at_free_tokens: the
+    output head only at the response tokens that are not forced."""
+
+    jump_forward: bool = True
+    share_prefix: bool = True
+    reuse_old_logp: bool = True
+    old_logp_from_sampler: bool = True
+    prefix_cache: bool = True
+    dedup: bool = True
+    merged_inference: bool = True
+    length_buckets: bool = True
+    head_at_free_tokens: bool = True
+
+    @classmethod
+    def none(cls) -> Shortcuts:
+        return cls(**{f: False for f in cls.__dataclass_fields__})
+
+
 @dataclass
 class Runtime:
     """What acting, scoring and evaluating with `cfg`'s policy takes (see the module docstring)."""
@@ -67,11 +97,12 @@ class Runtime:
     rollout_cfg: RolloutConfig  # cfg.rollout with the env's family and the arm's student prompt
     builder: PromptBuilder
     backend: GenerationBackend
-    scorer: Scorer  # every forward's scoring: the rollout temperature and the `scoring:` switches
+    scorer: Scorer  # every forward's scoring: the rollout temperature, the `scoring:` section and the shortcuts
     teacher: TeacherScorer
     env_factory: Callable[[], Any]
     train_pool: list[str]  # the train split's task ids ([] for evaluation)
     eval_tasks: list[str]  # the held-out tasks, stratified over task types unless cfg says otherwise
+    shortcuts: Shortcuts = Shortcuts()  # what the run takes (all, but in checks and benchmarks)
 
     @property
     def model(self):
@@ -117,11 +148,11 @@ class Runtime:
 
 
 def build_runtime(cfg: TrainConfig, *, policy=None, env_factory: Callable[[], Any] | None = None,
-                  train: bool = True, device: torch.device | None = None) -> Runtime:
+                  train: bool = True, device: torch.device | None = None, shortcuts: Shortcuts = Shortcuts()) -> Runtime:
     """The runtime of `cfg`. policy: an `sdar.models.Policy` (default: loaded from cfg.model; the tiny model's
     warm start must exist, see `sdar.train.warmstart.ensure_warm_start`). train=False: evaluation only, the
     train split is never read (a data tree may hold just the eval split). device: where the policy goes
-    (default cfg.device)."""
+    (default cfg.device). shortcuts: all of them but in checks and benchmarks (`Shortcuts`)."""
     from sdar.eval.tasks import eval_task_set
 
     arm = cfg.resolved_arm()
@@ -133,17 +164,19 @@ def build_runtime(cfg: TrainConfig, *, policy=None, env_factory: Callable[[], An
     device = device or cfg.resolved_device()
     if policy.device != device:
         policy.to(device)
-    # sampling, teacher and reference on plain modules (LoRA on CPU: see the scoring.merged_inference help)
-    policy.plain_inference = cfg.scoring.merged_inference and torch.device(device).type == "cpu"
+    # sampling, teacher and reference on plain modules with LoRA on a CPU, where peft's per-layer wrappers cost 15-20%
+    # of a small model's forward; on a GPU the copy of the adapted layers (~13 GB at 7B) costs more than it saves
+    policy.plain_inference = shortcuts.merged_inference and torch.device(device).type == "cpu"
     rollout_cfg = replace(cfg.rollout, family=cfg.env.family, skills_in_prompt=arm.skills_in_student_prompt)
     builder = PromptBuilder(cfg.env.family, history=rollout_cfg.history, show_admissible=rollout_cfg.show_admissible)
     # vLLM serves the current LoRA adapter, re-exported when the weights change (checked per call)
-    backend = make_backend(cfg.model.generation_backend, policy, vllm=cfg.vllm, jump_forward=cfg.rollout.jump_forward,
-                           share_prefix=cfg.rollout.share_prefix, sampler=cfg.resolved_sampler(device),
+    backend = make_backend(cfg.model.generation_backend, policy, vllm=cfg.vllm, jump_forward=shortcuts.jump_forward,
+                           share_prefix=shortcuts.share_prefix, sampler=cfg.resolved_sampler(device),
                            pack_tokens=cfg.scoring.pack_tokens)
     tok = policy.tokenizer
     scorer = Scorer.of(cfg, pad_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
-                       device=device)
+                       device=device, prefix_cache=shortcuts.prefix_cache, dedup=shortcuts.dedup,
+                       length_buckets=shortcuts.length_buckets, head_at_free_tokens=shortcuts.head_at_free_tokens)
     teacher = TeacherScorer(builder, tok, scorer=scorer, max_prompt_tokens=cfg.teacher.max_prompt_tokens,
                             engine=select_teacher_engine(cfg.teacher.engine, backend), engine_topk=cfg.vllm.teacher_topk,
                             placement=rollout_cfg.privileged_placement, student_has_skills=rollout_cfg.skills_in_prompt)
@@ -159,4 +192,4 @@ def build_runtime(cfg: TrainConfig, *, policy=None, env_factory: Callable[[], An
                          f"tasks_per_step={cfg.tasks_per_step}")
     return Runtime(cfg=cfg, arm=arm, device=device, policy=policy, rollout_cfg=rollout_cfg, builder=builder,
                    backend=backend, scorer=scorer, teacher=teacher, env_factory=env_factory, train_pool=list(train_pool),
-                   eval_tasks=list(eval_tasks))
+                   eval_tasks=list(eval_tasks), shortcuts=shortcuts)

@@ -30,7 +30,7 @@ from sdar.train.channels import HintChannel, PairChannel
 from sdar.train.checkpoint import Checkpointer
 from sdar.train.guards import TrainingFailed, UpdateGuard  # noqa: F401 - TrainingFailed: sdar train's exit 3
 from sdar.train.metrics import step_metrics
-from sdar.train.runtime import Runtime, build_runtime, seed_everything, step_seed
+from sdar.train.runtime import Runtime, Shortcuts, build_runtime, seed_everything, step_seed
 from sdar.train.strategy import Strategy
 from sdar.train.update import Updater
 
@@ -41,9 +41,11 @@ class Trainer:
     Composer arms, their channels."""
 
     def __init__(self, cfg: TrainConfig, policy=None, env_factory: Callable[[], Any] | None = None,
-                 console=None, train: bool = True, runtime: Runtime | None = None) -> None:
+                 console=None, train: bool = True, runtime: Runtime | None = None,
+                 shortcuts: Shortcuts = Shortcuts()) -> None:
         """policy: default the config's model, loaded (the tiny model's warm start must have been built:
-        `sdar.train.warmstart.ensure_warm_start`). runtime: parts already built (`build_runtime`)."""
+        `sdar.train.warmstart.ensure_warm_start`). runtime: parts already built (`build_runtime`). shortcuts: all
+        but in checks and benchmarks (`sdar.train.runtime.Shortcuts`; a given runtime has its own)."""
         from sdar.console import make_console
 
         self.cfg, self.console = cfg, console or make_console(stderr=True)
@@ -57,7 +59,8 @@ class Trainer:
         self.out = cfg.resolved_output_dir()
         self.out.mkdir(parents=True, exist_ok=True)
         rt = self.runtime = runtime or build_runtime(cfg, policy=policy, env_factory=env_factory, train=train,
-                                                     device=self.dist.device if self.dist.enabled else None)
+                                                     device=self.dist.device if self.dist.enabled else None,
+                                                     shortcuts=shortcuts)
         self.arm, self.policy, self.tokenizer, self.scorer, self.teacher = rt.arm, rt.policy, rt.tokenizer, rt.scorer, rt.teacher
         self.backend, self.builder, self.rollout_cfg, self.env_factory = rt.backend, rt.builder, rt.rollout_cfg, rt.env_factory
         self.train_pool, self.eval_tasks = rt.train_pool, rt.eval_tasks
@@ -184,15 +187,15 @@ class Trainer:
         """old_logp [B, T], and the rows left for the update's first forward to fill (the first mini-batch's: the
         weights have not moved yet, so that forward is old_logp). Rows whose sampler reported its log-probs (the
         trainer's own model sampled them: the transformers backend, no weights moved since, top_p 1) need no pass."""
-        cfg, n, mask = self.cfg, len(batch), batch.response_mask()
+        cfg, n, mask, shortcuts = self.cfg, len(batch), batch.response_mask(), self.runtime.shortcuts
         from sdar.agent.backends import TransformersBackend
 
         sampled = {}
-        if cfg.ppo.old_logp_from_sampler and isinstance(self.backend, TransformersBackend) \
+        if shortcuts.old_logp_from_sampler and isinstance(self.backend, TransformersBackend) \
                 and self.backend.model is self.model and self.rollout_cfg.top_p == 1.0:
             sampled = {i: t.logprobs for i, t in enumerate(batch.turns)
                        if t.logprobs is not None and len(t.logprobs) == len(t.response_ids)}
-        reused = set(split.local(first_order[: cfg.ppo.mini_batch_size])) if cfg.ppo.reuse_old_logp else set()
+        reused = set(split.local(first_order[: cfg.ppo.mini_batch_size])) if shortcuts.reuse_old_logp else set()
         reused -= set(sampled)
         scored = [i for i in range(n) if i not in reused and i not in sampled]
         old_logp = torch.zeros(n, mask.shape[1], device=self.runtime.device)
