@@ -106,6 +106,28 @@ def test_the_scorer_packs_a_pass_into_one_forward(model):
         assert len(calls) == 1
     finally:
         hook.remove()
+    # the DPO term's sequence sums: one packed forward, the plain path's sums and gradients
+    sums, grads = [], []
+    m = copy.deepcopy(model).train()
+    scorer = Scorer(temperature=0.7, packed=True)
+    scorer.summed(m, prompts, responses, allowed)  # the model's probes (its head, its attention) once, uncounted
+    for scorer in (scorer, Scorer(temperature=0.7)):
+        m.zero_grad(set_to_none=True)
+        calls.clear()
+        hook = m.get_decoder().register_forward_pre_hook(lambda *a: calls.append(1))
+        try:
+            total = scorer.summed(m, prompts, responses, allowed, grad=True)
+        finally:
+            hook.remove()
+        (total * torch.arange(1.0, len(prompts) + 1)).sum().backward()
+        sums.append(total.detach())
+        grads.append({n: q.grad.clone() for n, q in m.named_parameters() if q.grad is not None})
+        if scorer.packed:
+            assert len(calls) == 1
+    torch.testing.assert_close(sums[0], sums[1], rtol=0, atol=2e-5)
+    assert float(sums[1].abs().sum()) > 0 and grads[1]
+    for n in grads[1]:
+        torch.testing.assert_close(grads[0][n], grads[1][n], rtol=2e-5, atol=2e-5 * max(float(grads[1][n].abs().max()), 1e-6))
     assert packs(model)
     eager = copy.deepcopy(model)
     eager.config._attn_implementation = "eager"

@@ -448,8 +448,8 @@ class Scorer:
     batch_size: sequences per no-grad forward. prefix_cache: rows of one group (a task's turn-samples) continue
     from one KV cache of the prompt start they share. dedup: a no-grad pass forwards each distinct row once.
     length_buckets: rows of similar length forwarded together. head_at_free_tokens: inside `scope()`, the output
-    head runs only at the response tokens that are not forced. packed: a pass (and an update micro-batch) is one
-    forward of its rows' prefix trees, rows of pack_tokens positions (`sdar.models.packing`); a model whose
+    head runs only at the response tokens that are not forced. packed: a pass (an update micro-batch, the DPO
+    pairs' sums) is one forward of its rows' prefix trees, rows of pack_tokens positions (`sdar.models.packing`); a model whose
     attention takes no tree mask keeps the paths above.
     """
 
@@ -525,9 +525,14 @@ class Scorer:
     def summed(self, model, prompts: list[list[int]], responses: list[list[int]], allowed, grad: bool = False
                ) -> torch.Tensor:
         """[P] summed log-probs of each response after its prompt (forced tokens contribute log 1 = 0): the DPO
-        term's sequence scores, with gradients when `grad`."""
+        term's sequence scores, with gradients when `grad`; one packed forward when this Scorer packs (a pair's
+        chosen and rejected responses share their prompt, computed once)."""
         if not prompts:
             return torch.zeros(0)
-        s = response_logprobs(model, prompts, responses, pad_id=self.pad_id, batch_size=None if grad else self.batch_size,
-                              grad=grad, allowed=allowed, temperature=self.temperature)
+        if self._packs(model, prompts):
+            s = packed_response_logprobs(model, prompts, responses, pad_id=self.pad_id, budget=self.pack_tokens,
+                                         allowed=allowed, temperature=self.temperature, grad=grad)
+        else:
+            s = response_logprobs(model, prompts, responses, pad_id=self.pad_id, grad=grad, allowed=allowed,
+                                  batch_size=None if grad else self.batch_size, temperature=self.temperature)
         return (s.logp * s.mask).sum(dim=1)
