@@ -20,6 +20,7 @@ SHARED_ALFWORLD ?= $(abspath ../shared/data/alfworld)
 export SDAR_ALFWORLD_DATA ?= $(if $(wildcard $(SHARED_ALFWORLD)),$(SHARED_ALFWORLD),)
 export OMP_WAIT_POLICY ?= PASSIVE
 PYTEST_ARGS ?=
+TEST_WORKERS ?= 2
 DEMO ?= full
 # container images: $(REGISTRY)/sdar-trainer:$(TAG) and $(REGISTRY)/sdar-env-server:$(TAG), the names
 # components/_image.py gives the pipeline (it reads SDAR_REGISTRY / SDAR_IMAGE_TAG the same way)
@@ -83,8 +84,12 @@ browser:
 
 install: $(STAMP) browser
 
+# the suite in TEST_WORKERS processes (pytest-xdist: most slow tests wait on servers and subprocesses), then the few
+# marked serial (they time work against a rate measured in the same run) alone; "no tests" (exit 5) is not a failure
+# when PYTEST_ARGS picks files of one kind. TEST_WORKERS=0 runs everything in one process.
 test: $(STAMP) browser
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS)) -m "not serial" $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(PY) -m pytest -m serial $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 # two pipeline runs at once on the store k8s/ deploys (mlflow server over PostgreSQL, artifacts in S3): not part of
 # `make test` (about 4 minutes on 2 cores, and PostgreSQL from apt); installs Debian's postgresql as root or with sudo

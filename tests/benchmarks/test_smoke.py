@@ -189,6 +189,7 @@ def test_bench_precision(tmp_path):
     assert json.loads((tmp_path / "precision.json").read_text())["failures"] == []
 
 
+@pytest.mark.serial  # its ratio to a matmul rate measured in the same run needs the cores to itself
 def test_bench_train_step_on_smollm2_prints_each_phases_arithmetic_floor(tmp_path):
     """`--model smollm2`: SmolLM2-135M-Instruct's real weights (no warm start in household-tiny), one step of one task;
     the floor table: positions, floor seconds and the multiple of it per phase."""

@@ -12,7 +12,8 @@ import torch
 from sdar.models import build_tiny_model
 from sdar.models.logprobs import head_where_needed
 from sdar.models.packing import pack, packed_response_logprobs, packs
-from sdar.models.scoring import Scorer, prefix_trie_positions, response_logprobs
+from sdar.models.scorer import Scorer
+from sdar.models.scoring import prefix_trie_positions, response_logprobs
 
 
 @pytest.fixture(scope="module")

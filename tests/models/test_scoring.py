@@ -11,7 +11,8 @@ import torch
 
 from sdar.models import build_tiny_model
 from sdar.models.logprobs import head_where_needed, position_ids_from_mask
-from sdar.models.scoring import Scorer, allowed_mask, response_logprobs
+from sdar.models.scorer import Scorer
+from sdar.models.scoring import allowed_mask, response_logprobs
 
 
 def full_forward_logits(model, prompts, responses, *, pad_id, allowed=None):

@@ -79,7 +79,10 @@ def test_a_server_left_by_a_killed_runner_is_stopped_by_the_next_run_and_a_live_
     root = str(tmp_path / "outputs")
     monkeypatch.setenv(local.RUNNER_PID_ENV, str(gone.pid))
     orphan = local.serve("household", {"backend": "sim"}, "job-killed", root, 60.0, {"family": "household"})
-    monkeypatch.setenv(local.RUNNER_PID_ENV, str(os.getpid()))  # this process: a live run's server
+    # a live runner: a process whose command names sdar (this test's own process may be an xdist worker, whose
+    # command line names neither sdar nor pytest)
+    runner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "sdar-live-runner"])
+    monkeypatch.setenv(local.RUNNER_PID_ENV, str(runner.pid))
     live = local.serve("household", {"backend": "sim"}, "job-live", root, 60.0, {"family": "household"})
     try:
         lines = local.stop_orphans(root, stop_timeout_s=10)
@@ -88,5 +91,7 @@ def test_a_server_left_by_a_killed_runner_is_stopped_by_the_next_run_and_a_live_
         assert _alive(live["pids"][0]) and Path(live["registry"]).is_file()
         assert local.stop_orphans(root) == []  # nothing left to do
     finally:
-        local.stop_runner_servers(root, os.getpid(), stop_timeout_s=10)
+        local.stop_runner_servers(root, runner.pid, stop_timeout_s=10)
+        runner.kill()
+        runner.wait()
     assert not _alive(live["pids"][0])

@@ -310,7 +310,7 @@ def test_the_sampler_and_the_scoring_layout_are_chosen_per_device():
     0.5B shape on an H200), the per-row ones elsewhere (docs/training.md: the figures behind the rule); an explicit
     value is kept wherever it runs, and the Scorer takes the choice."""
     from sdar.config import load_config
-    from sdar.models.scoring import Scorer
+    from sdar.models.scorer import Scorer
 
     cfg = load_config("configs/household-tiny.yaml", {})
     assert cfg.rollout.sampler == "auto" and cfg.scoring.packed == "auto"

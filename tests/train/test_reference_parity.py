@@ -309,14 +309,15 @@ def test_old_logp_from_the_sampler_changes_nothing(tiny_ckpt, tmp_path, mini):
                                             **{"ppo.mini_batch_size": mini}),
                                shortcuts=Shortcuts(reuse_old_logp=False, old_logp_from_sampler=on))
         calls = []
+        import sdar.models.scorer as sr
         import sdar.models.scoring as sc
 
         real = sc.response_logprobs
-        sc.response_logprobs = lambda *a, **k: calls.append(len(a[1])) or real(*a, **k)
+        sc.response_logprobs = sr.response_logprobs = lambda *a, **k: calls.append(len(a[1])) or real(*a, **k)
         try:
             m = trainer.train_step(0).metrics
         finally:
-            sc.response_logprobs = real
+            sc.response_logprobs = sr.response_logprobs = real
         rows = int(m["turn_samples"])
         results[on] = (m, calls, rows, {n: p.detach().clone() for n, p in trainer.model.named_parameters()
                                         if p.requires_grad})

@@ -4,7 +4,6 @@ teacher log-probs, the training pass (plain, length-bucketed or from a shared pr
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import torch
 
@@ -18,7 +17,6 @@ from sdar.models.logprobs import (
     position_ids_from_mask,
     token_logprobs,
 )
-from sdar.models.packing import packed_response_logprobs, packs
 from sdar.models.padding import padded
 from sdar.models.scored import ScoredBatch, allowed_mask, pick, response_mask
 
@@ -434,105 +432,3 @@ def _grouped_prefix_logprobs(model, prompts, responses, groups, *, pad_id, batch
         z = torch.zeros(0, T, device=device)
         return ScoredBatch(logp=z, entropy=z if with_entropy else None, mask=z)
     return _in_row_order([rows for rows, _ in parts], [p for _, p in parts], n)
-
-
-@dataclass(frozen=True)
-class Scorer:
-    """How every forward of a run scores responses: the scoring passes (old_logp, the reference, the teacher),
-    the update's forward with gradients, the DPO pairs' sums and the hint channel's logits. All at `temperature`,
-    the rollout's (scores are those of the distribution the tokens were sampled from; the hint logits excepted,
-    see `response_logits`), with shortcuts none of which changes a number beyond float rounding
-    (tests/train/test_reference_parity.py; all on but in checks and benchmarks). `build_runtime` makes the run's one
-    Scorer (`Scorer.of`); a caller passes a model and rows, never a temperature or a switch.
-
-    batch_size: sequences per no-grad forward. prefix_cache: rows of one group (a task's turn-samples) continue
-    from one KV cache of the prompt start they share. dedup: a no-grad pass forwards each distinct row once.
-    length_buckets: rows of similar length forwarded together. head_at_free_tokens: inside `scope()`, the output
-    head runs only at the response tokens that are not forced. packed: a pass (an update micro-batch, the DPO
-    pairs' sums) is one forward of its rows' prefix trees, rows of pack_tokens positions (`sdar.models.packing`); a model whose
-    attention takes no tree mask keeps the paths above.
-    """
-
-    temperature: float = 1.0
-    pad_id: int = 0
-    batch_size: int | None = 16
-    prefix_cache: bool = True
-    dedup: bool = True
-    length_buckets: bool = True
-    head_at_free_tokens: bool = True
-    packed: bool = False
-    pack_tokens: int = 2048
-
-    @classmethod
-    def of(cls, cfg, pad_id: int, device=None, **shortcuts: bool) -> Scorer:
-        """The Scorer of a TrainConfig: its `scoring:` section at its rollout temperature (packed: auto per device),
-        every shortcut taken unless `shortcuts` turns one off (sdar.train.runtime.Shortcuts)."""
-        s = cfg.scoring
-        return cls(temperature=cfg.rollout.temperature, pad_id=pad_id, batch_size=s.batch_size,
-                   packed=cfg.resolved_packed(device), pack_tokens=s.pack_tokens, **shortcuts)
-
-    def scope(self):
-        """The context every forward of a step runs in (where the output head runs: `head_where_needed`)."""
-        from sdar.models.logprobs import head_where_needed
-
-        return head_where_needed(self.head_at_free_tokens)
-
-    def score(self, model, prompts: list[list[int]], responses: list[list[int]], allowed, groups: list | None = None
-              ) -> ScoredBatch:
-        """No-grad log-probs [B, T] of every row's response. groups: a key per row whose rows share their prompt
-        start (a task's turn-samples); with prefix_cache that start is encoded once per group."""
-        if self._packs(model, prompts):
-            return packed_response_logprobs(model, prompts, responses, pad_id=self.pad_id, budget=self.pack_tokens,
-                                            allowed=allowed, temperature=self.temperature)
-        if groups is not None and self.prefix_cache:
-            return grouped_prefix_logprobs(model, prompts, responses, groups, pad_id=self.pad_id, batch_size=self.batch_size,
-                                           allowed=allowed, temperature=self.temperature, dedup=self.dedup)
-        return response_logprobs(model, prompts, responses, pad_id=self.pad_id, batch_size=self.batch_size, allowed=allowed,
-                                 temperature=self.temperature, length_buckets=self.length_buckets, dedup=self.dedup)
-
-    def with_grad(self, model, prompts: list[list[int]], responses: list[list[int]], allowed,
-                  groups: list | None = None) -> ScoredBatch:
-        """The update's forward: log-probs and entropies [B, T] with gradients (one micro-batch; groups as in
-        `score`)."""
-        if self._packs(model, prompts):
-            return packed_response_logprobs(model, prompts, responses, pad_id=self.pad_id, budget=self.pack_tokens,
-                                            allowed=allowed, temperature=self.temperature, grad=True, with_entropy=True)
-        if groups is not None and self.prefix_cache and len(prompts) > 1:
-            return grouped_prefix_logprobs(model, prompts, responses, groups, pad_id=self.pad_id, allowed=allowed,
-                                           temperature=self.temperature, grad=True, with_entropy=True)
-        return response_logprobs(model, prompts, responses, pad_id=self.pad_id, with_entropy=True, grad=True,
-                                 allowed=allowed, temperature=self.temperature, length_buckets=self.length_buckets)
-
-    def _packs(self, model, prompts) -> bool:
-        """Whether this pass runs packed: the switch is on, there are rows, and the model takes a tree mask."""
-        return self.packed and bool(prompts) and packs(model)
-
-    @property
-    def scores_raw_logits(self) -> bool:
-        """Whether this Scorer's log-probs are those of the raw logits (temperature 1): what an engine's prompt
-        log-probs are (vLLM's), so that they can stand in for this Scorer's forward."""
-        return self.temperature == 1.0
-
-    def response_logits(self, model, prompts: list[list[int]], responses: list[list[int]], allowed,
-                        grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """The hint channel's forward: next-token logits float32 [B, T, V] at the positions that predict each
-        row's response tokens (0 past a row's response; disallowed tokens of constrained steps at MASKED) and the
-        response mask [B, T]; with gradients when `grad`. At temperature 1, not this Scorer's: the generalized JSD
-        (`sdar.algos.generalized_jsd`) divides both sides by the arm's own `jsd_temperature`, as the channel
-        always has."""
-        return response_logits(model, prompts, responses, pad_id=self.pad_id, allowed=allowed, grad=grad)
-
-    def summed(self, model, prompts: list[list[int]], responses: list[list[int]], allowed, grad: bool = False
-               ) -> torch.Tensor:
-        """[P] summed log-probs of each response after its prompt (forced tokens contribute log 1 = 0): the DPO
-        term's sequence scores, with gradients when `grad`; one packed forward when this Scorer packs (a pair's
-        chosen and rejected responses share their prompt, computed once)."""
-        if not prompts:
-            return torch.zeros(0)
-        if self._packs(model, prompts):
-            s = packed_response_logprobs(model, prompts, responses, pad_id=self.pad_id, budget=self.pack_tokens,
-                                         allowed=allowed, temperature=self.temperature, grad=grad)
-        else:
-            s = response_logprobs(model, prompts, responses, pad_id=self.pad_id, grad=grad, allowed=allowed,
-                                  batch_size=None if grad else self.batch_size, temperature=self.temperature)
-        return (s.logp * s.mask).sum(dim=1)

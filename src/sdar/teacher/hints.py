@@ -1,7 +1,7 @@
 """Composer channel 2, hint distillation at error sites: the hint text for a marked step and the
 teacher's context (the student's with the hint inserted at that turn). The full next-token logits both
 need for the generalized JSD (`sdar.algos.generalized_jsd`, ALGORITHM.md section 5) come from the
-Scorer (`sdar.models.scoring.Scorer.response_logits`).
+Scorer (`sdar.models.scorer.Scorer.response_logits`).
 
 Hints come from each family's templates (`hint_template_key` -> text), filled from the step's
 `error_args`, which hold only what the agent observed (the action it took, the names it saw).

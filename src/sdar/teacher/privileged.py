@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 from sdar.agent.prompts import PromptBuilder, prefix_ids, teacher_prompt_ids
 from sdar.agent.rollout import Trajectory, TurnBatch
-from sdar.models.scoring import ScoredBatch, Scorer
+from sdar.models.scored import ScoredBatch
+from sdar.models.scorer import Scorer
 
 
 @dataclass

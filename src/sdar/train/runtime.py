@@ -22,7 +22,8 @@ from sdar.agent.rollout import RolloutConfig, Trajectory, TurnBatch
 from sdar.algos import ArmConfig
 from sdar.config import TrainConfig
 from sdar.models.policy import Policy
-from sdar.models.scoring import Scorer, free_token_mask
+from sdar.models.scorer import Scorer
+from sdar.models.scoring import free_token_mask
 from sdar.teacher import TeacherScorer
 from sdar.teacher.vllm_scoring import select_teacher_engine
 
