@@ -129,6 +129,20 @@ def test_the_scorer_packs_a_pass_into_one_forward(model):
     assert float(sums[1].abs().sum()) > 0 and grads[1]
     for n in grads[1]:
         torch.testing.assert_close(grads[0][n], grads[1][n], rtol=2e-5, atol=2e-5 * max(float(grads[1][n].abs().max()), 1e-6))
+    # the hint channel's logits [B, T, V]: one packed forward, the plain path's logits and gradients
+    outs, grads = [], []
+    for scorer in (Scorer(packed=True), Scorer()):
+        m.zero_grad(set_to_none=True)
+        logits, mask = scorer.response_logits(m, prompts, responses, allowed, grad=True)
+        w = torch.linspace(-1, 1, logits.numel()).view_as(logits)
+        (torch.log_softmax(logits, -1).clamp(min=-50) * w * mask[..., None]).sum().backward()
+        outs.append((logits.detach(), mask))
+        grads.append({n: q.grad.clone() for n, q in m.named_parameters() if q.grad is not None})
+    (l1, m1), (l0, m0) = outs
+    assert torch.equal(m1, m0) and l1.shape == l0.shape and float(l0.abs().sum()) > 0
+    torch.testing.assert_close(l1, l0, rtol=0, atol=2e-5)
+    for n in grads[1]:
+        torch.testing.assert_close(grads[0][n], grads[1][n], rtol=2e-5, atol=2e-5 * max(float(grads[1][n].abs().max()), 1e-6))
     assert packs(model)
     eager = copy.deepcopy(model)
     eager.config._attn_implementation = "eager"

@@ -614,3 +614,23 @@ def test_packed_forwards_and_the_lookahead_sampler_change_nothing(tiny_ckpt, tmp
         assert a["pg/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
     assert d1 == 0 < d0 and f1 < f0 / 2
     _assert_same_update(w1, w0, trainer.cfg.optim.lr)
+
+
+def test_the_hint_and_replay_channels_packed_change_nothing(tiny_ckpt, tmp_path):
+    """Issue 45.1: with scoring.packed the composer arm's hint logits and DPO pairs' sums are packed forwards too: two
+    steps make the same hint and replay losses, statistics and update as the plain forwards (pairs from step 1)."""
+    results = {}
+    for name, packed in (("packed", True), ("plain", False)):
+        trainer = make_trainer(small_config(tmp_path / name, arm="sdar_composer", steps=2, tracking=False,
+                                            tasks_per_step=3, **{"scoring.packed": packed, "rollout.sampler": "rows",
+                                            "rollout.max_response_tokens": 6}))  # cut responses: error sites
+        metrics = [trainer.train_step(k).metrics for k in (0, 1)]
+        results[name] = (metrics, _updated(trainer))
+    (m1, w1), (m0, w0) = results["packed"], results["plain"]
+    assert m1[0]["loss/hint_jsd"] > 0 and m1[1]["replay/pairs_in_loss"] > 0 and m1[1]["loss/replay_dpo"] > 0  # both ran
+    for a, b in zip(m1, m0):
+        assert a["turn_samples"] == b["turn_samples"] and a["replay/pairs_in_loss"] == b["replay/pairs_in_loss"]
+        assert a.keys() == b.keys()
+        for key in ("loss/hint_jsd", "loss/replay_dpo", "loss/pg", "loss/sdar", "loss/total"):
+            assert a.get(key) == pytest.approx(b.get(key), abs=1e-5), key
+    _assert_same_update(w1, w0, trainer.cfg.optim.lr)

@@ -189,3 +189,36 @@ def _picks(forest: Forest, prompts, responses, allowed):
             at = (forest.row_of[j], forest.cols[j][len(p) - 1 + k])
             picks.append((j, k, tok, toks or None, node_of.setdefault(at, len(node_of))))
     return picks, node_of
+
+
+def packed_response_logits(model, prompts: list[list[int]], responses: list[list[int]], *, pad_id: int, budget: int,
+                           allowed: list[list[list[int]] | None] | None = None, grad: bool = False
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sdar.models.scoring.response_logits` from ONE forward of the rows' prefix trees: float32 logits [B, T, V] at
+    the positions that predict each row's response tokens (0 past a row's response; a constrained step's disallowed
+    tokens at MASKED; temperature 1) and the response mask [B, T]. The head runs once per distinct position."""
+    B, T = len(prompts), max((len(r) for r in responses), default=0)
+    device = next(model.parameters()).device
+    forest = pack([p + r for p, r in zip(prompts, responses)], budget, pad_id, device)
+    node_of: dict[tuple[int, int], int] = {}
+    picked = []  # (row, response index, allowed tokens or None, index of its position in node_of)
+    for j, (p, r) in enumerate(zip(prompts, responses)):
+        if len(p) < 1:
+            raise ValueError(f"row {j} has an empty prompt: the first response token is predicted from the last prompt token")
+        steps = allowed[j] if allowed is not None else None
+        for k in range(len(r)):
+            at = (forest.row_of[j], forest.cols[j][len(p) - 1 + k])
+            picked.append((j, k, steps[k] if steps is not None and k < len(steps) else None, node_of.setdefault(at, len(node_of))))
+    head = decoder_and_head(model)[1]
+    with torch.set_grad_enabled(grad):
+        hidden = packed_hidden(model, forest, use_cache=False).last_hidden_state
+        if not picked:  # no response token: the vocabulary from one position (and a graph that keeps a loss alive)
+            z = head(hidden[:1, -1]).float()
+            return z.new_zeros(B, T, z.shape[-1]) + (z.sum() * 0.0 if grad else 0.0), response_mask(responses, T, device)
+        nodes = torch.tensor(list(node_of), device=device)
+        states = hidden[nodes[:, 0], nodes[:, 1]]
+        rows, ks, sets, node = zip(*picked)
+        logits = head(states[torch.tensor(node, device=device)])
+        z = process_logits(logits, keep=keep_mask(list(sets), logits.shape[-1], device))
+        out = z.new_zeros(B, T, z.shape[-1]).index_put((torch.tensor(rows, device=device), torch.tensor(ks, device=device)), z)
+    return out, response_mask(responses, T, device)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sdar.models.packing import packed_response_logprobs, packs
+from sdar.models.packing import packed_response_logits, packed_response_logprobs, packs
 from sdar.models.scored import ScoredBatch
 from sdar.models.scoring import grouped_prefix_logprobs, response_logits, response_logprobs
 
@@ -26,8 +26,8 @@ class Scorer:
     from one KV cache of the prompt start they share. dedup: a no-grad pass forwards each distinct row once.
     length_buckets: rows of similar length forwarded together. head_at_free_tokens: inside `scope()`, the output
     head runs only at the response tokens that are not forced. packed: a pass (an update micro-batch, the DPO
-    pairs' sums) is one forward of its rows' prefix trees, rows of pack_tokens positions (`sdar.models.packing`); a model whose
-    attention takes no tree mask keeps the paths above.
+    pairs' sums, the hint channel's logits) is one forward of its rows' prefix trees, rows of pack_tokens positions
+    (`sdar.models.packing`); a model whose attention takes no tree mask keeps the paths above.
     """
 
     temperature: float = 1.0
@@ -97,6 +97,9 @@ class Scorer:
         response mask [B, T]; with gradients when `grad`. At temperature 1, not this Scorer's: the generalized JSD
         (`sdar.algos.generalized_jsd`) divides both sides by the arm's own `jsd_temperature`, as the channel
         always has."""
+        if self._packs(model, prompts):
+            return packed_response_logits(model, prompts, responses, pad_id=self.pad_id, budget=self.pack_tokens,
+                                          allowed=allowed, grad=grad)
         return response_logits(model, prompts, responses, pad_id=self.pad_id, allowed=allowed, grad=grad)
 
     def summed(self, model, prompts: list[list[int]], responses: list[list[int]], allowed, grad: bool = False
