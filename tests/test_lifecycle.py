@@ -4,6 +4,8 @@ the job runner, the huey workers) and frees the port, like Ctrl-C. Real processe
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -87,23 +89,27 @@ def test_a_server_that_a_killed_sdar_ui_left_is_reused_for_its_store_and_stopped
     port = free_port()
     ui, lines = _ui(first, port)
     (server,) = _children(ui.pid)
-    assert left_behind(port) is None, "a live sdar ui's server is not left behind"
-    ui.kill()  # SIGKILL: the server stays
-    ui.wait(30)
-    assert _port_taken(port) and _group_alive(server)
-    assert left_behind(port) == (server, first)
+    try:
+        assert left_behind(port) is None, "a live sdar ui's server is not left behind"
+        ui.kill()  # SIGKILL: the server stays
+        ui.wait(30)
+        assert _port_taken(port) and _group_alive(server)
+        assert left_behind(port) == (server, first)
 
-    again, lines = _ui(first, port)  # the same store: taken over, no second server
-    assert any("reusing the mlflow server an earlier sdar ui left on port" in ln for ln in lines), lines
-    assert _children(again.pid) == [] and _group_alive(server)
-    again.kill()  # left behind once more
-    again.wait(30)
+        again, lines = _ui(first, port)  # the same store: taken over, no second server
+        assert any("reusing the mlflow server an earlier sdar ui left on port" in ln for ln in lines), lines
+        assert _children(again.pid) == [] and _group_alive(server)
+        again.kill()  # left behind once more
+        again.wait(30)
 
-    third, lines = _ui(other, port)  # another store: the old one stopped, a fresh one started
-    assert any(f"stopped the mlflow server an earlier sdar ui left on port {port} over {first}" in ln
-               for ln in lines), lines
-    assert not _group_alive(server)
-    (fresh,) = _children(third.pid)
-    third.send_signal(signal.SIGTERM)
-    third.communicate(timeout=60)
-    assert not _group_alive(fresh) and not _port_taken(port)
+        third, lines = _ui(other, port)  # another store: the old one stopped, a fresh one started
+        assert any(f"stopped the mlflow server an earlier sdar ui left on port {port} over {first}" in ln
+                   for ln in lines), lines
+        assert not _group_alive(server)
+        (fresh,) = _children(third.pid)
+        third.send_signal(signal.SIGTERM)
+        third.communicate(timeout=60)
+        assert not _group_alive(fresh) and not _port_taken(port)
+    finally:  # a failed check must not leave a server holding the port
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server, signal.SIGKILL)
