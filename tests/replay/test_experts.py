@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import importlib
 import inspect
 import random
 import re
@@ -14,7 +15,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-import sdar.replay.experts as experts_module
 from sdar.agent.parsing import parse_response
 from sdar.agent.prompts import PromptBuilder, privileged_prefix
 from sdar.agent.rollout import EpisodeState
@@ -175,9 +175,24 @@ def test_household_without_memory_reads_the_window_and_admissible_list():
         assert run.success >= 0.8, (variant, run.success)  # measured 1.00 / 1.00 (random: 0.00) on 24 tasks
 
 
+def _env_imports(module: str) -> set[str]:
+    """The sdar_envs modules `module` imports, and theirs in turn."""
+    seen, todo = set(), [module]
+    while todo:
+        tree = ast.parse(inspect.getsource(importlib.import_module(todo.pop())))
+        names = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        for name in names - seen:
+            if name and name.startswith("sdar_envs"):
+                seen.add(name)
+                todo.append(name)
+    return seen
+
+
 def test_the_expert_sees_only_messages():
-    """Structural: the expert takes the messages alone, leaves them as they were, and the module
-    imports nothing of an environment but the household's static tables (world knowledge)."""
+    """Structural: the expert takes the messages alone, leaves them as they were, and the families' expert
+    modules import nothing of an environment but the turn's shape and the household's static tables (world
+    knowledge), the household search over them and the agent's memory of observations."""
     expert = rule_expert("household")
     assert list(inspect.signature(expert).parameters) == ["messages"]
     messages = PromptBuilder("household").messages(read_turn([{"role": "user", "content": (
@@ -187,10 +202,10 @@ def test_the_expert_sees_only_messages():
     before = copy.deepcopy(messages)
     assert expert(messages) == "<action>go to countertop 1</action>"
     assert messages == before
-    tree = ast.parse(inspect.getsource(experts_module))
-    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    assert {m for m in imported if m.startswith("sdar_envs")} == {"sdar_envs.household.catalog"}
+    assert _env_imports("sdar_envs.household.rule_expert") == {
+        "sdar_envs.transcript", "sdar_envs.household.catalog", "sdar_envs.household.search", "sdar_envs.household.memory"}
+    for family in ("shop", "searchqa"):
+        assert _env_imports(f"sdar_envs.{family}.rule_expert") == {"sdar_envs.transcript"}
 
 
 def test_unknown_family_or_variant_names_the_valid_ones():

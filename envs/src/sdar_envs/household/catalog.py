@@ -2,8 +2,8 @@
 
 Taken from ALFWorld 0.4.2 (`alfworld.gen.constants`) and from counts over the 340 official
 valid_seen + valid_train games, so the simulator's rooms and the privileged skills match ALFWorld.
-Static data only, and the household vocabulary that code outside sdar_envs may import (sdar's agent
-memory and rule experts read observations with it); the engines and the sim stay internal.
+Static data only: the household vocabulary and world knowledge the agent's memory, the rule expert and the search
+use (code outside sdar_envs may import it too: sdar's replay server); the engines and the sim stay internal.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sdar_envs.household.catalog import APPLIANCE, CAN_CONTAIN, LOCATION_PRIORS
+from sdar_envs.household.catalog import APPLIANCE, CAN_CONTAIN
+from sdar_envs.household.search import HouseholdSearch
 
 if TYPE_CHECKING:
     from sdar_envs.household.sim_game import SimGame
@@ -37,7 +38,8 @@ class GoldPolicy:
         return None
 
     def _search(self, otype: str, skip_type: str | None) -> str:
-        """Next step of a search for `otype`: the likeliest unseen receptacle by location prior.
+        """Next step of a search for `otype` (`search.HouseholdSearch`): the likeliest unseen receptacle by location
+        prior, the goal's type skipped.
 
         The uninformed expert knows neither the priors nor which receptacle types can hold
         what: it goes through the unseen receptacles in listing order (type, then number),
@@ -45,34 +47,14 @@ class GoldPolicy:
         model can read off the prompt while the skills text carries what it lacks.
         """
         game = self.game
-        if not self.use_priors:
-            known = self.known_order.get(otype, [])
-            unseen = sorted(
-                (r for r in game.rorder if not game.observed[r]),
-                key=lambda r: known.index(game.rtype[r]) if game.rtype[r] in known else len(known),
-            )
-            if not unseen:
-                return "look"
-            step = self._go_or_open(unseen[0])
-            return step if step is not None else "look"
-        prior = LOCATION_PRIORS.get(otype, {})
-        best, best_key = None, None
-        for r in game.rorder:
-            if (
-                game.observed[r]
-                or otype not in CAN_CONTAIN[game.rtype[r]]
-                or game.rtype[r] == skip_type
-            ):
-                continue
-            key = -prior.get(game.rtype[r], 0.0)
-            if best_key is None or key < best_key:
-                best, best_key = r, key
-        if best is None:  # nothing left that should hold it: look everywhere unseen
-            unseen = [r for r in game.rorder if not game.observed[r]]
-            if not unseen:
-                return "look"
-            best = unseen[0]
-        step = self._go_or_open(best)
+        if self.use_priors:
+            search = HouseholdSearch(otype, skip_type)
+        else:
+            search = HouseholdSearch(otype, known=tuple(self.known_order.get(otype, [])))
+        best = search.first([game.rname[r] for r in game.rorder if not game.observed[r]])
+        if best is None:
+            return "look"
+        step = self._go_or_open(game.rindex[best])
         return step if step is not None else "look"
 
     def _fetch(self, candidates: list[int], skip_type: str | None) -> str:
