@@ -286,3 +286,97 @@ def test_no_file_is_over_the_line_budget():
     # the list stays honest: a listed file that was split below the budget leaves it
     back = [k for k in OVER_BUDGET if len((ROOT / k).read_text().splitlines()) <= LINES_BUDGET]
     assert back == [], f"within the budget now, remove from OVER_BUDGET: {back}"
+
+
+# ---- imports inside functions (issue 45): only where the dependency graph has a reason --------------------------
+# third-party modules that are not heavy to import (the standard library is never heavy)
+LIGHT_THIRD_PARTY: frozenset[str] = frozenset()
+
+
+def _module_level_imports(path: Path, module: str, is_package: bool) -> set[str]:
+    """What importing `path` imports at once: its module-level imports (not under TYPE_CHECKING), try blocks included."""
+    out: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        for n in ([node] if not isinstance(node, ast.Try) else node.body):
+            if isinstance(n, ast.Import):
+                out |= {a.name for a in n.names}
+            elif isinstance(n, ast.ImportFrom):
+                base = _from_target(n, module, is_package)
+                out |= {base} | {f"{base}.{a.name}" for a in n.names}
+    return out
+
+
+def heavy_modules(roots=SOURCES) -> set[str]:
+    """The modules of src/ and envs/src/ whose import loads a third-party package (torch, mlflow, fastapi, ...), at
+    module level, through any chain of imports or parent packages: the ones a function may import lazily."""
+    import sys
+
+    modules = _modules(roots)
+    direct = {m: _module_level_imports(p, m, pkg) for m, (p, pkg) in modules.items()}
+    memo: dict[str, bool] = {}
+
+    def heavy(m: str, seen: frozenset[str]) -> bool:
+        top = m.split(".")[0]
+        if top not in ("sdar", "sdar_envs"):
+            return top not in sys.stdlib_module_names and top not in LIGHT_THIRD_PARTY and top != "__future__"
+        if m not in modules or m in seen:
+            return False
+        if modules[m][1] and "def __getattr__" in modules[m][0].read_text():
+            return True  # a package whose names load their modules on demand (sdar.algos: torch), lazily for a reason
+        if m not in memo:
+            parents = [".".join(m.split(".")[:i]) for i in range(1, m.count(".") + 1)]
+            memo[m] = any(heavy(t, seen | {m}) for t in [*direct[m], *parents])
+        return memo[m]
+
+    return {m for m in modules if heavy(m, frozenset())}
+
+
+def lazy_imports_without_reason(roots=SOURCES) -> list[str]:
+    """Imports of our own modules inside a function that the dependency graph gives no reason for. Allowed: a heavy
+    module (`heavy_modules`), the function's own package (a cycle at load time), an import in a branch (if, try,
+    with, loop: the branch's choice), or a comment on the import's line saying why."""
+    modules, heavy = _modules(roots), heavy_modules(roots)
+    found = []
+    for module, (path, is_package) in modules.items():
+        text = path.read_text()
+        lines = text.splitlines()
+        for fn in ast.walk(ast.parse(text)):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in fn.body:  # the function's own statements; a branch's import is the branch's choice
+                if not isinstance(node, ast.ImportFrom) or node.module is None:
+                    continue
+                base = _from_target(node, module, is_package)
+                if base.split(".")[0] not in ("sdar", "sdar_envs"):
+                    continue
+                targets = [base] + [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in modules]
+                own_package = module.startswith(base + ".")
+                if own_package or any(t in heavy for t in targets) or "#" in lines[node.lineno - 1]:
+                    continue
+                shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+                found.append(f"{shown}:{node.lineno}: from {base} import "
+                             + ", ".join(a.name for a in node.names))
+    return found
+
+
+def test_an_import_inside_a_function_has_a_reason():
+    """The dependency graph is read at the top of each file: an import of our own modules inside a function is for a
+    heavy module (torch, transformers, mlflow, ... loaded only when needed), the function's own package, a branch's
+    choice, or says why in a comment on its line."""
+    found = lazy_imports_without_reason()
+    assert found == [], ("imports inside functions with no reason (move them to the top of the file, or say why on "
+                         "the line):\n" + "\n".join("  " + f for f in found))
+
+
+def test_a_lazy_import_of_a_light_module_is_found(tmp_path):
+    pkg = tmp_path / "sdar"
+    for name, text in {"__init__.py": "", "light.py": "import json\nX = 1\n", "heavy.py": "import torch\n",
+                       "user.py": ("def f():\n    from sdar.light import X\n    return X\n\n"
+                                   "def g():\n    from sdar.heavy import torch\n\n"
+                                   "def h(a):\n    if a:\n        from sdar.light import X\n\n"
+                                   "def k():\n    from sdar.light import X  # lazy: the CLI's start\n")}.items():
+        (pkg / name).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / name).write_text(text)
+    assert heavy_modules((pkg,)) == {"sdar.heavy"}
+    found = lazy_imports_without_reason((pkg,))
+    assert [f.split(": ", 1)[1] for f in found] == ["from sdar.light import X"] and ":2:" in found[0]

@@ -8,6 +8,9 @@ import importlib
 import os
 import sys
 
+from sdar.failures import env_server_error
+from sdar.storage import DiskFull
+
 # modules that contribute subcommands; a module that does not exist yet is skipped
 _COMMAND_MODULES = (
     "sdar.algos.cli",
@@ -53,8 +56,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     from sdar.config import ConfigError
-    from sdar.failures import env_server_error
-    from sdar.storage import DiskFull
 
     try:
         return int(args.func(args) or 0)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from sdar.console import make_console
+
 
 @dataclass
 class ToyConfig:
@@ -117,7 +119,6 @@ def _selfcheck(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from sdar.algos import get_arm
-    from sdar.console import make_console
 
     console = make_console()
     cfg = ToyConfig(steps=30 if args.mode == "quick" else 60)

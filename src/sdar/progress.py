@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from sdar.console import make_console
+
 HEARTBEAT_S = 30.0  # the longest a log goes without a progress line while a long loop runs
 
 # what sdar.runlog reads back from a task's log: the label (the phase) and how far it is
@@ -74,8 +76,6 @@ class Progress:
 
     def __init__(self, label: str, total: int, unit: str = "items", *, console: Any = None, every: int | None = None,
                  every_s: float | None = None) -> None:
-        from sdar.console import make_console
-
         self.label, self.total, self.unit = label, max(int(total), 0), unit
         self.console = console if console is not None else make_console(stderr=True)
         self.every = every or max(1, self.total // 10)

@@ -7,6 +7,11 @@ import argparse
 import sys
 from typing import Any, TextIO
 
+from sdar_envs.base import available_envs, make_env
+from sdar_envs.expert import write_expert_trajectories
+from sdar_envs.server.config import add_serve_arguments, options_from_args
+from sdar_envs.skills_store import open_skills_store
+
 _MAX_SHOWN_ACTIONS = 40  # a person reads a short list; the rest are still accepted
 
 
@@ -14,8 +19,6 @@ def register(subparsers: Any) -> None:
     envs = subparsers.add_parser("envs", help="environment servers, play, expert trajectories, skills store")
     envs.set_defaults(func=lambda _args: envs.print_help() or 0)
     sub = envs.add_subparsers(dest="envs_command", metavar="ENVS_COMMAND")
-
-    from sdar_envs.server.config import add_serve_arguments
 
     serve = sub.add_parser("serve", help="serve one family over HTTP/WebSocket (OpenEnv protocol)")
     add_serve_arguments(serve)
@@ -58,7 +61,6 @@ def _env_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 # ---- serve ----------------------------------------------------------------------------------
 def _serve(args: argparse.Namespace) -> int:
-    from sdar_envs.server.config import options_from_args
     from sdar_envs.server.process import run_server
 
     options = options_from_args(args)
@@ -149,8 +151,6 @@ def _play(args: argparse.Namespace) -> int:
 
 # ---- expert ---------------------------------------------------------------------------------
 def _expert(args: argparse.Namespace) -> int:
-    from sdar_envs.expert import write_expert_trajectories
-
     kwargs = dict(seed=args.seed, split=args.split, max_steps=args.max_steps, **_env_kwargs(args))
     if sys.stderr.isatty():
         from rich.progress import Progress
@@ -168,8 +168,6 @@ def _expert(args: argparse.Namespace) -> int:
 
 # ---- list -----------------------------------------------------------------------------------
 def _list(_args: argparse.Namespace) -> int:
-    from sdar_envs.base import available_envs, make_env
-
     for name in available_envs():
         try:
             env = make_env(name)
@@ -191,8 +189,6 @@ def _list(_args: argparse.Namespace) -> int:
 
 # ---- skills ---------------------------------------------------------------------------------
 def _skills(args: argparse.Namespace) -> int:
-    from sdar_envs.skills_store import open_skills_store
-
     store = open_skills_store(args.store)
     try:
         if args.action == "list":

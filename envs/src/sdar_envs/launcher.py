@@ -16,7 +16,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sdar_envs.base import available_envs
 from sdar_envs.client import EnvServerError, http_json
+from sdar_envs.server.config import ServerOptions, options_to_args
 
 if TYPE_CHECKING:
     from sdar_envs.server.config import ServerOptions
@@ -111,9 +113,6 @@ def serve_in_background(
     env_kwargs: the family's constructor arguments, e.g. backend="sim".
     Returns (url, handle); `handle.stop()` ends the server.
     """
-    from sdar_envs.base import available_envs
-    from sdar_envs.server.config import ServerOptions
-
     if ":" not in family and family not in available_envs():
         # checked here, so a typo fails at once instead of after a child process starts
         raise ValueError(f"unknown environment {family!r}; choose one of {', '.join(available_envs())} or give 'module:attr'")
@@ -145,8 +144,6 @@ def _serve_process(url: str, opts: Any, sock: socket.socket, probe_sock: socket.
                    kwargs_json: str, startup_timeout_s: float, die_with_parent: bool, operator_token: str | None
                    ) -> ServerHandle:  # fmt: skip
     """`python -m sdar_envs.server` on the bound sockets (the child gets its own copies), waited for until healthy."""
-    from sdar_envs.server.config import options_to_args
-
     family = opts.family
     log_file = tempfile.NamedTemporaryFile(prefix=f"sdar-{family.replace(':', '_')}-", suffix=".log", delete=False)
     cmd = [sys.executable, "-m", "sdar_envs.server", "--env", family, "--fd", str(sock.fileno()),

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sdar_envs.base import make_env
 from sdar_envs.skills import SkillLibrary
 
 # the key under which the general-only rendering (no task-specific skills) is stored
@@ -30,8 +31,6 @@ def rendered_skills(library: SkillLibrary) -> dict[str, str]:
 
 def library_of(family: str, **env_kwargs: Any) -> SkillLibrary:
     """A family's SkillLibrary, read from an environment built with `env_kwargs` (then closed)."""
-    from sdar_envs.base import make_env
-
     env = make_env(family, **env_kwargs)
     try:
         return env.skill_library()

@@ -11,10 +11,29 @@ from typing import TYPE_CHECKING, Any
 from sdar.algos.arm_config import ARMS, OVERRIDABLE, ArmConfig, get_arm
 from sdar.config.bounds import check_numbers, field_bounds
 from sdar.config.replay import ReplayConfig
-from sdar.config.sections import (PENALIZE, PLACEMENTS, PRETOKENIZERS, REWARDS, SAMPLERS, STRATEGIES, CheckpointConfig,
-                                  DistributedConfig, EnvConfig, EvalConfig, LaunchConfig, ModelConfig, OptimConfig,
-                                  PPOConfig, RolloutConfig, ScoringConfig, TeacherConfig, VLLMConfig, WarmStartConfig)
+from sdar.config.sections import (
+    PENALIZE,
+    PLACEMENTS,
+    PRETOKENIZERS,
+    REWARDS,
+    SAMPLERS,
+    STRATEGIES,
+    CheckpointConfig,
+    DistributedConfig,
+    EnvConfig,
+    EvalConfig,
+    LaunchConfig,
+    ModelConfig,
+    OptimConfig,
+    PPOConfig,
+    RolloutConfig,
+    ScoringConfig,
+    TeacherConfig,
+    VLLMConfig,
+    WarmStartConfig,
+)
 from sdar.config.values import check_arm_overrides
+from sdar.tracking.loggers import REPORT_TO
 
 if TYPE_CHECKING:  # annotations only: loading a config never imports torch
     import torch
@@ -93,7 +112,6 @@ class TrainConfig:
                 raise ValueError(f"{key}={value!r} is not one of {', '.join(valid)}")
         if isinstance(self.report_to, str):  # --set report_to=jsonl
             self.report_to = [self.report_to]
-        from sdar.tracking.loggers import REPORT_TO
 
         if unknown := [r for r in self.report_to if r not in REPORT_TO]:
             raise ValueError(f"report_to={self.report_to!r}: {', '.join(map(repr, unknown))} is not one of "

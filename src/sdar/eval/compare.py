@@ -16,6 +16,17 @@ from pathlib import Path
 from typing import Any
 
 from sdar.eval.evaluate import wilson_interval
+from sdar.tracking.view import (
+    DISTILL_WEIGHT,
+    GAP,
+    GATE,
+    HELD_OUT,
+    TRAIN_SUCCESS,
+    VS_WARM_START,
+    WARM_START,
+    ViewRows,
+    arm_color,
+)
 
 # the teacher-student gap per step: SDAR's token gap (logged for every arm, since the trainer
 # scores the teacher for all of them), else the all-token gap the trainer logs beside it
@@ -270,7 +281,6 @@ def plot_comparison(runs: list[ArmRun], path: str | Path, baseline: dict[str, An
     by_arm: dict[str, list[ArmRun]] = defaultdict(list)
     for r in runs:
         by_arm[r.arm].append(r)
-    from sdar.tracking.view import WARM_START, arm_color
 
     fig, (ax_s, ax_g) = plt.subplots(1, 2, figsize=(12, 4.5))
     last_step = 0
@@ -365,8 +375,6 @@ def view_rows(runs: list[ArmRun], baseline: dict[str, Any] | None) -> list:
     0; each arm run its held-out success and its paired difference from its own warm start at step 0, and per
     training step its success, gap, gate and distillation weight (`computed`, per seed). Runs without an id are left
     out (an untracked arm). sdar.tracking.comparison.log_view_metrics writes them."""
-    from sdar.tracking.view import DISTILL_WEIGHT, GAP, GATE, HELD_OUT, TRAIN_SUCCESS, VS_WARM_START, ViewRows
-
     rows = [ViewRows(ws["run_id"], 0, {HELD_OUT: float(ws["success"])})
             for ws in ((baseline or {}).get("by_seed") or {}).values() if ws.get("run_id")]
     for r in runs:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from sdar.agent.rollout import RolloutConfig, Trajectory, rollout
+from sdar.progress import Progress
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -77,8 +78,6 @@ def evaluate(
     global RNG (seed it first, as the pipeline's evaluate step does).
     """
     import torch
-
-    from sdar.progress import Progress
 
     ecfg = replace(cfg, temperature=temperature)
     jobs = [t for t in task_ids for _ in range(episodes_per_task)]

@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from sdar_envs.expert import validate_trajectory
+
 from sdar.agent.prompts import TurnView
 from sdar.agent.rollout import Trajectory, Turn, TurnBatch
 
@@ -87,8 +89,6 @@ def trajectory_from_record(rec: dict[str, Any], where: str = "record") -> Trajec
 
 def read_trajectories(path: str | os.PathLike) -> list[Trajectory]:
     """The trajectories of a file written by `write_trajectories`, validated line by line."""
-    from sdar_envs.expert import validate_trajectory
-
     out = []
     with Path(path).open() as fh:
         for lineno, line in enumerate(fh, 1):

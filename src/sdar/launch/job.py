@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sdar.kube import api_message, pod_namespace
-from sdar.storage import RESULT_PREFIX
+from sdar.storage import RESULT_PREFIX, open_store
 
 
 def train_args(config_path: str, overrides: dict[str, Any]) -> list[str]:
@@ -45,8 +45,6 @@ def require_s3(cfg) -> None:
 def collect_result(cfg, **extra: Any) -> dict[str, Any]:
     """The summary rank 0 published to the checkpoint store (`sdar train --publish`), with the final policy
     downloaded into <output_dir>/final of this machine; `extra` is added to it (the job's handle)."""
-    from sdar.storage import open_store
-
     store = open_store(cfg.resolved_checkpoint_uri())
     out = cfg.resolved_output_dir()
     final = out / "final"

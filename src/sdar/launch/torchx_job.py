@@ -34,12 +34,26 @@ from typing import Any
 from torchx import specs
 
 from sdar.config.secrets import MLFLOW_SECRET, S3_SECRET
+from sdar.images import trainer_image
 from sdar.kube import kube_client
-from sdar.launch.job import (JobKind, collect_result, job_namespace, procs_per_node, require_s3, sigterm_raises,
-                             train_args)
+from sdar.launch.job import (
+    JobKind,
+    collect_result,
+    job_namespace,
+    procs_per_node,
+    require_s3,
+    sigterm_raises,
+    train_args,
+)
 from sdar.launch.job import delete_labelled as delete_jobs
-from sdar.launch.pods import (container_security_context, empty_dirs, output_scratch, pod_security_context,
-                              shm_volume, writable_dirs)
+from sdar.launch.pods import (
+    container_security_context,
+    empty_dirs,
+    output_scratch,
+    pod_security_context,
+    shm_volume,
+    writable_dirs,
+)
 from sdar.launch.secrets import SECRET_ENV, env_from, teacher_secret_of
 
 SCHEDULERS = ("kubernetes", "local_cwd")
@@ -101,8 +115,6 @@ def trainer(
         teacher_secret: a Secret whose keys (the teacher pool's API keys) become the workers' environment
             when it exists ("" = none; a pool of local servers needs none)
     """
-    from sdar.images import trainer_image
-
     if "--config" not in train_args:
         raise ValueError("trainer needs the arguments of `sdar train`, e.g. -- --config configs/household-tiny.yaml")
     if nnodes < 1 or nproc_per_node < 1:

@@ -37,6 +37,7 @@ import hashlib
 import os
 from typing import Any
 
+from sdar.images import trainer_image
 from sdar.kube import api_message, kube_client
 from sdar.launch.job import (
     JobKind,
@@ -133,8 +134,6 @@ def trainjob_for_config(cfg, config_path: str, overrides: dict[str, Any], namesp
     """The TrainJob that trains `cfg` (= load_config(config_path, overrides)) as its `launch` section says,
     checked against Kubeflow Trainer's API models (validate_trainjob). `labels` go on the TrainJob besides the
     pods' (the pipeline run's, by which its teardown finds the TrainJobs a lost step left: delete_labelled)."""
-    from sdar.images import trainer_image
-
     launch = cfg.launch
     procs = procs_per_node(launch)
     if launch.gpus_per_node and procs > launch.gpus_per_node:

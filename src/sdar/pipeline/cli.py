@@ -12,6 +12,11 @@ import sys
 from typing import Any
 
 from sdar.config import SET_HELP, parse_set
+from sdar.pipeline.jobs import JobError
+from sdar.pipeline.runner import PipelineNotFound, compile_pipeline, run_local, submit
+from sdar.pipeline.settings import DEFAULT_CONFIG, DEFAULT_EXPERIMENT, ClusterSettings, RunSettings
+from sdar.tracking import mlflow_client
+from sdar.tracking.view import publish_view, view_url
 
 
 def run_comparison(arms: list[str] | None = None, seeds: list[int] | None = None, steps: int | None = None, *,
@@ -29,9 +34,6 @@ def run_comparison(arms: list[str] | None = None, seeds: list[int] | None = None
     greedy, family, model, config_path, overrides, experiment). Returns sdar.pipeline.runner.run_local's
     result dict (table, plot, report_dir, parent_run_id, child_runs, tracking_uri, seconds, status, summaries).
     """
-    from sdar.pipeline.runner import run_local
-    from sdar.pipeline.settings import RunSettings
-
     changes = {k: v for k, v in settings.items() if v is not None}
     if arms is not None:
         changes["arms"] = list(arms)
@@ -57,8 +59,6 @@ def _needs_the_dag(command):
 
     @functools.wraps(command)
     def run(args: argparse.Namespace) -> int:
-        from sdar.pipeline.runner import PipelineNotFound
-
         try:
             return command(args)
         except PipelineNotFound as exc:
@@ -81,7 +81,6 @@ def _checked_overrides(sets: list[tuple[str, Any]] | None, base: dict[str, Any] 
     """`base` updated with the --set pairs, checked against the default config (the keys exist, the values
     fit, the launcher is known) so a typo fails here rather than in the run's first step."""
     from sdar.config import load_config
-    from sdar.pipeline.settings import DEFAULT_CONFIG
 
     overrides = {**(base or {}), **dict(sets or [])}
     try:
@@ -124,9 +123,6 @@ def _bake_overrides(path, overrides: dict[str, Any]) -> None:
 def _cmd_compile(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from sdar.pipeline.runner import compile_pipeline
-    from sdar.pipeline.settings import ClusterSettings
-
     if args.gpus is not None and args.gpus < 0:
         raise SystemExit(f"--gpus must be >= 0 (0 = no GPU request, node selector or toleration), got {args.gpus}")
     changes = {k: v for k, v in (("gpus", args.gpus), ("env_image", args.env_image),
@@ -167,7 +163,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
             overrides = {**RunSettings.quick().overrides, **overrides}
         settings["overrides"] = overrides
-    from sdar.pipeline.jobs import JobError
 
     try:
         result = run_comparison(args.arms, args.seeds, args.steps, quick=args.quick, root=args.root, quiet=args.quiet,
@@ -180,8 +175,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
 @_needs_the_dag
 def _cmd_submit(args: argparse.Namespace) -> int:
     import json
-
-    from sdar.pipeline.runner import submit
 
     arguments = dict(args.arg or [])
     if args.set:  # on top of the run's --arg overrides, else of the compiled pipeline's default
@@ -213,16 +206,12 @@ def _print_view(job: str, mlflow_url: str | None, experiment: str | None) -> Non
     the same one), so the printed URL opens it as soon as the first arm logs; without a server URL, how to get it."""
     import os
 
-    from sdar.pipeline.settings import DEFAULT_EXPERIMENT
-
     url = mlflow_url or (os.environ.get("MLFLOW_TRACKING_URI", "") if os.environ.get(
         "MLFLOW_TRACKING_URI", "").startswith(("http://", "https://")) else "")
     if not url:
         print(f"the comparison in MLflow: sdar ui --tracking-uri MLFLOW_URL --job {job}  (prints its URL; or pass "
               "--mlflow-url to sdar submit)")
         return
-    from sdar.tracking import mlflow_client
-    from sdar.tracking.view import publish_view, view_url
 
     name = experiment or DEFAULT_EXPERIMENT
     client = mlflow_client(url)

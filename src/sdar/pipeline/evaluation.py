@@ -10,7 +10,9 @@ from typing import Any
 
 from sdar.pipeline.jobs import once_per_job
 from sdar.pipeline.steps import prepare_step, read_json, tracking_uri_of, write_json
+from sdar.tracking import Tracker
 from sdar.tracking.loggers import log_once
+from sdar.tracking.view import WARM_START
 
 EVAL_SAMPLING_SEED = 10_007  # + the seed: the sampling seed of every evaluation of a seed (its warm start and arms)
 
@@ -122,9 +124,6 @@ def log_warm_start(info: Mapping[str, Any], result: Mapping[str, Any], tracking_
     """The warm start of one seed as an MLflow run nested under the pipeline's parent run (`warm-start-seed<s>`,
     arm tag `warm-start`, the job's id inherited from the parent): its held-out numbers as `final/*`, the
     reference bar of the comparison's view. Returns its run id."""
-    from sdar.tracking import Tracker
-    from sdar.tracking.view import WARM_START
-
     with Tracker(info.get("experiment") or "sdar-comparison", run_name=f"{WARM_START}-seed{result['seed']}",
                  parent_run_id=info["parent_run_id"], tracking_uri=tracking_uri,
                  tags={"arm": WARM_START, "seed": result["seed"], "sdar.kind": WARM_START}) as run:

@@ -18,6 +18,7 @@ from sdar.tracking import (
     mlflow_client,
     resolve_tracking_uri,
 )
+from sdar.tracking.view import publish_view
 
 KFP_MLFLOW_ENV = "SDAR_KFP_MLFLOW"  # auto (default) | on | off: attach to the run KFP's MLflow integration opened
 OWNER_TAG = "sdar.parent_owner"  # "kfp" on a pipeline parent run that KFP opened and closes itself
@@ -84,8 +85,6 @@ def open_pipeline_run(experiment: str, job_id: str, family: str, *, tracking_uri
     view (sdar.tracking.view.publish_view: the URL `sdar ui` prints opens it). Left RUNNING on purpose:
     close_pipeline_runs ends it with the pipeline's final state. Returns (run id, tracking URI); the run's
     experiment is `pipeline_run_experiment(run id, uri)` (KFP's may differ from `experiment`)."""
-    from sdar.tracking.view import publish_view
-
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(output_root)
     tags = {PIPELINE_JOB_TAG: job_id, "sdar.kind": "pipeline", "family": family}
     kfp = None if parent_run_id else kfp_mlflow_run()

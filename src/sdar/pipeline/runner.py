@@ -23,7 +23,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from sdar.console import make_console
+from sdar.env_service import local as local_envs
+from sdar.lifecycle import Terminated, descendants, ending_on_signals, stop_processes
+from sdar.pipeline.jobs import JOB_ENV, JobError, job_lock, new_job_id, read_job, write_job
 from sdar.pipeline.settings import LOCAL_PARALLELISM, PIPELINE_NAME, ClusterSettings, RunSettings
+from sdar.runlog import UNBUFFERED, TaskLog
+from sdar.tags import PIPELINE_JOB_TAG
+from sdar.tracking import Tracker, find_runs, mlflow_client, resolve_tracking_uri
+from sdar.tracking.comparison import log_to_run
+from sdar.tracking.view import publish_view, view_url
 
 ENTRY_POINT_GROUP = "sdar.pipelines"
 # a checkout's root (src/sdar/pipeline/runner.py -> the repository): where run_local also looks for a
@@ -145,11 +154,6 @@ def run_local(settings: RunSettings | None = None, *, quick: bool = False, root:
     ui_command, view_url}: `ui_command` serves the store on 127.0.0.1:5000, where `view_url` opens the comparison; with
     an http(s) tracking URI `ui_command` is empty and `view_url` is on that server, whose UI it is.
     """
-    from sdar.console import make_console
-    from sdar.pipeline.jobs import JOB_ENV, job_lock, new_job_id, write_job
-    from sdar.tags import PIPELINE_JOB_TAG
-    from sdar.tracking import Tracker, resolve_tracking_uri
-
     console = console or make_console()
     root = Path(root).resolve()
     root.mkdir(parents=True, exist_ok=True)
@@ -190,9 +194,6 @@ def run_local(settings: RunSettings | None = None, *, quick: bool = False, root:
     result["resume_command"] = resume_command(root, job) if error else ""
     result["disk_full"] = view is not None and view.disk_full is not None
     # the exit handler ended the parent run; make sure it is not left RUNNING if the runner itself failed
-    from sdar.tracking.comparison import log_to_run
-    from sdar.tracking import mlflow_client
-
     log_to_run(parent.run_id, {"pipeline/seconds": seconds}, tracking_uri=uri)
     if mlflow_client(uri).get_run(parent.run_id).info.status == "RUNNING":
         parent.end("FAILED" if error else "FINISHED")
@@ -205,9 +206,6 @@ def _run_pipeline(pipeline, args: dict[str, Any], parent_run_id: str, uri: str, 
     """Run the pipeline through the KFP local runner: (the error of a failed task or None, the TaskLog, seconds). Ended
     by a signal or Ctrl-C, it stops what it started, says how to continue the job, and raises."""
     from kfp import local
-
-    from sdar.env_service import local as local_envs
-    from sdar.lifecycle import Terminated, ending_on_signals
 
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), raise_on_error=True)
     for line in local_envs.stop_orphans(args["output_root"]):  # servers of a run that was killed outright
@@ -240,9 +238,6 @@ def _resumed(root: Path, job: str, settings: RunSettings | None, asked_uri: str 
     """(settings, quick, tracking URI, parent run id) of the unfinished job `job`; JobError when it cannot go on."""
     from mlflow.exceptions import MlflowException
 
-    from sdar.pipeline.jobs import JobError, read_job
-    from sdar.tracking import mlflow_client, resolve_tracking_uri
-
     if settings is not None:
         raise JobError(f"job {job} continues with the settings it began with; pass no settings with resume")
     saved = read_job(root / "outputs", job)
@@ -262,8 +257,6 @@ def _resumed(root: Path, job: str, settings: RunSettings | None, asked_uri: str 
 
 def _stop_tasks() -> None:
     """Stop every process this runner started (the pipeline's task processes and what they started), counted."""
-    from sdar.lifecycle import descendants, stop_processes
-
     tasks = descendants(os.getpid())
     stop_processes(tasks, grace_s=10.0)
     _STOPPED["tasks"] += len(tasks)
@@ -273,9 +266,6 @@ def _stop_run(console, output_root: str, parent_run_id: str, uri: str, why: Base
     """The runner was ended by a signal (or Ctrl-C): stop its task processes and the env servers it started, mark its
     MLflow runs that are still open KILLED, and say so in one line."""
     from mlflow.exceptions import MlflowException
-
-    from sdar.env_service import local as local_envs
-    from sdar.tracking import mlflow_client
 
     _stop_tasks()  # any left: Ctrl-C has no handler of ours, and a task may have started since the signal
     tasks = _STOPPED["tasks"]
@@ -311,8 +301,6 @@ def config_file(config_path: str | os.PathLike) -> Path:
 def _run_logged(pipeline, args: dict[str, Any], log_dir: Path, console, *, quiet: bool, verbose: bool):
     """Run `pipeline(**args)` with one line per task on the console and each task's log in `log_dir` (verbose:
     the full logs on the terminal instead). Returns (the error of a failed task or None, the TaskLog or None)."""
-    from sdar.runlog import UNBUFFERED, TaskLog
-
     error: str | None = None
     with warnings.catch_warnings(), contextlib.ExitStack() as stack:
         # the tasks' output line by line, as it is written; and whose run an env server belongs to
@@ -357,8 +345,6 @@ def _environ(values: dict[str, str]):
 def _local_result(experiment: str, parent_run_id: str, uri: str, error: str | None, seconds: float, view,
                   log_dir: Path, report_dir: Path) -> dict[str, Any]:
     """run_local's result: the status, the logs, the MLflow runs and, when compare ran, the comparison."""
-    from sdar.tracking import find_runs
-
     children = list(find_runs(experiment, f"tags.`mlflow.parentRunId` = '{parent_run_id}'", tracking_uri=uri))
     result: dict[str, Any] = {"status": "FAILED" if error else "SUCCEEDED", "error": error, "seconds": seconds,
                               "log": None if view is None else str(log_dir / "pipeline.log"),
@@ -376,10 +362,6 @@ def _local_result(experiment: str, parent_run_id: str, uri: str, error: str | No
 
 def _view(uri: str, parent_run_id: str, root: Path, port: int = 5000) -> dict[str, str]:
     """The comparison's MLflow view of this run: the `sdar ui` command that serves the store and the URL it opens."""
-    from sdar.tags import PIPELINE_JOB_TAG
-    from sdar.tracking import mlflow_client
-    from sdar.tracking.view import publish_view, view_url
-
     parent = mlflow_client(uri).get_run(parent_run_id)
     job = parent.data.tags.get(PIPELINE_JOB_TAG) or parent_run_id  # no job tag: launch_envs never ran
     publish_view(uri, parent.info.experiment_id, job)

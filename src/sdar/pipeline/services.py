@@ -8,6 +8,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from sdar.env_service import cluster
+from sdar.images import env_server_image
+from sdar.launch.job import job_namespace
 from sdar.pipeline.jobs import job_of
 from sdar.pipeline.settings import TARGETS
 from sdar.pipeline.steps import step_overrides, write_json
@@ -68,9 +71,7 @@ def launch_env_service(config_path: str, overrides: str, job_id: str, endpoints_
 def _deploy(family: str, env_kwargs: dict[str, Any], job_id: str, namespace: str, env_image: str, replicas: int,
             port: int, startup_timeout_s: float, dry_run: bool) -> dict[str, Any]:
     """The env service's Deployment and Service on the cluster (only built with dry_run); its endpoints keys."""
-    from sdar.env_service import cluster
     from sdar.env_service.manifests import manifests
-    from sdar.images import env_server_image
 
     ns = cluster.namespace_of(namespace)
     image = env_image or env_server_image()
@@ -140,7 +141,6 @@ def _delete_jobs(selector: str, namespace: str, dry_run: bool, done: list[str]) 
     error of those left, for the caller to raise once the rest is torn down."""
     from sdar.config import LaunchConfig
     from sdar.launch import torchx_job, trainjob
-    from sdar.launch.job import job_namespace
 
     ns = job_namespace(LaunchConfig(namespace=namespace))
     if dry_run:

@@ -19,7 +19,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from sdar.config.replay import load_pool_file
 from sdar.pipeline.jobs import once_per_job
+from sdar.tracking import default_tracking_uri
+from sdar.tracking.comparison import log_comparison
 
 
 # ---- the config of a step ------------------------------------------------------------------------
@@ -104,8 +107,6 @@ def prepare_step(config_path: str, overrides: str | Mapping[str, Any] | None = "
 def tracking_uri_of(tracking_uri: str, endpoints: Mapping[str, Any], output_root: str) -> str:
     """The MLflow store a step logs to: `tracking_uri`, else the pipeline's (endpoints), else
     MLFLOW_TRACKING_URI, else the SQLite store under `output_root`: every arm logs into one store."""
-    from sdar.tracking import default_tracking_uri
-
     return (tracking_uri or endpoints.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI")
             or default_tracking_uri(output_root))
 
@@ -225,7 +226,6 @@ def replay_teachers(trajectories_path: str, config_path: str, overrides: str, sc
     Returns {gap_mean, gate_mean, pairs, metrics: for the step's KFP Metrics, metadata: the pairs'
     artifact metadata, i.e. the pool's accounting (calls, tokens, cost, latency, agreement)}.
     """
-    from sdar.config.replay import load_pool_file
     from sdar.eval.report import read_trajectories
     from sdar.eval.report import teacher_replay as score
     from sdar.train.replay import PairSet, replay_trajectories, write_pair_set
@@ -398,7 +398,6 @@ def compare_arms(evaluations: list[str], histories: list[str], table_path: str, 
     import shutil
 
     from sdar.eval.compare import ArmRun, view_rows, write_comparison
-    from sdar.tracking.comparison import log_comparison
 
     hists = {}
     for path in histories:

@@ -8,10 +8,13 @@ import json
 import time
 from pathlib import Path
 
+from sdar.console import make_console
+from sdar.lifecycle import Terminated, ending_on_signals
+from sdar.replay.config import DEFAULT_LOCAL_EXPERTS
+from sdar.replay.pairs import build_pairs, write_pairs
+
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from sdar.console import make_console
-    from sdar.replay.config import DEFAULT_LOCAL_EXPERTS
     from sdar.replay.server import serve_local_pool
 
     console = make_console(stderr=True)
@@ -23,7 +26,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
         return 2
-    from sdar.lifecycle import Terminated, ending_on_signals
 
     try:
         # the server is a thread of this process: SIGTERM and SIGHUP stop it as Ctrl-C does, port released
@@ -59,9 +61,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
     from sdar.agent.prompts import PromptBuilder
     from sdar.config import load_config
-    from sdar.console import make_console
     from sdar.eval.report import read_trajectories
-    from sdar.replay.pairs import build_pairs, write_pairs
     from sdar.replay.server import open_teacher_pool
 
     console = make_console(stderr=True)

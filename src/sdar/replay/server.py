@@ -21,9 +21,11 @@ from typing import Any
 
 from fastapi import FastAPI, Request  # at module level: FastAPI resolves the route annotations here
 from fastapi.responses import JSONResponse
+from sdar_envs.base import env_class
+from sdar_envs.household.catalog import TASK_TEMPLATES
 
 from sdar.replay.config import DEFAULT_LOCAL_EXPERTS
-from sdar.replay.pool import TeacherEndpoint
+from sdar.replay.pool import TeacherEndpoint, TeacherPool
 
 log = logging.getLogger("sdar.replay")
 
@@ -60,8 +62,6 @@ def prompt_view(messages: list[dict[str, str]], family: str):
 
 def _household_task_type(task: str) -> str | None:
     """The ALFWorld task type whose goal template matches `task` most specifically (longest literal text)."""
-    from sdar_envs.household.catalog import TASK_TEMPLATES
-
     best, best_len = None, -1
     for ttype, templates in TASK_TEMPLATES.items():
         for tmpl in templates:
@@ -76,8 +76,6 @@ def task_skills(family: str, task: str) -> str:
     """The privileged skills for a task known only by its text (what a served policy "with skills" gets):
     the family's library rendered for the key the task text gives (household: the goal template's task
     type; shop: the product keyword; searchqa: none, i.e. the general skills and common mistakes)."""
-    from sdar_envs.base import env_class  # importing sdar_envs registers the families
-
     key = None
     if family == "household":
         key = _household_task_type(task)
@@ -401,8 +399,6 @@ def open_teacher_pool(cfg, family: str, *, cache_dir: str | Path | None = None) 
 
     cache_dir: where replies are kept when `cfg.cache_dir` is unset (None = memory only).
     """
-    from sdar.replay.pool import TeacherPool
-
     with contextlib.ExitStack() as stack:
         endpoints = list(cfg.teachers)
         if not endpoints:

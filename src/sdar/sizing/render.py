@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sdar.console import make_console
 from sdar.sizing.fit import Sizing
 from sdar.sizing.memory import PHASE_TITLE, MemoryBudget, activation_bytes_per_layer
 from sdar.sizing.prices import PRICES_AS_OF
@@ -14,8 +15,6 @@ from sdar.sizing.units import GiB
 
 def render(sizing: Sizing, console=None) -> None:
     """Print the sizing as rich tables."""
-    from sdar.console import make_console
-
     console = console or make_console()
     m = sizing.memory
     _print_settings(m, console)

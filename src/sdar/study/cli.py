@@ -7,6 +7,8 @@ import json
 import os
 from pathlib import Path
 
+from sdar.console import make_console
+
 DEFAULT_RESULTS = "docs/results"
 DEFAULT_DOC = "docs/results.md"
 
@@ -32,7 +34,6 @@ def _only(spec: str | None):
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from sdar.console import make_console
     from sdar.study.analysis import write_report
     from sdar.study.runner import StaleResult, StudyRunner
     from sdar.study.spec import load_spec
@@ -55,7 +56,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_transfer(args: argparse.Namespace) -> int:
-    from sdar.console import make_console
     from sdar.study.runner import StudyRunner
     from sdar.study.spec import load_spec
 
@@ -71,7 +71,6 @@ def _cmd_transfer(args: argparse.Namespace) -> int:
 def _cmd_status(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from sdar.console import make_console
     from sdar.study.runner import StudyRunner
     from sdar.study.spec import load_spec
 

@@ -31,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from sdar.config import drop_added_defaults, flat_layout
+from sdar.console import make_console
 from sdar.study.spec import Cell, StudySpec
+from sdar.tracking import Tracker, default_tracking_uri, prepare_sqlite_store
 
 # the per-step metrics a result keeps (the analysis's curves); the full history stays in MLflow
 HISTORY_KEYS = (
@@ -152,8 +154,6 @@ class StudyRunner:
 
     def __init__(self, spec: StudySpec, results: str | Path, work: str | Path, console=None,
                  commit: bool = False, redo_stale: bool = False) -> None:
-        from sdar.console import make_console
-
         self.spec = spec
         self.results = Path(results) / spec.name
         self.work = Path(work).expanduser().resolve() / spec.name
@@ -203,8 +203,6 @@ class StudyRunner:
 
     # ---- MLflow -----------------------------------------------------------------------------
     def _open_parent(self) -> None:
-        from sdar.tracking import Tracker, default_tracking_uri, prepare_sqlite_store
-
         if not os.environ.get("MLFLOW_TRACKING_URI"):
             os.environ["MLFLOW_TRACKING_URI"] = prepare_sqlite_store(self.work / "mlflow.db")
         state_path = self.work / "parent_run.json"
@@ -458,7 +456,6 @@ class StudyRunner:
         """The held-out evaluation into the cell's MLflow run (at the step it was taken)."""
         if not run_id:
             return
-        from sdar.tracking import Tracker
 
         with Tracker(f"study-{self.spec.name}", resume_run_id=run_id) as t:
             t.log_metrics(ev.metrics("study_eval"), step=step - 1)

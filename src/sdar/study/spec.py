@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from sdar.algos.arm_config import ARMS
+
 _TOP_KEYS = {"study", "steps", "eval_steps", "configs", "matrices", "set", "family_set"}
 _MATRIX_KEYS = {"families", "arms", "seeds"}
 
@@ -79,8 +81,6 @@ def _fail(path: str, msg: str) -> ValueError:
 
 def parse_spec(data: Any, path: str = "<spec>") -> StudySpec:
     """A StudySpec from the YAML's mapping, checked: unknown keys, arms, eval steps, families without config."""
-    from sdar.algos.arm_config import ARMS
-
     if not isinstance(data, dict):
         raise _fail(path, "must be a mapping with keys study, steps, eval_steps, configs, matrices")
     unknown = sorted(set(data) - _TOP_KEYS)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sdar.tags import PIPELINE_JOB_TAG
 from sdar.tracking.store import mlflow_client, resolve_tracking_uri
-from sdar.tracking.view import ViewRows
+from sdar.tracking.view import ViewRows, publish_view
 
 
 def log_to_run(run_id: str, metrics: dict[str, float], *, files: dict[str, Path] | None = None,
@@ -46,8 +46,6 @@ def log_comparison(metrics: dict[str, float], files: list[Path], *, parent_run_i
     and files); with the view's rows (sdar.eval.compare.view_rows), log them into every run the
     comparison's MLflow view shows (`log_view_metrics`) and save the view on the parent's experiment again
     (sdar.tracking.view.publish_view: the same view, whoever wrote it first)."""
-    from sdar.tracking.view import publish_view
-
     log_to_run(parent_run_id, {f"compare/{k}": v for k, v in metrics.items()}, files={Path(p).name: p for p in files},
                artifact_path="comparison", tracking_uri=tracking_uri)
     if rows is not None:

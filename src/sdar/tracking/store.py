@@ -12,6 +12,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from sdar_envs.base import cache_root
+
 log = logging.getLogger(__name__)
 
 DB_NAME = "mlflow.db"
@@ -25,8 +27,6 @@ RESUME_TAG = "sdar.resume_count"
 
 def cache_dir() -> Path:
     """sdar's cache directory (sdar_envs.base.cache_root: the one definition)."""
-    from sdar_envs.base import cache_root
-
     return cache_root()
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from sdar.retry import Outage
+from sdar.storage import DiskFull, free_bytes, is_disk_full
 from sdar.tags import PIPELINE_JOB_TAG
 from sdar.tracking.params import flatten_params, metric_value
 from sdar.tracking.store import (
@@ -198,8 +199,6 @@ class Tracker:
     def _local_disk_full(self, exc: Exception):
         """A DiskFull naming this run's local store (its SQLite file, or the local file a write failed on) when `exc`
         says its disk is full; None otherwise (a tracking server's failure is an outage: deferred)."""
-        from sdar.storage import DiskFull, free_bytes, is_disk_full
-
         db = sqlite_path(self.tracking_uri or "")
         where = db or next((e.filename for e in (exc, exc.__cause__, exc.__context__) if isinstance(e, OSError)), None)
         if where is None or not is_disk_full(exc):
@@ -367,6 +366,4 @@ class Tracker:
 
 def _quiet_when_disk_full(record: logging.LogRecord) -> bool:
     """Drop MLflow's SQLAlchemy-store traceback of a full disk: the Tracker ends the run with one line naming it."""
-    from sdar.storage import is_disk_full
-
     return not (record.exc_info and record.exc_info[1] is not None and is_disk_full(record.exc_info[1]))

@@ -25,6 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sdar.browser import find_browser, install_hint
+from sdar.lifecycle import Terminated, ending_on_signals, group_members
+from sdar.tags import PIPELINE_JOB_TAG
+from sdar.tracking.store import mlflow_client
+from sdar.tracking.view import publish_view, view_url
+
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--hide-scrollbars", "--remote-debugging-port=0")
@@ -145,8 +151,6 @@ def _listening_pid(port: int) -> int | None:
 def chromium_path() -> str:
     """A headless Chrome or Chromium (`sdar.browser.find_browser`: $CHROMIUM, PATH, Playwright's, the macOS apps);
     FileNotFoundError with the commands that install one on this system when there is none."""
-    from sdar.browser import find_browser, install_hint
-
     found = find_browser()
     if not found:
         raise FileNotFoundError(install_hint())
@@ -236,9 +240,6 @@ def _devtools_port(proc: subprocess.Popen, profile: str, timeout_s: float = 90.0
 def newest_job(tracking_uri: str, experiment: str | None = None) -> tuple[str, str]:
     """(experiment id, job id) of the newest pipeline run in the store (of `experiment` when given): the run
     tagged with a pipeline job id that has no parent of its own."""
-    from sdar.tags import PIPELINE_JOB_TAG
-    from sdar.tracking.store import mlflow_client
-
     client = mlflow_client(tracking_uri)
     exps = [client.get_experiment_by_name(experiment)] if experiment else client.search_experiments()
     ids = [e.experiment_id for e in exps if e is not None]
@@ -254,16 +255,12 @@ def newest_job(tracking_uri: str, experiment: str | None = None) -> tuple[str, s
 
 def comparison_url(tracking_uri: str, base_url: str, job: str | None = None, experiment: str | None = None) -> str:
     """The URL of a job's comparison view (the newest job when None) on the MLflow UI at `base_url`."""
-    from sdar.tracking.view import view_url
-
     return view_url(base_url, *comparison_view(tracking_uri, job, experiment))
 
 
 def comparison_view(tracking_uri: str, job: str | None = None, experiment: str | None = None) -> tuple[str, str]:
     """(experiment id, job id) of a job's comparison (the newest job when None), its view saved on the experiment
     first (sdar.tracking.view.publish_view), so that stores written before views existed open the same way."""
-    from sdar.tracking.view import publish_view
-
     exp_id, newest = newest_job(tracking_uri, experiment)
     if job and job != newest:
         from sdar.tags import PIPELINE_JOB_TAG
@@ -306,7 +303,6 @@ def _cmd_ui(args: argparse.Namespace) -> int:
     if args.no_serve:
         print(url)
         return 0
-    from sdar.lifecycle import Terminated, ending_on_signals
 
     print(f"starting mlflow server on 127.0.0.1:{args.port} over {uri} ...", flush=True)
     try:
@@ -342,8 +338,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 def stop_group(proc: subprocess.Popen, grace_s: float) -> None:
     """End the process group `proc` leads, every member of it: SIGTERM to the group, then SIGKILL to what is left of it
     after `grace_s` (the leader may exit before its workers do: an mlflow server's uvicorn and huey workers)."""
-    from sdar.lifecycle import group_members
-
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sdar.tags import PIPELINE_JOB_TAG
+from sdar.tracking.store import mlflow_client
 
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 TRAINING_KIND = "custom_model_development"  # MLflow's model-training kind (genai_development is the other)
@@ -115,8 +116,6 @@ def view_state(job_id: str) -> dict[str, Any]:
 
 def publish_view(tracking_uri: str, experiment_id: str, job_id: str) -> str:
     """Make the experiment a model-training one and save the job's view on it (idempotent); returns its key."""
-    from sdar.tracking.store import mlflow_client
-
     client = mlflow_client(tracking_uri)
     key = view_key(job_id)
     client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
@@ -132,7 +131,5 @@ def view_url(base_url: str, experiment_id: str, job_id: str) -> str:
 
 def view_runs(tracking_uri: str, experiment_id: str, job_id: str) -> list:
     """The runs the job's view shows (MLflow Run objects, by run name)."""
-    from sdar.tracking.store import mlflow_client
-
     return mlflow_client(tracking_uri).search_runs([experiment_id], view_filter(job_id),
                                                                order_by=["tags.`mlflow.runName` ASC"])

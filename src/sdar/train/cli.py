@@ -8,6 +8,9 @@ import argparse
 import json
 
 from sdar.config import SET_HELP, parse_set
+from sdar.console import make_console
+from sdar.failures import env_server_error
+from sdar.storage import RESULT_PREFIX, DiskFull, free_bytes, is_disk_full, open_store
 
 
 def _overrides(args: argparse.Namespace) -> dict:
@@ -26,9 +29,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from sdar.config import load_config
-    from sdar.console import make_console
-    from sdar.failures import env_server_error
-    from sdar.storage import DiskFull, free_bytes, is_disk_full
     from sdar.train import distributed, train
     from sdar.train.guards import TrainingFailed
     from sdar.train.warmstart import ensure_warm_start
@@ -90,8 +90,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _publish(cfg, summary: dict) -> None:
     """Copy the final policy and the summary into the checkpoint store, for a launcher on another
     machine (sdar.launch.job collects a TorchX job's or a TrainJob's result from there)."""
-    from sdar.storage import RESULT_PREFIX, open_store
-
     store = open_store(cfg.resolved_checkpoint_uri())
     store.put_dir(summary["final_dir"], f"{RESULT_PREFIX}/final")
     store.write_json(f"{RESULT_PREFIX}/summary.json", summary)
@@ -99,7 +97,6 @@ def _publish(cfg, summary: dict) -> None:
 
 def _cmd_warmstart(args: argparse.Namespace) -> int:
     from sdar.config import load_config
-    from sdar.console import make_console
     from sdar.train.warmstart import MARKER, ensure_warm_start
 
     cfg = load_config(args.config, _overrides(args))
@@ -146,7 +143,6 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from sdar.config import load_config
-    from sdar.console import make_console
     from sdar.eval.tasks import task_type_of
     from sdar.train.runtime import build_runtime
     from sdar.train.warmstart import ensure_warm_start

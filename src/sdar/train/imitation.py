@@ -12,6 +12,8 @@ from dataclasses import replace
 from typing import Any
 
 import torch
+from sdar_envs import make_env
+from sdar_envs.household.env import BACKEND_OPTIONS
 from sdar_envs.shop import pages as shop_pages
 
 from sdar.agent.constrained import action_trie
@@ -20,6 +22,7 @@ from sdar.agent.prompts import PromptBuilder, fit_prompt_ids
 from sdar.agent.rollout import EpisodeState
 from sdar.config import TrainConfig
 from sdar.models.scoring import response_logprobs
+from sdar.progress import Progress
 
 
 def warmstart_config(cfg: TrainConfig) -> TrainConfig:
@@ -34,7 +37,6 @@ def warmstart_config(cfg: TrainConfig) -> TrainConfig:
     """
     if cfg.env.family != "household":
         return cfg
-    from sdar_envs.household.env import BACKEND_OPTIONS
 
     foreign = {k for b, opts in BACKEND_OPTIONS.items() if b != "sim" for k in opts} - set(BACKEND_OPTIONS["sim"])
     kwargs = {k: v for k, v in cfg.env.kwargs.items() if k not in foreign}
@@ -54,10 +56,6 @@ def expert_turns(cfg: TrainConfig, episodes: int, seed: int, progress: str | Non
     turns are not in the result, the expert's turns after them are. progress: show the episodes under this
     label (`sdar.progress`).
     """
-    from sdar_envs import make_env
-
-    from sdar.progress import Progress
-
     cfg = warmstart_config(cfg)
     rng = random.Random(seed)
     env = make_env(cfg.env.family, **cfg.env.kwargs)
@@ -163,8 +161,6 @@ def sft(model, examples: list[tuple[list[int], list[int], list | None]], *, pad_
         batch_size: int, seed: int, console=None, prompt_lm: float = 0.0) -> dict[str, float]:
     """Negative log-likelihood of the response tokens (prompts are context); examples with
     allowed-token lists use the constrained distribution, as the policy does when it acts."""
-    from sdar.progress import Progress
-
     params = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapter; else every weight
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
     g = torch.Generator().manual_seed(seed)

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from sdar.progress import Heartbeat
+from sdar.tracking import Tracker, close_crashed_runs
+from sdar.tracking.loggers import RunLoggers, make_loggers
 from sdar.train import distributed
 
 LOCK_FILE = ".sdar-train.lock"
@@ -38,8 +40,6 @@ def _tracker(trainer):
     """The arm's loggers (`report_to`; rank 0's, the other ranks' are off): its MLflow run, the resumed run's own when
     the checkpoint names one, after marking runs of this output directory that died before their first checkpoint as
     KILLED; and the JSON-lines and TensorBoard loggers when asked for."""
-    from sdar.tracking import Tracker, close_crashed_runs
-
     cfg, main = trainer.cfg, trainer.dist.is_main
     tracking = None if cfg.tracking and "mlflow" in cfg.report_to and main else False
     tags = {"arm": trainer.arm.name, "family": cfg.env.family, "sdar.output_dir": str(trainer.out.resolve())}
@@ -50,7 +50,6 @@ def _tracker(trainer):
         if crashed:
             trainer.console.print(f"marked {len(crashed)} earlier run(s) in {trainer.out} that died before their "
                                   f"first checkpoint as KILLED: {', '.join(crashed)}")
-    from sdar.tracking.loggers import RunLoggers, make_loggers
 
     mlflow = Tracker(cfg.experiment, run_name=f"{trainer.arm.name}-seed{cfg.seed}", parent_run_id=cfg.parent_run_id,
                      tags=tags, resume_run_id=trainer.run_id, resume_step=trainer.step,

@@ -18,6 +18,7 @@ import torch
 
 from sdar.agent.constrained import action_trie
 from sdar.agent.parsing import format_action
+from sdar.console import make_console
 
 
 @dataclass
@@ -195,8 +196,6 @@ def replay_trajectories(runtime, trajs, *, out_dir, console=None) -> tuple[PairS
     """Replay `trajs` once with the pool of `runtime.cfg.replay` (what the DAG's teacher_replay step does):
     the tokenised DPO pairs and the pool's accounting. runtime: an `sdar.train.runtime.Runtime`."""
     from pathlib import Path
-
-    from sdar.console import make_console
 
     channel = ReplayChannel(runtime.cfg.replay, family=runtime.cfg.env.family, builder=runtime.builder,
                             tokenizer=runtime.tokenizer, constrained=runtime.rollout_cfg.constrained,

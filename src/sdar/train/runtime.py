@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
+from sdar_envs import make_env
 
 from sdar.agent.backends import GenerationBackend, make_backend
 from sdar.agent.prompts import PromptBuilder
@@ -48,7 +49,6 @@ def make_env_factory(cfg: TrainConfig) -> Callable[[], Any]:
         from sdar_envs.client import RemoteEnv
 
         return lambda: RemoteEnv(cfg.env.url, family=cfg.env.family)
-    from sdar_envs import make_env
 
     return lambda: make_env(cfg.env.family, **cfg.env.kwargs)
 

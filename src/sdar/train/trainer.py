@@ -22,6 +22,7 @@ import torch
 from sdar.agent.rollout import Trajectory, TurnBatch, rollout, turn_rewards
 from sdar.algos import grpo_advantages
 from sdar.config import ConfigError, TrainConfig
+from sdar.console import make_console
 from sdar.models.scored import pick
 from sdar.models.scoring import ScoredBatch, free_token_mask
 from sdar.train import distributed, loop
@@ -46,8 +47,6 @@ class Trainer:
         """policy: default the config's model, loaded (the tiny model's warm start must have been built:
         `sdar.train.warmstart.ensure_warm_start`). runtime: parts already built (`build_runtime`). shortcuts: all
         but in checks and benchmarks (`sdar.train.runtime.Shortcuts`; a given runtime has its own)."""
-        from sdar.console import make_console
-
         self.cfg, self.console = cfg, console or make_console(stderr=True)
         # rank 0 of 1 unless started by torchrun (fsdp: with a process group of one, to shard over)
         self.strategy = Strategy.of(cfg.distributed.strategy, cfg.resolved_device())

@@ -30,6 +30,7 @@ from typing import Any
 
 from sdar.agent.prompts import PromptBuilder
 from sdar.config import TrainConfig
+from sdar.tracking import Tracker
 from sdar.train.imitation import (
     expert_turns,
     sft,
@@ -166,8 +167,6 @@ def report(cfg: TrainConfig, info: dict[str, Any], console) -> None:
 def _log(cfg: TrainConfig, info: dict[str, Any]) -> None:
     """The build's figures as one MLflow run `warmstart-<model>` in the config's experiment (nothing with tracking
     off)."""
-    from sdar.tracking import Tracker
-
     tags = {"sdar.kind": "warmstart", "family": cfg.env.family, "sdar.warmstart": pretrained_path(cfg).name}
     metrics = {"warmstart/seconds": info["seconds"], "warmstart/sft_final_loss": info["sft_final_loss"],
                "warmstart/sft_updates": info["sft_updates"]}

@@ -11,7 +11,9 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from sdar_envs.base import cache_root
 from sdar_envs.household.backend import TASK_TYPES
+from sdar_envs.household.catalog import OBJECT_TYPES
 
 DATA_ENV_VAR = "SDAR_ALFWORLD_DATA"
 GAME_FILE = "game.tw-pddl"
@@ -31,8 +33,6 @@ _MISSING_DATA_HELP = (
 
 def default_cache_dir() -> Path:
     """Where tarballs are unpacked once: <sdar cache root>/alfworld (sdar_envs.base.cache_root)."""
-    from sdar_envs.base import cache_root
-
     return cache_root() / "alfworld"
 
 
@@ -177,8 +177,6 @@ def task_type_of(task_id: str) -> str:
 def catalog_object_type(pddl_type: str) -> str:
     """The catalog's name (`catalog.OBJECT_TYPES` key, "apple") of a PDDL object type ("appletype");
     a type the catalog lacks keeps its lower-case PDDL name without the suffix."""
-    from sdar_envs.household.catalog import OBJECT_TYPES
-
     name = pddl_type.lower()
     name = name[: -len("type")] if name.endswith("type") else name
     for key, alfworld_name in OBJECT_TYPES.items():

@@ -16,6 +16,7 @@ from sdar_envs.household import wording as W
 from sdar_envs.household.alfworld_data import catalog_object_type, parse_task_text, task_type_of
 from sdar_envs.household.pddl import EngineFacts, GoalSpec, domain_plan, parse_goal
 from sdar_envs.household.progress import ProgressTracker
+from sdar_envs.household.sim_game import diagnose
 
 # fallback error markers of a failed action (the sim's names, so hint templates fit both)
 ERROR_KIND_INVALID = "invalid_action"
@@ -317,8 +318,6 @@ class AlfworldEngine:
         Reads the engine's PDDL facts into the view the sim's `diagnose` takes, so the error
         kinds and hint keys are the same on both backends.
         """
-        from sdar_envs.household.sim_game import diagnose
-
         try:
             return diagnose(EngineFacts(self._env.unwrapped), command)
         except Exception:  # noqa: BLE001 - a diagnosis must never break a step: use the generic marker

@@ -12,6 +12,8 @@ from typing import Any
 
 from sdar_envs.base import EnvStep, TextEnv
 from sdar_envs.household.backend import HouseholdBackend
+from sdar_envs.household.catalog import OBJECT_TYPES
+from sdar_envs.household.skills import PRIOR_TOP_K, household_skill_library, listed_search_order
 from sdar_envs.skills import SkillLibrary
 
 # backend name -> "module:attr"; imported lazily so the sim never loads TextWorld
@@ -135,7 +137,6 @@ class HouseholdEnv(TextEnv):
         that carry the skills, so the teacher's edge is a rule it can read off its context."""
         if self.backend_name != "sim":
             return self.backend.expert_action()
-        from sdar_envs.household.skills import PRIOR_TOP_K, listed_search_order
 
         task_type = self.backend.task_type
         top_k = int(self.skill_options.get("top_k", PRIOR_TOP_K))
@@ -153,9 +154,6 @@ class HouseholdEnv(TextEnv):
         """The task type's skills; with skills={"target_only": True} the location-prior lines
         are narrowed to the goal's object type (a finer rule-based retrieval that keeps a
         small model's teacher prompt short)."""
-        from sdar_envs.household.catalog import OBJECT_TYPES
-        from sdar_envs.household.skills import household_skill_library
-
         opts = dict(self.skill_options)
         target_only = opts.pop("target_only", False)
         text = household_skill_library(**opts).render(self.skills_key())
@@ -172,8 +170,6 @@ class HouseholdEnv(TextEnv):
 
     @classmethod
     def skill_library(cls) -> SkillLibrary:
-        from sdar_envs.household.skills import household_skill_library
-
         return household_skill_library()
 
     def close(self) -> None:

@@ -13,7 +13,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sdar_envs.household.alfworld_engine import AlfworldEngine
+from sdar_envs.household.alfworld_pool import AlfworldPool
 from sdar_envs.household.backend import TASK_TYPES
+from sdar_envs.household.pddl import scene_from_sim, write_game
+from sdar_envs.household.sim import SimHousehold, SimProblem, generate_problem, make_task_id
 
 # verbs whose malformed or inapplicable variants the walks try, to compare failure handling
 _INVALID_FORMS = (
@@ -195,9 +199,6 @@ def compare_problem(
     engine_problem_dict: give the engine a different problem than the sim (to show that the
     check notices a difference); None plays the same problem in both.
     """
-    from sdar_envs.household.pddl import scene_from_sim, write_game
-    from sdar_envs.household.sim import SimHousehold, SimProblem
-
     cfg = FidelityConfig(**{**cfg_dict, "task_types": tuple(cfg_dict["task_types"])})
     problem = SimProblem.from_dict(problem_dict)
     result = ProblemResult(problem.task_id, problem.task_type)
@@ -344,8 +345,6 @@ def _keep_examples(result: ProblemResult, max_examples: int) -> None:
 
 def make_problems(cfg: FidelityConfig) -> list[dict[str, Any]]:
     """The sim problems of the check (dicts, so they travel to worker processes)."""
-    from sdar_envs.household.sim import generate_problem, make_task_id
-
     unknown = [t for t in cfg.task_types if t not in TASK_TYPES]
     if unknown:
         raise ValueError(f"unknown task types {unknown}; choose from {', '.join(TASK_TYPES)}")
@@ -369,9 +368,6 @@ def run_fidelity(
     workers > 1 spreads problems over an `AlfworldPool` (one engine per worker process).
     game_dir: where the generated games go (a temporary directory when None).
     """
-    from sdar_envs.household.alfworld_engine import AlfworldEngine
-    from sdar_envs.household.alfworld_pool import AlfworldPool
-
     cfg = cfg or FidelityConfig()
     t0 = time.perf_counter()
     problems = make_problems(cfg)

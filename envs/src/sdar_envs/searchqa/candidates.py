@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterable, Sequence
 
 from sdar_envs.searchqa.corpus import Passage
-from sdar_envs.searchqa.questions import Question, build_questions
+from sdar_envs.searchqa.questions import Question, QuestionSetConfig, build_questions
 from sdar_envs.searchqa.world import World, build_world
 
 _YEAR = re.compile(r"\b(1[0-9]{3}|20[0-9]{2})\b")
@@ -107,6 +107,4 @@ class CandidateBuilder:
 @functools.lru_cache(maxsize=4)
 def candidate_builder(world_seed: int, per_type: int, test_every: int) -> CandidateBuilder:
     """The shared builder of a world (entity index and query phrasings are built once per process)."""
-    from sdar_envs.searchqa.questions import QuestionSetConfig
-
     return CandidateBuilder(build_world(world_seed), build_questions(world_seed, QuestionSetConfig(per_type, test_every)))

@@ -13,10 +13,25 @@ from typing import Any, Callable
 import torch
 
 from sdar.retry import Outage
-from sdar.storage import (ArtifactStore, BucketNotFoundError, CredentialsError, LocalStore, StorageError,
-                          ensure_room)
-from sdar.train.checkpoint.layout import (COMPLETE_FILE, DamagedCheckpointError, checkpoint_path, fetch_checkpoint,
-                                          latest_checkpoint, list_checkpoints, quarantine_checkpoint, write_checkpoint)
+from sdar.storage import (
+    ArtifactStore,
+    BucketNotFoundError,
+    CredentialsError,
+    LocalStore,
+    StorageError,
+    ensure_room,
+    open_store,
+)
+from sdar.train.checkpoint.layout import (
+    COMPLETE_FILE,
+    DamagedCheckpointError,
+    checkpoint_path,
+    fetch_checkpoint,
+    latest_checkpoint,
+    list_checkpoints,
+    quarantine_checkpoint,
+    write_checkpoint,
+)
 from sdar.train.strategy import WEIGHTS_FILE, Strategy
 
 STATE_FILE = "trainer_state.pt"  # the trainer's state beside the weights: step, RNG, history, optimizer (whole)
@@ -239,7 +254,6 @@ def load_weights(model, uri: str) -> int:
     """Load the trainable weights of the newest complete checkpoint under `uri` (a run's output or checkpoint
     directory, or s3://...) into `model`: weights only, no optimizer or trainer state (`sdar eval`). Returns the
     checkpoint's step. An evaluation never falls back to an older checkpoint on its own."""
-    from sdar.storage import open_store
     from sdar.train.strategy import load_trainable
 
     found = None
