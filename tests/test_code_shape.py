@@ -267,7 +267,6 @@ def test_no_module_imports_another_modules_private_name():
 # and none may grow (the figure is its length when the budget came in)
 LINES_BUDGET = 500
 OVER_BUDGET = {
-    "envs/src/sdar_envs/household/catalog.py": 655,
     "envs/src/sdar_envs/household/pddl.py": 553,
     "envs/src/sdar_envs/household/fidelity.py": 510, "envs/src/sdar_envs/searchqa/questions.py": 503,
 }

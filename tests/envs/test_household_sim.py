@@ -16,13 +16,8 @@ import pytest
 from sdar_envs import METADATA_KEYS, make_env
 from sdar_envs.household import TASK_TYPES, HouseholdEnv
 from sdar_envs.household import wording as W
-from sdar_envs.household.catalog import (
-    CAN_CONTAIN,
-    LOCATION_PRIORS,
-    OPENABLE,
-    TASK_ROOMS,
-    priors_for,
-)
+from sdar_envs.household.catalog import CAN_CONTAIN, OPENABLE, TASK_ROOMS
+from sdar_envs.household.priors import LOCATION_PRIORS, priors_for
 from sdar_envs.household.progress import NO_PROGRESS_KINDS
 from sdar_envs.household.sim import (
     TEST_SEED_BASE,
@@ -861,10 +856,10 @@ def test_skills_state_type_specific_plan_and_priors(task_type):
 
 
 def test_skill_priors_come_from_the_generator_tables(monkeypatch):
-    from sdar_envs.household import catalog
+    from sdar_envs.household import priors
 
     household_skill_library.cache_clear()
-    monkeypatch.setitem(catalog.LOCATION_PRIORS, "apple", {"garbagecan": 0.9, "fridge": 0.1})
+    monkeypatch.setitem(priors.LOCATION_PRIORS, "apple", {"garbagecan": 0.9, "fridge": 0.1})
     try:
         text = household_skill_library().render("pick_heat_then_place_in_recep")
         assert "- apple: garbagecan 90%, fridge 10%" in text

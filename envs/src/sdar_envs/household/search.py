@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from sdar_envs.household.catalog import CAN_CONTAIN, LOCATION_PRIORS
+from sdar_envs.household.catalog import CAN_CONTAIN
+from sdar_envs.household.priors import LOCATION_PRIORS
 
 
 def type_of(name: str) -> str:

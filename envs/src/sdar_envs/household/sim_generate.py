@@ -12,16 +12,15 @@ from sdar_envs.household.catalog import (
     CAN_CONTAIN,
     LAMP_HOLDERS,
     LIGHT_TARGETS,
-    LOCATION_PRIORS,
     NOT_PICKUPABLE,
     OPENABLE,
     ROOMS,
     TASK_ROOMS,
     TASK_STATE,
     TASK_TEMPLATES,
-    priors_for,
     state_ok,
 )
+from sdar_envs.household.priors import LOCATION_PRIORS, priors_for
 from sdar_envs.household.sim_expert import gold_length
 from sdar_envs.household.sim_game import SimGame
 from sdar_envs.household.sim_problem import (

@@ -18,9 +18,9 @@ from sdar_envs.household.catalog import (
     ROOMS,
     TASK_ROOMS,
     TASK_STATE,
-    priors_for,
     state_ok,
 )
+from sdar_envs.household.priors import priors_for
 from sdar_envs.skills import SkillLibrary
 
 # how many receptacle types each prior line names (most likely first)
