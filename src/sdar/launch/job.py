@@ -12,8 +12,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from sdar import storage  # storage.open_store read at call time (tests serve S3 through a stand-in)
 from sdar.kube import api_message, pod_namespace
-from sdar.storage import RESULT_PREFIX, open_store
+from sdar.storage import RESULT_PREFIX
 
 
 def train_args(config_path: str, overrides: dict[str, Any]) -> list[str]:
@@ -45,7 +46,7 @@ def require_s3(cfg) -> None:
 def collect_result(cfg, **extra: Any) -> dict[str, Any]:
     """The summary rank 0 published to the checkpoint store (`sdar train --publish`), with the final policy
     downloaded into <output_dir>/final of this machine; `extra` is added to it (the job's handle)."""
-    store = open_store(cfg.resolved_checkpoint_uri())
+    store = storage.open_store(cfg.resolved_checkpoint_uri())
     out = cfg.resolved_output_dir()
     final = out / "final"
     if final.exists():  # local_cwd: rank 0 wrote it here already; the store's copy is the same

@@ -12,8 +12,9 @@ import sys
 from typing import Any
 
 from sdar.config import SET_HELP, parse_set
+from sdar.pipeline import runner  # runner.submit read at call time (tests stand in for a KFP host)
 from sdar.pipeline.jobs import JobError
-from sdar.pipeline.runner import PipelineNotFound, compile_pipeline, run_local, submit
+from sdar.pipeline.runner import PipelineNotFound, compile_pipeline, run_local
 from sdar.pipeline.settings import DEFAULT_CONFIG, DEFAULT_EXPERIMENT, ClusterSettings, RunSettings
 from sdar.tracking import mlflow_client
 from sdar.tracking.view import publish_view, view_url
@@ -187,7 +188,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     if isinstance(arguments.get("overrides"), dict):  # the pipeline takes them as JSON text
         arguments["overrides"] = json.dumps(arguments["overrides"])
     try:
-        run_id = submit(args.host, args.experiment, yaml_path=args.yaml, arguments=arguments,
+        run_id = runner.submit(args.host, args.experiment, yaml_path=args.yaml, arguments=arguments,
                         run_name=args.run_name, namespace=args.namespace)
     except ConnectionError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -7,10 +7,11 @@ from __future__ import annotations
 import argparse
 import json
 
+from sdar import storage  # storage.open_store read at call time (tests serve S3 through a stand-in)
 from sdar.config import SET_HELP, parse_set
 from sdar.console import make_console
 from sdar.failures import env_server_error
-from sdar.storage import RESULT_PREFIX, DiskFull, free_bytes, is_disk_full, open_store
+from sdar.storage import RESULT_PREFIX, DiskFull, free_bytes, is_disk_full
 
 
 def _overrides(args: argparse.Namespace) -> dict:
@@ -90,7 +91,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _publish(cfg, summary: dict) -> None:
     """Copy the final policy and the summary into the checkpoint store, for a launcher on another
     machine (sdar.launch.job collects a TorchX job's or a TrainJob's result from there)."""
-    store = open_store(cfg.resolved_checkpoint_uri())
+    store = storage.open_store(cfg.resolved_checkpoint_uri())
     store.put_dir(summary["final_dir"], f"{RESULT_PREFIX}/final")
     store.write_json(f"{RESULT_PREFIX}/summary.json", summary)
 

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import torch
 
+from sdar import storage  # storage.open_store read at call time (tests serve S3 through a stand-in)
 from sdar.retry import Outage
 from sdar.storage import (
     ArtifactStore,
@@ -20,7 +21,6 @@ from sdar.storage import (
     LocalStore,
     StorageError,
     ensure_room,
-    open_store,
 )
 from sdar.train.checkpoint.layout import (
     COMPLETE_FILE,
@@ -258,7 +258,7 @@ def load_weights(model, uri: str) -> int:
 
     found = None
     for where in checkpoint_stores(uri):
-        store = open_store(where)
+        store = storage.open_store(where)
         if (found := latest_checkpoint(store)) is not None:
             break
     if found is None:
