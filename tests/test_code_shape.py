@@ -307,27 +307,30 @@ def _module_level_imports(path: Path, module: str, is_package: bool) -> set[str]
 
 def heavy_modules(roots=SOURCES) -> set[str]:
     """The modules of src/ and envs/src/ whose import loads a third-party package (torch, mlflow, fastapi, ...), at
-    module level, through any chain of imports or parent packages: the ones a function may import lazily."""
+    module level, through any chain of imports or parent packages: the ones a function may import lazily. A package
+    whose names load their modules on demand (a module `__getattr__`, as sdar.algos) counts as one."""
     import sys
 
     modules = _modules(roots)
     direct = {m: _module_level_imports(p, m, pkg) for m, (p, pkg) in modules.items()}
-    memo: dict[str, bool] = {}
 
-    def heavy(m: str, seen: frozenset[str]) -> bool:
-        top = m.split(".")[0]
-        if top not in ("sdar", "sdar_envs"):
-            return top not in sys.stdlib_module_names and top not in LIGHT_THIRD_PARTY and top != "__future__"
-        if m not in modules or m in seen:
-            return False
-        if modules[m][1] and "def __getattr__" in modules[m][0].read_text():
-            return True  # a package whose names load their modules on demand (sdar.algos: torch), lazily for a reason
-        if m not in memo:
-            parents = [".".join(m.split(".")[:i]) for i in range(1, m.count(".") + 1)]
-            memo[m] = any(heavy(t, seen | {m}) for t in [*direct[m], *parents])
-        return memo[m]
+    def third_party(name: str) -> bool:
+        top = name.split(".")[0]
+        return top not in ("sdar", "sdar_envs", "__future__") and top not in sys.stdlib_module_names \
+            and top not in LIGHT_THIRD_PARTY
 
-    return {m for m in modules if heavy(m, frozenset())}
+    heavy = {m for m, (path, pkg) in modules.items()
+             if any(third_party(t) for t in direct[m]) or (pkg and "def __getattr__" in path.read_text())}
+    edges = {m: {t for t in direct[m] if t in modules} | {".".join(m.split(".")[:i]) for i in range(1, m.count(".") + 1)}
+             for m in modules}
+    grew = True
+    while grew:  # a fixpoint: heavy if anything it loads is (the answer does not depend on any order)
+        grew = False
+        for m in modules:
+            if m not in heavy and edges[m] & heavy:
+                heavy.add(m)
+                grew = True
+    return heavy
 
 
 def lazy_imports_without_reason(roots=SOURCES) -> list[str]:

@@ -203,7 +203,8 @@ def test_the_expert_sees_only_messages():
     assert expert(messages) == "<action>go to countertop 1</action>"
     assert messages == before
     assert _env_imports("sdar_envs.household.rule_expert") == {
-        "sdar_envs.transcript", "sdar_envs.household.catalog", "sdar_envs.household.search", "sdar_envs.household.memory"}
+        "sdar_envs.transcript", "sdar_envs.household.catalog", "sdar_envs.household.priors", "sdar_envs.household.search",
+        "sdar_envs.household.memory"}
     for family in ("shop", "searchqa"):
         assert _env_imports(f"sdar_envs.{family}.rule_expert") == {"sdar_envs.transcript"}
 

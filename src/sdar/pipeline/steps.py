@@ -19,7 +19,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from sdar.config.replay import load_pool_file
 from sdar.pipeline.jobs import once_per_job
 from sdar.tracking import default_tracking_uri
 from sdar.tracking.comparison import log_comparison
@@ -226,6 +225,7 @@ def replay_teachers(trajectories_path: str, config_path: str, overrides: str, sc
     Returns {gap_mean, gate_mean, pairs, metrics: for the step's KFP Metrics, metadata: the pairs'
     artifact metadata, i.e. the pool's accounting (calls, tokens, cost, latency, agreement)}.
     """
+    from sdar.config.replay import load_pool_file
     from sdar.eval.report import read_trajectories
     from sdar.eval.report import teacher_replay as score
     from sdar.train.replay import PairSet, replay_trajectories, write_pair_set
