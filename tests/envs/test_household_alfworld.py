@@ -24,8 +24,8 @@ alfworld = pytest.importorskip(
 )
 
 from sdar_envs.household import alfworld_backend as ab
+from sdar_envs.household import engine_plan, pddl
 from sdar_envs.household import fidelity as fid
-from sdar_envs.household import pddl
 from sdar_envs.household.catalog import CAN_CONTAIN
 from sdar_envs.household.sim import generate_problem, make_task_id
 
@@ -423,7 +423,7 @@ def test_domain_recipe_and_fast_downward_both_win_generated_games(tmp_path):
 def test_goal_parsing_reads_every_task_type(tmp_path):
     for i, task_type in enumerate(TASK_TYPES):
         problem = generate_problem(make_task_id(task_type, 900_200 + i))
-        goal = pddl.parse_goal(pddl.scene_to_pddl(pddl.scene_from_sim(problem)))
+        goal = engine_plan.parse_goal(pddl.scene_to_pddl(pddl.scene_from_sim(problem)))
         assert goal.object_type == pddl.alfworld_type(problem.goal.object_type).lower() + "type"
         assert goal.count == (2 if task_type == "pick_two_obj_and_place" else 1)
         assert (goal.toggle_type is not None) == (task_type == "look_at_obj_in_light")
@@ -432,7 +432,7 @@ def test_goal_parsing_reads_every_task_type(tmp_path):
         ]
         assert goal.state == expected_state
     with pytest.raises(ValueError, match="no \\(:goal"):
-        pddl.parse_goal("(define (problem p))")
+        engine_plan.parse_goal("(define (problem p))")
 
 
 def test_normalized_observation_forgives_only_order():

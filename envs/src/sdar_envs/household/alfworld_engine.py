@@ -14,7 +14,7 @@ from typing import Any
 from sdar_envs.base import EnvStep
 from sdar_envs.household import wording as W
 from sdar_envs.household.alfworld_data import catalog_object_type, parse_task_text, task_type_of
-from sdar_envs.household.pddl import EngineFacts, GoalSpec, domain_plan, parse_goal
+from sdar_envs.household.engine_plan import EngineFacts, GoalSpec, domain_plan, parse_goal
 from sdar_envs.household.progress import ProgressTracker
 from sdar_envs.household.sim_game import diagnose
 

@@ -93,7 +93,7 @@ def parse_task(text: str) -> TaskGoal | None:
 class ProgressTracker:
     """One episode's no-progress check: `check(view, action)` before an accepted action is applied.
 
-    `view` is the backend's state before the action: a `sim.SimGame` or a `pddl.EngineFacts`, both
+    `view` is the backend's state before the action: a `sim.SimGame` or an `engine_plan.EngineFacts`, both
     with rname, rindex, rtype, oname, oindex, otype, where, loc, held, hot, cool, clean, _visible(r).
     The tracker remembers which receptacles the agent has seen into (gone to while open, opened, or
     examined while open); since only the agent moves things, what it saw there is still true.

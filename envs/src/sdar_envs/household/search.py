@@ -4,7 +4,8 @@ One ranking for the sim's gold policy (`sim_expert.GoldPolicy`, from the game's 
 expert (`rule_expert`, from what a transcript shows): the receptacles that can hold the object, likeliest first by
 location prior (what anyone knows about where apples are, not this room's layout), ties by type then number (the
 listing order). Each caller says which receptacles are still unseen (the sim knows; the rule expert reads it off the
-messages). The PDDL recipe planner (`pddl.domain_plan`) never searches: it reads where every object is off the facts.
+messages). The PDDL recipe planner (`engine_plan.domain_plan`) never searches: it reads where every object is off
+the facts.
 """
 
 from __future__ import annotations

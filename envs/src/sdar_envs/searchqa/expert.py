@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from sdar_envs.searchqa.corpus import Passage
-from sdar_envs.searchqa.questions import Hop, Question
+from sdar_envs.searchqa.questions import Question
 from sdar_envs.searchqa.retrieval import BM25Index
 from sdar_envs.searchqa.scoring import contains_answer
+from sdar_envs.searchqa.templates import Hop
 
 # What the expert says when its budget ran out before every fact was found.
 UNKNOWN_ANSWER = "unknown"
