@@ -14,7 +14,7 @@ would. The arms run interleaved, a step at a time, so a drifting machine slows t
 warms up and is not reported.
 
 --compare-off runs every arm again with every speed-up off. --modes picks the runs by name: on (the defaults: the
-sampler and the scoring layout chosen for the device, packed on CUDA), padded (the per-row paths anywhere), off
+sampler and the scoring layout chosen for the device, packed on CUDA), padded (the CPU's layouts anywhere: decode steps, padded rows), off
 (--compare-off), batched (issue 40's fast paths but the lookahead: every live row's token decided in one pass per
 decode step, rollout.sampler=batched, and every scoring pass and update micro-batch one packed forward,
 scoring.packed) and packed (the same with rollout.sampler=lookahead: a turn's constrained rows sampled from one packed
@@ -58,11 +58,11 @@ from _shared import (
 # the modes that run without the shortcuts that keep the numbers (sdar.train.runtime.Shortcuts.none(): no settings, a
 # run takes them all); --compare-off adds mode off
 SHORTCUTS_OFF = ("off",)
-# issue 40's fast paths, each a config switch (default auto: packed on CUDA, padded elsewhere): what --modes batched
-# and packed set, and padded the per-row paths wherever the run is (on a GPU, "on" is the packed path)
+# the sampler's and the Scorer's layouts (default auto: packed on CUDA, decode steps and padded rows elsewhere): what
+# --modes batched and packed set, and padded the CPU's choice wherever the run is (on a GPU, "on" is the packed path)
 FAST = {"batched": {"rollout.sampler": "batched", "scoring.packed": True},
         "packed": {"rollout.sampler": "lookahead", "scoring.packed": True},
-        "padded": {"rollout.sampler": "rows", "scoring.packed": False}}
+        "padded": {"rollout.sampler": "batched", "scoring.packed": False}}
 # the precision a real model runs in, each on the defaults: fp32 against bf16 side by side (the same warm start, trained
 # in the config's warmstart.dtype, loaded in each)
 PRECISION = {"fp32": {"model.dtype": "float32"}, "bf16": {"model.dtype": "bfloat16"}}

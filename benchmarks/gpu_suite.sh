@@ -2,7 +2,7 @@
 # The GPU checks of issue 40 on one CUDA machine, in one prepared run of at most DEADLINE_S seconds (540):
 #   tiny          bench_train_step.py on the tiny model (float32): every speed-up on and off, the phases' raw limits;
 #   qwen2.5-0.5b  bench_train_step.py on the published Qwen2.5-0.5B shape, random weights, bfloat16, LoRA r16: the
-#                 per-row paths (padded: rollout.sampler=rows, scoring.packed=false) and the defaults (on: on CUDA
+#                 CPU's layouts (padded: rollout.sampler=batched, scoring.packed=false) and the defaults (on: on CUDA
 #                 the packed path, rollout.sampler=lookahead with scoring.packed) side by side;
 #   qwen2.5-1.5b  the defaults on the Qwen2.5-1.5B shape;
 #   fsdp          `sdar train` of the tiny model under torchrun --nproc_per_node 1 with distributed.strategy=fsdp.

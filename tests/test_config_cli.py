@@ -34,8 +34,8 @@ def test_config_show_prints_the_resolved_config_that_loads_back_the_same(tmp_pat
     out = sdar("config", "show", "--set", "env.family=searchqa")
     assert out.returncode == 0, out.stderr
     assert yaml.safe_load(out.stdout)["arm_overrides"] == {"kl_coef": 0.001}
-    # the sampler and the layout the Scorer chose on this machine (a CPU here: the per-row paths)
-    assert "# on this machine (cpu): rollout.sampler auto -> rows, scoring.packed auto -> false" in out.stdout
+    # the sampler's layout and the Scorer's chosen on this machine (a CPU here: decode steps, padded rows)
+    assert "# on this machine (cpu): rollout.sampler auto -> batched, scoring.packed auto -> false" in out.stdout
     out = sdar("config", "show", "--set", "scoring.packed=true", "--set", "rollout.sampler=lookahead")
     assert "rollout.sampler lookahead -> lookahead, scoring.packed true -> true (the Scorer's layout: packed" in out.stdout
 

@@ -81,6 +81,15 @@ BENCHES: dict[str, Bench] = {
         "issue 40's packed forwards and batched sampling against the defaults, Qwen2.5-0.5B shape (2 layers)",
         "python benchmarks/bench_train_step.py --model qwen2.5-0.5b --layers 2 --steps 1 --modes on,batched,packed",
         STEP_CODE, "#issue-40-packed-forwards-and-batched-sampling-qwen25-05b-shape-2-layers", long=True),
+    "layouts-tiny": Bench(
+        "the sampler's and the Scorer's layouts side by side, tiny model (the CPU rule)",
+        "python benchmarks/bench_train_step.py --steps 2 --modes on,batched,packed --set warmstart.episodes=300 "
+        "--set warmstart.epochs=2", STEP_CODE, "#the-samplers-and-the-scorers-layouts-on-2-cpu-cores", long=True),
+    "layouts-smollm2": Bench(
+        "the sampler's and the Scorer's layouts side by side, SmolLM2-135M (the CPU rule)",
+        "python benchmarks/bench_train_step.py --model smollm2 --steps 1 --modes on,batched,packed",
+        (*STEP_CODE, "configs/household-smollm2.yaml"), "#the-samplers-and-the-scorers-layouts-on-2-cpu-cores",
+        long=True),
     "train-step-floor": Bench("SDAR/GRPO per step and its floor", "python benchmarks/bench_train_step.py --steps 3 "
                               "--compare-off --set warmstart.episodes=300 --set warmstart.epochs=2", STEP_CODE,
                               "#sdar-over-grpo-per-step-not-met", long=True),

@@ -126,6 +126,16 @@ def test_checkpoint_generation_defaults_do_not_reach_the_sampler(small, tmp_path
         n = len(g.token_ids)
         assert len(g.logprobs) == n
         torch.testing.assert_close(torch.tensor(g.logprobs), scored.logp[i, :n].float(), rtol=0, atol=2e-5)
+    # greedy decoding is model.generate's (sampling is the one sampler's, which reads no generation_config): its
+    # recorded scores are the unprocessed log-softmax, so no checkpoint default reached it either
+    greedy = backend.generate([prompt] * 2, max_new_tokens=16, temperature=0.0, tries=[trie] * 2 if constrained else None)
+    responses = [g.token_ids for g in greedy]
+    scored = response_logprobs(loaded, [prompt] * 2, responses, pad_id=tok.pad_token_id, temperature=1.0,
+                               allowed=[trie.allowed_along(r) for r in responses] if constrained else None)
+    for i, g in enumerate(greedy):
+        n = len(g.token_ids)
+        torch.testing.assert_close(torch.tensor(g.logprobs), scored.logp[i, :n].float(), rtol=0, atol=2e-5)
+    assert all(len(r) > len(set(r)) for r in responses), "greedy repeats a token, so a repetition penalty would show"
     # the configuration itself spells out every processor-adding setting as neutral
     cfg = sampling_config(temperature, 1.0, max_new_tokens=4, eos_ids=[eos], pad_id=0)
     assert (cfg.repetition_penalty, cfg.top_k, cfg.no_repeat_ngram_size, cfg.typical_p) == (1.0, 0, 0, 1.0)

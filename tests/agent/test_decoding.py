@@ -11,9 +11,11 @@ import torch
 
 from sdar.agent.backends import TransformersBackend
 from sdar.agent.constrained import action_trie
-from sdar.agent.decoding import DecodeStats, _processed_logprobs, constrained_sample, prefix_groups
+from sdar.agent.decoding import DecodeStats, constrained_sample, prefix_groups
 from sdar.models import TinyModelConfig, build_tiny_model, train_tokenizer
 from sdar.models.scoring import response_logprobs
+from tests.agent.row_oracle import processed_logprobs, sample_rows
+from tests.models.test_logits import old_sampling
 
 ACTIONS = ["go to fridge 1", "go to fridge 2", "go to countertop 1", "open drawer 1", "take apple 1 from fridge 1",
            "look", "inventory"]
@@ -178,11 +180,11 @@ def test_the_sampled_frequencies_follow_the_renormalised_distribution(small):
 
 def test_top_p_keeps_the_smallest_set_over_p():
     logits = torch.tensor([0.0, 1.0, 2.0, 3.0])
-    lp = _processed_logprobs(logits, None, 1.0, 0.6)
+    lp = processed_logprobs(logits, None, 1.0, 0.6)
     p = torch.softmax(logits, -1)  # [0.032, 0.087, 0.237, 0.644]: 0.644 >= 0.6 alone
     # a token that cannot be drawn has probability exactly 0 (its logit at MASKED, finite)
     assert lp[:3].exp().eq(0).all() and lp[3] == pytest.approx(0.0)
-    lp = _processed_logprobs(logits, [0, 1, 2], 2.0, 1.0)  # allowed set, then temperature
+    lp = processed_logprobs(logits, [0, 1, 2], 2.0, 1.0)  # allowed set, then temperature
     want = torch.log_softmax(torch.tensor([0.0, 0.5, 1.0]), -1)
     torch.testing.assert_close(lp[:3], want)
     assert lp[3].exp() == 0 and float(p.sum()) == pytest.approx(1.0)
@@ -192,24 +194,19 @@ def test_top_p_keeps_the_smallest_set_over_p():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("top_p", [1.0, 0.8])
-def test_samples_and_logprobs_are_those_of_the_processing_before_process_logits(small, monkeypatch, dtype, top_p):
+def test_samples_and_logprobs_are_those_of_the_processing_before_process_logits(small, dtype, top_p):
     """Issue 39 point 3: sampling through `process_logits` draws the tokens, with the log-probs, that its own
-    copy of the processing (-inf outside the allowed set, then temperature, then top-p) drew."""
+    copy of the processing (-inf outside the allowed set, then temperature, then top-p) drew (the per-row oracle
+    with each processing; test_the_sampler_draws_the_per_row_oracles_tokens_and_logprobs ties the sampler to it)."""
     import copy
-
-    from sdar.agent import decoding
-    from tests.models.test_logits import old_sampling
 
     tok, model = small
     model = copy.deepcopy(model).to(dtype)
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     tries = [action_trie(tok, "household", ACTIONS, eos), None, action_trie(tok, "household", ACTIONS[:3], eos)] * 3
-    runs = []
-    for processed in (decoding._processed_logprobs, old_sampling):
-        monkeypatch.setattr(decoding, "_processed_logprobs", processed)
-        runs.append(constrained_sample(model, _prompts(tok, 9), tries, max_new_tokens=12, temperature=0.7, top_p=top_p,
-                                       eos_ids=[eos], pad_id=tok.pad_token_id, seeds=list(range(9))))
-    new, old = runs
+    new, old = (sample_rows(model, _prompts(tok, 9), tries, max_new_tokens=12, temperature=0.7, top_p=top_p,
+                            eos_ids=[eos], pad_id=tok.pad_token_id, seeds=list(range(9)), processed=processed)
+                for processed in (processed_logprobs, old_sampling))
     assert [r.token_ids for r in new] == [r.token_ids for r in old]
     assert [r.logprobs for r in new] == [r.logprobs for r in old]
     assert any(lp != 0.0 for r in new for lp in r.logprobs)
@@ -225,10 +222,11 @@ def _run(model, tok, prompts, tries, **kw):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("top_p", [1.0, 0.8])
-def test_every_sampler_draws_the_per_row_samplers_tokens_and_logprobs(small, dtype, top_p):
-    """Issue 40 point 4 (rollout.sampler): one batched decision per step, and the lookahead's one packed forward of
-    the prompts and their tries, draw the tokens the per-row sampler draws, with its log-probs up to float rounding;
-    constrained and free rows, jump_forward and share_prefix on and off."""
+def test_the_sampler_draws_the_per_row_oracles_tokens_and_logprobs(small, dtype, top_p):
+    """Issues 40.4 and 45.1: the one sampler, in both its layouts (a batched decision per decode step; the
+    lookahead's one packed forward of the prompts and their tries), draws the tokens the per-row oracle draws
+    (tests/agent/row_oracle.py: a softmax and a torch.multinomial per row), with its log-probs up to float
+    rounding; constrained and free rows, jump_forward and share_prefix on and off."""
     import copy
 
     tok, model = small
@@ -237,10 +235,11 @@ def test_every_sampler_draws_the_per_row_samplers_tokens_and_logprobs(small, dty
     tries = ([action_trie(tok, "household", ACTIONS, eos), action_trie(tok, "household", ACTIONS[:3], eos), None] * 5)
     prompts = _grouped_prompts(tok)
     tries = tries[: len(prompts)]
-    ref, _ = _run(model, tok, prompts, tries, temperature=0.7, top_p=top_p, sampler="rows")
+    ref = sample_rows(model, prompts, tries, max_new_tokens=30, temperature=0.7, top_p=top_p, eos_ids=[eos],
+                      pad_id=tok.pad_token_id, seeds=list(range(len(prompts))))
     tol = 1e-5 if dtype == torch.float32 else 5e-3
-    for sampler, jump, share in (("batched", True, False), ("batched", False, True), ("lookahead", True, True),
-                                 ("lookahead", False, False)):
+    for sampler, jump, share in (("batched", True, False), ("batched", False, True), ("batched", True, True),
+                                 ("lookahead", True, True), ("lookahead", False, False)):
         rows, _ = _run(model, tok, prompts, tries, temperature=0.7, top_p=top_p, sampler=sampler, jump_forward=jump,
                        share_prefix=share)
         assert [r.token_ids for r in rows] == [r.token_ids for r in ref], (sampler, jump, share)
@@ -264,13 +263,15 @@ def test_lookahead_samples_a_turn_of_constrained_rows_in_one_forward(small):
     finally:
         hook.remove()
     assert len(calls) == 1 and st.forwards == 0 and st.forced > 0
-    _, st_rows = _run(model, tok, prompts, [trie] * len(prompts), temperature=0.8, top_p=1.0, sampler="rows")
-    assert st_rows.forwards >= 2
+    _, st_steps = _run(model, tok, prompts, [trie] * len(prompts), temperature=0.8, top_p=1.0, sampler="batched")
+    assert st_steps.forwards >= 2
     responses = [r.token_ids for r in rows]
     scored = response_logprobs(model, prompts, responses, pad_id=tok.pad_token_id, temperature=0.8,
                                allowed=[trie.allowed_along(r) for r in responses])
     for i, r in enumerate(rows):
         torch.testing.assert_close(torch.tensor(r.logprobs), scored.logp[i, : len(r.token_ids)], rtol=0, atol=2e-5)
+    with pytest.raises(ValueError, match="unknown sampler 'rows'; choose one of batched, lookahead"):
+        _run(model, tok, prompts, [trie] * len(prompts), temperature=0.8, top_p=1.0, sampler="rows")
     with pytest.raises(ValueError, match="unknown sampler 'fast'"):
         _run(model, tok, prompts, [trie] * len(prompts), temperature=0.8, top_p=1.0, sampler="fast")
 
@@ -288,9 +289,27 @@ def test_batched_draws_are_torch_multinomials(vocab):
         gens, ref_gens = row_generators(range(6), "cpu"), row_generators(range(6), "cpu")
         toks, lps = decide(sets, gens, temperature=0.7, top_p=top_p, vocab=vocab, logits=logits)
         for i, s in enumerate(sets):
-            lp = _processed_logprobs(logits[i], s, 0.7, top_p)
+            lp = processed_logprobs(logits[i], s, 0.7, top_p)
             want = int(torch.multinomial(lp.exp(), 1, generator=ref_gens[i]))
             assert toks[i] == want and lps[i] == pytest.approx(float(lp[want]), abs=1e-6)
             if s is None:
                 assert lps[i] == float(lp[want])  # free rows: the same float ops, bit for bit
             assert torch.equal(gens[i].get_state(), ref_gens[i].get_state())
+
+
+def test_a_distribution_that_is_not_finite_is_refused_as_multinomial_refuses_it():
+    """The batched draw takes an argmax of p / q, which would pick a token from nan logits where torch.multinomial
+    (the per-row oracle's draw) raises: it raises too, for free and constrained rows (a diverged update's next
+    rollout fails loudly: tests/train/test_guards.py)."""
+    from sdar.agent.draws import decide, row_generators
+
+    logits = torch.randn(3, 50)
+    for bad, sets in ((float("nan"), [None, None, [3, 4]]), (float("inf"), [[3, 4], None, [5, 6, 7]])):
+        poisoned = logits.clone()
+        poisoned[1] = bad
+        poisoned[2, 3:8] = bad
+        with pytest.raises(RuntimeError, match=r"cannot sample: the next-token distribution of 2 of 3 deciding rows"):
+            decide(sets, row_generators(range(3), "cpu"), temperature=1.0, top_p=1.0, vocab=50, logits=poisoned)
+    toks, _ = decide([None, None, [3, 4]], row_generators(range(3), "cpu"), temperature=1.0, top_p=1.0, vocab=50,
+                     logits=logits)
+    assert toks[2] in (3, 4)

@@ -40,7 +40,7 @@ def old_chunk(logits, allowed, temperature):
 
 
 def old_sampling(logits, allowed, temperature, top_p):
-    """sdar.agent.decoding._processed_logprobs: -inf outside the allowed set, / temperature, top-p, log-softmax."""
+    """tests/agent/row_oracle.processed_logprobs before process_logits: -inf outside the allowed set, / temperature, top-p, log-softmax."""
     z = logits.float()
     if allowed is not None:
         keep = torch.full_like(z, float("-inf"))

@@ -4,6 +4,7 @@ and what is not a number gets an error naming the key."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -307,14 +308,14 @@ def test_a_bound_is_declared_beside_its_field_and_reads_back_as_it_prints():
 
 def test_the_sampler_and_the_scoring_layout_are_chosen_per_device():
     """rollout.sampler and scoring.packed default to auto: the packed paths on CUDA (3.1-3.4x faster steps at the
-    0.5B shape on an H200), the per-row ones elsewhere (docs/training.md: the figures behind the rule); an explicit
-    value is kept wherever it runs, and the Scorer takes the choice."""
+    0.5B shape on an H200), the sampler's decode steps and the padded layout elsewhere (docs/benchmarks.md: the
+    figures behind the rule); an explicit value is kept wherever it runs, and the Scorer takes the choice."""
     from sdar.config import load_config
     from sdar.models.scorer import Scorer
 
     cfg = load_config("configs/household-tiny.yaml", {})
     assert cfg.rollout.sampler == "auto" and cfg.scoring.packed == "auto"
-    assert (cfg.resolved_sampler("cpu"), cfg.resolved_packed("cpu")) == ("rows", False)
+    assert (cfg.resolved_sampler("cpu"), cfg.resolved_packed("cpu")) == ("batched", False)
     assert (cfg.resolved_sampler("cuda:1"), cfg.resolved_packed("cuda")) == ("lookahead", True)
     assert Scorer.of(cfg, pad_id=0, device="cuda").packed and not Scorer.of(cfg, pad_id=0, device="cpu").packed
     pinned = load_config("configs/household-tiny.yaml", {"rollout.sampler": "batched", "scoring.packed": False})
@@ -323,5 +324,22 @@ def test_the_sampler_and_the_scoring_layout_are_chosen_per_device():
     assert on.resolved_packed("cpu") is True
     with pytest.raises(ValueError, match=r"scoring.packed='yes' is not one of true, false, auto"):
         load_config("configs/household-tiny.yaml", {"scoring.packed": "yes"})
-    with pytest.raises(ValueError, match=r"rollout.sampler='fast' is not one of auto, rows, batched, lookahead"):
+    with pytest.raises(ValueError, match=r"rollout.sampler='fast' is not one of auto, batched, lookahead"):
         load_config("configs/household-tiny.yaml", {"rollout.sampler": "fast"})
+
+
+def test_the_retired_per_row_sampler_loads_as_batched_with_a_note(tmp_path, capsys):
+    """Issue 45.1: rollout.sampler: rows (the per-row sampler, now the test oracle) in a YAML file or a --set loads
+    as batched, said once on stderr; the study fingerprint, which leaves the sampler out, does not move."""
+    from sdar.study.runner import config_fingerprint
+
+    data = yaml.safe_load(Path(CONFIG).read_text())
+    data.setdefault("rollout", {})["sampler"] = "rows"
+    old = tmp_path / "old.yaml"
+    old.write_text(yaml.safe_dump(data))
+    for path, overrides in ((old, {}), (CONFIG, {"rollout.sampler": "rows"})):
+        cfg = load_config(path, overrides)
+        assert cfg.rollout.sampler == "batched" and cfg.resolved_sampler("cuda") == "batched"
+        err = capsys.readouterr().err
+        assert err.count("rollout.sampler='rows'") == 1 and "runs as rollout.sampler='batched'" in err
+    assert config_fingerprint(cfg) == config_fingerprint(load_config(CONFIG, {}))

@@ -622,7 +622,7 @@ def test_the_hint_and_replay_channels_packed_change_nothing(tiny_ckpt, tmp_path)
     results = {}
     for name, packed in (("packed", True), ("plain", False)):
         trainer = make_trainer(small_config(tmp_path / name, arm="sdar_composer", steps=2, tracking=False,
-                                            tasks_per_step=3, **{"scoring.packed": packed, "rollout.sampler": "rows",
+                                            tasks_per_step=3, **{"scoring.packed": packed, "rollout.sampler": "batched",
                                             "rollout.max_response_tokens": 6}))  # cut responses: error sites
         metrics = [trainer.train_step(k).metrics for k in (0, 1)]
         results[name] = (metrics, _updated(trainer))

@@ -102,19 +102,21 @@ def _plain_generation_defaults(model):
 
 
 class TransformersBackend:
-    """Batched sampling with `model.generate` and its KV cache; prompts are left-padded.
+    """Batched sampling on a KV cache; prompts are left-padded. Sampling (temperature > 0) goes through the one
+    sampler (`sdar.agent.decoding.constrained_sample`), free rows too; greedy decoding (temperature 0, an argmax at
+    each step) through `model.generate`, a trie through `TrieLogitsProcessor`.
 
     batch_size bounds memory: prompts are generated in chunks of this many.
-    record_logprobs: fill `Generation.logprobs` with the sampler's log-prob of each token (the
-        processed distribution: trie mask, temperature, top-p), for checking that sampling equals
-        scoring. Costs a vocabulary-wide float row per token while a chunk generates: off by default.
+    record_logprobs: greedy decoding also fills `Generation.logprobs` (the log-softmax of each step's processed
+        logits), for checking that decoding equals scoring; costs a vocabulary-wide float row per token while a
+        chunk generates: off by default. Sampling fills them always.
     inference: called at every `generate` for the module that samples (`Policy.inference_model`: the
         current weights with the LoRA adapter merged into plain layers); None = `model` itself.
-    sampler, pack_tokens: how constrained sampling decides its tokens (`constrained_sample`; rollout.sampler).
+    sampler, pack_tokens: the forward layout of the sampler (`constrained_sample`; rollout.sampler, resolved).
     """
 
     def __init__(self, model, tokenizer, batch_size: int = 64, record_logprobs: bool = False,
-                 jump_forward: bool = True, inference=None, share_prefix: bool = False, sampler: str = "rows",
+                 jump_forward: bool = True, inference=None, share_prefix: bool = False, sampler: str = "batched",
                  pack_tokens: int = 2048) -> None:
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
         self.inference = inference
@@ -143,11 +145,10 @@ class TransformersBackend:
         return out
 
     def _generate_chunk(self, model, prompts, max_new_tokens, temperature, top_p, tries, seeds=None):
-        if temperature > 0 and (seeds is not None or any(t is not None for t in tries)):
-            # constrained sampling: forced tokens cost no decision, and with jump_forward no decode step. Seeded rows
-            # (an evaluation's common random numbers) take it too, free ones included: each row draws from its own
-            # generator in one batched decode (model.generate samples from the global RNG, so it could only give
-            # each seed its own unbatched generate: about 10x slower for SmolLM2 sampling freely on a CPU)
+        if temperature > 0:
+            # the one sampler, constrained and free rows alike: forced tokens cost no decision (with jump_forward no
+            # decode step), and each row draws from its own generator (seeded: an evaluation's common random
+            # numbers; else from the global RNG), every live row of a step in one batched pass
             rows = constrained_sample(model, prompts, tries, max_new_tokens=max_new_tokens,
                                       temperature=temperature, top_p=top_p, eos_ids=self.eos_ids, pad_id=self.pad_id,
                                       jump_forward=self.jump_forward, share_prefix=self.share_prefix,
@@ -448,13 +449,13 @@ class VLLMBackend:
 
 
 def make_backend(name: str, policy, *, vllm=None, batch_size: int = 64, jump_forward: bool = True,
-                 share_prefix: bool = False, sampler: str = "rows", pack_tokens: int = 2048):
+                 share_prefix: bool = False, sampler: str = "batched", pack_tokens: int = 2048):
     """The generation backend `name` (model.generation_backend) for `policy`.
 
     vllm: a `sdar.config.VLLMConfig` (or anything with its fields) for the vLLM engine.
     jump_forward: the transformers backend's constrained decoding skips decode steps for forced tokens.
     share_prefix: the transformers backend's constrained prefill encodes shared prompt starts once per group.
-    sampler, pack_tokens: how the transformers backend's constrained sampling decides its tokens (rollout.sampler).
+    sampler, pack_tokens: the forward layout of the transformers backend's sampler (rollout.sampler, resolved).
     """
     if name == "transformers":  # samples with the policy's inference module (merged LoRA when policy.plain_inference)
         return TransformersBackend(policy.model, policy.tokenizer, batch_size=batch_size, jump_forward=jump_forward,

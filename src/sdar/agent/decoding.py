@@ -1,5 +1,9 @@
-"""Constrained sampling with jump-forward: where the action trie allows exactly one next token, the
-token is appended without a decode step, and a row's whole run of forced tokens goes through the model
+"""The transformers backend's one sampler (`constrained_sample`), for constrained and free rows alike: every live
+row's next token decided in one batched pass per step (`sdar.agent.draws`), on a KV cache decode step by step
+(layout "batched") or from one packed forward of every admissible response (layout "lookahead",
+`sdar.agent.lookahead`); the per-row reference it matches is the test oracle tests/agent/row_oracle.py.
+
+Jump-forward: where the action trie allows exactly one next token, the token is appended without a decode step, and a row's whole run of forced tokens goes through the model
 in one extended forward (KV cache kept). About 80% of household-tiny's response tokens are forced.
 
 Each row draws its free tokens from its own generator (seeded from the global RNG, or from `seeds`: one per row,
@@ -20,13 +24,13 @@ import torch
 
 from sdar.agent.draws import decide, row_generators
 from sdar.agent.lookahead import lookahead_sample
-from sdar.agent.walk import Decoded, DecodeStats, RowWalk, forced_run
-from sdar.config import SAMPLERS
+from sdar.agent.walk import Decoded, DecodeStats, RowWalk
 from sdar.models.kv_cache import cache_of, with_cache
-from sdar.models.logits import keep_mask, process_logits
 from sdar.models.logprobs import decoder_and_head, position_ids_from_mask
 from sdar.models.packing import packs
 from sdar.models.padding import padded
+
+LAYOUTS = ("batched", "lookahead")  # the sampler's forward layouts (rollout.sampler less auto)
 
 
 def _lcp(a: list[int], b: list[int]) -> int:
@@ -122,36 +126,6 @@ def _prefill(model, prompts: list[list[int]], pad_id: int, device, share_prefix:
     return cache_of(out), last, attn, base + smask.sum(-1), len(groups) * P + B * W
 
 
-def _processed_logprobs(logits: torch.Tensor, allowed: list[int] | None, temperature: float, top_p: float) -> torch.Tensor:
-    """log-probs [V] of the sampling distribution (`process_logits`: allowed tokens only, temperature, top-p);
-    tokens that cannot be drawn have probability exactly 0."""
-    keep = keep_mask([allowed], logits.shape[-1], logits.device)
-    return torch.log_softmax(process_logits(logits, temperature=temperature, keep=None if keep is None else keep[0],
-                                            top_p=top_p), dim=-1)
-
-
-def _next_chunk(trie, toks: list[int], last: torch.Tensor, gen: torch.Generator, temperature: float, top_p: float,
-                eos: set[int], max_new_tokens: int, jump_forward: bool) -> tuple[list[int], list[float], int]:
-    """A row's next token (sampled from `last`, its next-token logits, unless the trie allows one token) and, with
-    jump_forward, the run of forced tokens after it: (tokens, their log-probs, how many were forced)."""
-    allowed = trie.allowed(toks) if trie is not None else None
-    n_forced = 0
-    if allowed is not None and len(allowed) == 1:
-        tok, lp = allowed[0], 0.0
-        n_forced += 1
-    else:
-        logp = _processed_logprobs(last, allowed or None, temperature, top_p)
-        tok = int(torch.multinomial(logp.exp(), 1, generator=gen).item())
-        lp = float(logp[tok])
-    chunk, chunk_lp = [tok], [lp]
-    if jump_forward:  # the run of forced tokens after it needs no decision: it joins this forward
-        run = forced_run(trie, toks + chunk, eos, max_new_tokens)
-        chunk += run
-        chunk_lp += [0.0] * len(run)
-        n_forced += len(run)
-    return chunk, chunk_lp, n_forced
-
-
 def _decode_forward(model, chunks: list[list[int]], pad_id: int, past, attn: torch.Tensor, count: torch.Tensor,
                     decoder=None):
     """One forward of every live row's new tokens (`chunks`, [] for finished rows) on the cache: (cache, each row's
@@ -174,7 +148,7 @@ def _decode_forward(model, chunks: list[list[int]], pad_id: int, past, attn: tor
 def constrained_sample(model, prompts: list[list[int]], tries: list, *, max_new_tokens: int, temperature: float,
                        top_p: float, eos_ids: list[int], pad_id: int, jump_forward: bool = True,
                        share_prefix: bool = False, stats: DecodeStats | None = None,
-                       seeds: list[int] | None = None, sampler: str = "rows", pack_tokens: int = 2048) -> list[Decoded]:
+                       seeds: list[int] | None = None, sampler: str = "batched", pack_tokens: int = 2048) -> list[Decoded]:
     """Sample one response per prompt; `tries[i]` (an `ActionTrie` or None) constrains row i.
 
     jump_forward: feed each row's run of forced tokens in one forward (False: one token per forward,
@@ -182,15 +156,16 @@ def constrained_sample(model, prompts: list[list[int]], tries: list, *, max_new_
     share_prefix: encode the prompt starts rows share once per group (`prefix_groups`); the same tokens and
     log-probs up to float rounding.
     seeds: row i's generator seed (None: drawn from the global RNG, B draws per call, as training rollouts do).
-    sampler: rows = each row's token decided on its own; batched = every live row's in one pass per step
-    (`sdar.agent.draws`); lookahead = batched, and the rows with a trie run their prompt and every admissible
-    response in one packed forward (`sdar.agent.lookahead`, rows of pack_tokens positions): no decode step at all.
-    The same tokens and log-probs in each, up to float rounding.
+    sampler: the forward layout (rollout.sampler, resolved): batched = a decode step per decision on a KV cache;
+    lookahead = the rows with a trie run their prompt and every admissible response in one packed forward
+    (`sdar.agent.lookahead`, rows of pack_tokens positions): no decode step at all. Either way every live row's
+    token is decided in one batched pass (`sdar.agent.draws.decide`) and the same tokens and log-probs come out, up
+    to float rounding: those the per-row reference draws (tests/agent/row_oracle.py).
     """
     if temperature <= 0:
         raise ValueError(f"constrained_sample samples: temperature must be > 0, got {temperature}")
-    if sampler not in SAMPLERS:
-        raise ValueError(f"unknown sampler {sampler!r}; choose one of {', '.join(SAMPLERS)}")
+    if sampler not in LAYOUTS:
+        raise ValueError(f"unknown sampler {sampler!r}; choose one of {', '.join(LAYOUTS)}")
     device = next(model.parameters()).device
     B = len(prompts)
     # one generator per row, seeded from the global stream: a row's draws do not depend on the batch
@@ -202,8 +177,6 @@ def constrained_sample(model, prompts: list[list[int]], tries: list, *, max_new_
     st = stats if stats is not None else DecodeStats()
     kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, eos=set(eos_ids), pad_id=pad_id,
               jump_forward=jump_forward, share_prefix=share_prefix, st=st)
-    if sampler == "rows":
-        return _sample_rows(model, prompts, tries, gens, **kw)
     if sampler == "lookahead" and packs(model):
         ahead = [i for i, t in enumerate(tries) if t is not None]
         rest = [i for i, t in enumerate(tries) if t is None]
@@ -216,41 +189,6 @@ def constrained_sample(model, prompts: list[list[int]], tries: list, *, max_new_
             out[i] = row
         return out
     return _sample_batched(model, prompts, tries, gens, **kw)
-
-
-def _sample_rows(model, prompts, tries, gens, *, max_new_tokens, temperature, top_p, eos, pad_id, jump_forward,
-                 share_prefix, st) -> list[Decoded]:
-    """The per-row sampler: each live row's next token decided on its own (`_next_chunk`), a forward per step."""
-    device = next(model.parameters()).device
-    B = len(prompts)
-    # last [B, V]: the distribution of each row's next token; count: real tokens so far (the next position id)
-    past, last, attn, count, encoded = _prefill(model, prompts, pad_id, device, share_prefix)
-    toks: list[list[int]] = [[] for _ in range(B)]
-    lps: list[list[float]] = [[] for _ in range(B)]
-    forced = [0] * B
-    done = [False] * B
-    st.prefill_tokens += encoded
-    while not all(done):
-        chunks: list[list[int]] = [[] for _ in range(B)]
-        for i in range(B):
-            if done[i]:
-                continue
-            chunk, chunk_lp, n_forced = _next_chunk(tries[i], toks[i], last[i], gens[i], temperature, top_p, eos,
-                                                    max_new_tokens, jump_forward)
-            forced[i] += n_forced
-            toks[i] += chunk
-            lps[i] += chunk_lp
-            if chunk[-1] in eos or len(toks[i]) >= max_new_tokens:
-                done[i] = True
-            else:
-                chunks[i] = chunk
-        if all(done):
-            break
-        past, last, attn, count = _decode_forward(model, chunks, pad_id, past, attn, count)
-        st.forwards += 1
-    st.forced += sum(forced)
-    st.tokens += sum(len(t) for t in toks)
-    return [Decoded(toks[i], lps[i], bool(toks[i]) and toks[i][-1] in eos, forced[i]) for i in range(B)]
 
 
 def _sample_batched(model, prompts, tries, gens, *, max_new_tokens, temperature, top_p, eos, pad_id, jump_forward,

@@ -12,6 +12,8 @@ allowed tokens instead of the whole vocabulary).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from sdar.models.logits import process_logits
@@ -68,6 +70,11 @@ def decide(sets: list[list[int] | None], gens: list[torch.Generator], *, tempera
     order = [i for rows, _, _ in parts for i in rows]
     for k, i in enumerate(order):
         toks[i], lps[i] = int(both[0][k]), both[1][k]  # a float32 value, exactly
+    if bad := [i for i, lp in enumerate(lps) if not math.isfinite(lp)]:
+        # what torch.multinomial refuses too: a distribution with inf or nan (diverged weights), or no mass
+        raise RuntimeError(f"cannot sample: the next-token distribution of {len(bad)} of {len(sets)} deciding rows "
+                           "holds inf or nan, or no probability (the model's logits are not finite: diverged weights? "
+                           "optim.guard_updates refuses such an update)")
     return toks, lps
 
 

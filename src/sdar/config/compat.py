@@ -59,10 +59,28 @@ RETIRED: dict[str, bool] = {
 }
 
 
+# Values retired from a setting that stays: the path they chose is gone and another computes the same numbers (up to
+# float rounding). A config that still names one loads with the value that replaced it, and a note. Dotted key ->
+# {old value: its replacement}.
+RETIRED_VALUES: dict[str, dict[Any, Any]] = {
+    # the per-row sampler: every row now decides in one batched pass (sdar.agent.decoding; the per-row path is the
+    # test oracle tests/agent/row_oracle.py)
+    "rollout.sampler": {"rows": "batched"},
+}
+
+
 def drop_retired(data: dict[str, Any], where: str = "config") -> list[str]:
-    """Remove the RETIRED settings from `data` (a config's nested dict, or its old flat keys); returns a note per
-    setting removed, for the loader to print."""
+    """Remove the RETIRED settings from `data` (a config's nested dict, or its old flat keys) and map the
+    RETIRED_VALUES to their replacements; returns a note per setting changed, for the loader to print."""
     notes = []
+    for key, mapping in RETIRED_VALUES.items():
+        head, _, name = key.partition(".")
+        section = data.get(head)
+        if isinstance(section, dict) and isinstance(section.get(name), str) and section[name] in mapping:
+            old = section[name]
+            section[name] = mapping[old]
+            notes.append(f"note: {key}={old!r} in {where} is retired and runs as {key}={mapping[old]!r}: the same "
+                         "numbers up to float rounding (docs/training.md#speed-ups)")
     flat = {old: new for old, new in MOVED_KEYS.items() if new in RETIRED}
     for key in RETIRED:
         head, _, name = key.partition(".")

@@ -139,11 +139,12 @@ class TrainConfig:
 
     def resolved_sampler(self, device: torch.device | str | None = None) -> str:
         """rollout.sampler, with auto decided for `device` (default: resolved_device()): lookahead on CUDA (one packed
-        forward per turn: 2.9-3.1x faster RL steps at the Qwen2.5-0.5B shape on an H200), rows elsewhere (on 2 CPU
-        cores the packed forwards do not pay at the SmolLM2 shape). docs/training.md has the figures."""
+        forward per turn: 2.9-3.1x faster RL steps at the Qwen2.5-0.5B shape on an H200), batched elsewhere (on 2 CPU
+        cores the lookahead's packed forward of every admissible response does not pay: it forwards 5-7x the
+        positions decoding does). docs/benchmarks.md has the figures."""
         if self.rollout.sampler != "auto":
             return self.rollout.sampler
-        return "lookahead" if _device_type(device or self.resolved_device()) == "cuda" else "rows"
+        return "lookahead" if _device_type(device or self.resolved_device()) == "cuda" else "batched"
 
     def resolved_packed(self, device: torch.device | str | None = None) -> bool:
         """scoring.packed, with auto decided for `device` as resolved_sampler decides: packed on CUDA."""

@@ -15,7 +15,7 @@ PENALIZE = ("format", "invalid")  # rollout.penalize (sdar.agent.rollout.penaliz
 REWARDS = ("reference", "env")  # reward (sdar.agent.rollout.episode_reward)
 PRETOKENIZERS = ("qwen2", "punct_space")  # warmstart.pretokenizer (sdar.models.tokenizer.PRETOKENIZERS)
 STRATEGIES = ("ddp", "fsdp")  # distributed.strategy (sdar.train.distributed, sdar.train.fsdp)
-SAMPLERS = ("auto", "rows", "batched", "lookahead")  # rollout.sampler (sdar.agent.decoding.constrained_sample)
+SAMPLERS = ("auto", "batched", "lookahead")  # rollout.sampler: the one sampler's layout (sdar.agent.decoding)
 
 
 @dataclass
@@ -62,14 +62,15 @@ class RolloutConfig:
     constrained: bool = field(default=False, metadata={
         "help": "Decode only admissible actions (families that list them)."})
     sampler: str = field(default="auto", metadata={
-        "help": "Constrained decoding (transformers backend): how each step's tokens are decided. auto (the default): "
-                "lookahead on a CUDA device, rows elsewhere (TrainConfig.resolved_sampler; the measured rule in "
-                "docs/training.md, `sdar config show` prints the choice). rows: each row on "
-                "its own (a softmax over the vocabulary per row, as before); batched: every live row's in one pass "
-                "(the vocabulary processed once, constrained rows at their allowed tokens only, each row's draw from "
-                "its own generator as before); lookahead: batched, and a turn's constrained rows run their prompt and "
-                "every admissible response in ONE packed forward (sdar.agent.lookahead, rows of scoring.pack_tokens "
-                "positions), so a turn needs no decode step. The same samples and log-probs up to float rounding.",
+        "help": "Sampling (transformers backend): one sampler (sdar.agent.decoding.constrained_sample) draws every "
+                "row's token from its own generator, every live row of a step in one batched pass (the vocabulary "
+                "processed once, constrained rows at their allowed tokens only); this picks its forward layout. "
+                "auto (the default): lookahead on a CUDA device, batched elsewhere (TrainConfig.resolved_sampler; the "
+                "measured rule in docs/benchmarks.md, `sdar config show` prints the choice). batched: a decode step "
+                "per decision on a KV cache; lookahead: a turn's constrained rows run their prompt and every "
+                "admissible response in ONE packed forward (sdar.agent.lookahead, rows of scoring.pack_tokens "
+                "positions), so a turn needs no decode step. The same samples and log-probs up to float rounding. "
+                "The retired value rows (a softmax per row) loads as batched.",
         "added": True})
     group_seeded: bool = field(default=False, metadata={
         "help": "Roll out each task group under its own seed (seed, step, group): the trajectories then do not depend "
