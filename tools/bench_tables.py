@@ -87,9 +87,9 @@ BENCHES: dict[str, Bench] = {
         "--set warmstart.epochs=2", STEP_CODE, "#the-samplers-and-the-scorers-layouts-on-2-cpu-cores", long=True),
     "layouts-smollm2": Bench(
         "the sampler's and the Scorer's layouts side by side, SmolLM2-135M (the CPU rule)",
-        "python benchmarks/bench_train_step.py --model smollm2 --steps 1 --modes on,batched,packed",
-        (*STEP_CODE, "configs/household-smollm2.yaml"), "#the-samplers-and-the-scorers-layouts-on-2-cpu-cores",
-        long=True),
+        "bash benchmarks/bench_layouts_smollm2.sh",
+        (*STEP_CODE, "benchmarks/bench_layouts_smollm2.sh", "configs/household-smollm2.yaml"),
+        "#the-samplers-and-the-scorers-layouts-on-2-cpu-cores", long=True),
     "train-step-floor": Bench("SDAR/GRPO per step and its floor", "python benchmarks/bench_train_step.py --steps 3 "
                               "--compare-off --set warmstart.episodes=300 --set warmstart.epochs=2", STEP_CODE,
                               "#sdar-over-grpo-per-step-not-met", long=True),
@@ -350,7 +350,8 @@ def run(ids: list[str], at: str | None, console=print) -> int:
             archive = subprocess.run(["git", "archive", at], cwd=ROOT, capture_output=True, check=True).stdout
             subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree / "src"), str(tree / "envs" / "src"),
-                                                            os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+                                                            os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+               "PYTHON": os.environ.get("PYTHON", sys.executable)}  # the interpreter of a shell benchmark
         for bench_id in ids:
             b = BENCHES[bench_id]
             why = missing(b)
