@@ -235,3 +235,21 @@ def test_bench_vs_trl(tmp_path):
         assert len(ev["constrained"]["won"]) == len(ev["free"]["won"]) == 2
     diffs = {r[0]: r[1:] for r in table_rows(out) if r[0] in ("sdar - trl", "sdar - warm start", "trl - warm start")}
     assert len(diffs) == 3
+
+
+def test_bench_layouts_smollm2(tmp_path):
+    """benchmarks/bench_layouts_smollm2.sh: the three layouts at the SmolLM2-135M shape, one process each, one after
+    another; each prints its phase table under its own heading and writes its own figures file."""
+    proc = subprocess.run(["bash", str(BENCHMARKS / "bench_layouts_smollm2.sh"), "--smoke", "--arms", "grpo"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "COLUMNS": "220", "PYTHON": sys.executable, "OUT": str(tmp_path)})
+    assert proc.returncode == 0, f"rc {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    out = proc.stdout
+    sections = re.split(r"^layout (\w+) \(one process\):$", out, flags=re.M)[1:]
+    assert [sections[i] for i in range(0, len(sections), 2)] == ["on", "batched", "packed"]
+    for layout, text in zip(sections[::2], sections[1::2]):
+        assert "model smollm2 (139.4M parameters" in text
+        steps = [r for r in table_rows(text) if len(r) == 9 and r[2] == "**step**"]
+        assert [r[:2] for r in steps] == [["grpo", layout]] and number(steps[0][3]) > 0
+        figures = json.loads((tmp_path / f"layouts_smollm2_{layout}.json").read_text())
+        assert figures, f"{layout}: an empty figures file"
