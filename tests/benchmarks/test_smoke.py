@@ -239,10 +239,12 @@ def test_bench_vs_trl(tmp_path):
 
 def test_bench_layouts_smollm2(tmp_path):
     """benchmarks/bench_layouts_smollm2.sh: the three layouts at the SmolLM2-135M shape, one process each, one after
-    another; each prints its phase table under its own heading and writes its own figures file."""
+    another; each prints its phase table under its own heading and writes its own figures file. At smoke size on
+    household-tiny's task setting (SmolLM2's own config would build its warm start first)."""
     proc = subprocess.run(["bash", str(BENCHMARKS / "bench_layouts_smollm2.sh"), "--smoke", "--arms", "grpo"], cwd=ROOT,
                           capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "COLUMNS": "220", "PYTHON": sys.executable, "OUT": str(tmp_path)})
+                          env={**os.environ, "COLUMNS": "220", "PYTHON": sys.executable, "OUT": str(tmp_path),
+                               "CONFIG": "configs/household-tiny.yaml"})
     assert proc.returncode == 0, f"rc {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     out = proc.stdout
     sections = re.split(r"^layout (\w+) \(one process\):$", out, flags=re.M)[1:]
