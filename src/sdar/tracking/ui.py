@@ -171,10 +171,8 @@ class _DevTools:
     """The few DevTools protocol calls `render` needs, over one page's WebSocket (only replies: no domain is
     enabled, so no events arrive)."""
 
-    def __init__(self, ws_url: str) -> None:
-        from websockets.sync.client import connect
-
-        self.ws = connect(ws_url, max_size=64 * 2**20, open_timeout=20)
+    def __init__(self, ws) -> None:
+        self.ws = ws  # an open websockets.sync connection, closed by its `with` block
         self.n = 0
 
     def call(self, method: str, **params) -> dict:
@@ -203,8 +201,10 @@ def render(url: str, ready: Callable[[str], bool], *, timeout_s: float = 90.0, w
         try:
             port = _devtools_port(proc, profile)
             target = next(t for t in json.loads(_get(f"http://127.0.0.1:{port}/json/list")) if t["type"] == "page")
-            tools = _DevTools(target["webSocketDebuggerUrl"])
-            try:
+            from websockets.sync.client import connect
+
+            with connect(target["webSocketDebuggerUrl"], max_size=64 * 2**20, open_timeout=20) as ws:
+                tools = _DevTools(ws)
                 tools.call("Page.navigate", url=url)
                 text = ""
                 while time.monotonic() - t0 < timeout_s:
@@ -216,8 +216,6 @@ def render(url: str, ready: Callable[[str], bool], *, timeout_s: float = 90.0, w
                         return Page(text, tools.evaluate("location.href") or url, png, time.monotonic() - t0)
                     time.sleep(0.5)
                 raise TimeoutError(f"{url} did not show what was expected within {timeout_s:g} s; it showed:\n{text[:3000]}")
-            finally:
-                tools.ws.close()
         finally:
             stop_group(proc, grace_s=10)
 
