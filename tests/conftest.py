@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.deprecations import DEPRECATIONS, ROOT
+
 # env vars that could point boto3 at real accounts or other endpoints; cleared inside `s3_server`
 _AWS_VARS = (
     "AWS_PROFILE",
@@ -153,21 +155,20 @@ def tiny_dir(tmp_path_factory) -> Path:
 # not .venv/) is ours: each is listed at the end and fails the session. Under xdist the controller receives every
 # worker's warnings through this same hook, so the check runs there. (tests/deprecations.py reads whole stacks for
 # the training and demo runs, where a library's own stacklevel points into the library.)
-_REPO = Path(__file__).resolve().parents[1]
 _OUR_DEPRECATIONS: list[str] = []
 
 
 def our_deprecation(category, filename: str) -> bool:
     """Whether a warning of `category` reported at `filename` is a deprecation caused by this repository's code."""
-    if not issubclass(category, (DeprecationWarning, PendingDeprecationWarning, FutureWarning)):
+    if not issubclass(category, DEPRECATIONS):
         return False
     path = Path(filename).resolve()
-    return path.is_relative_to(_REPO) and not path.is_relative_to(_REPO / ".venv") and path.suffix == ".py"
+    return path.is_relative_to(ROOT) and not path.is_relative_to(ROOT / ".venv") and path.suffix == ".py"
 
 
 def pytest_warning_recorded(warning_message, when, nodeid, location):
     if our_deprecation(warning_message.category, warning_message.filename):
-        where = Path(warning_message.filename).resolve().relative_to(_REPO)
+        where = Path(warning_message.filename).resolve().relative_to(ROOT)
         _OUR_DEPRECATIONS.append(f"{nodeid or when}: {where}:{warning_message.lineno}: "
                                  f"{warning_message.category.__name__}: {warning_message.message}")
 

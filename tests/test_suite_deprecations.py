@@ -26,7 +26,6 @@ def test_calls_a_deprecated_api():
 
 
 def test_a_librarys_own_warning_is_not_ours():
-    import email.utils  # noqa: F401  (stdlib: nothing deprecated is raised from our file)
     warnings.warn_explicit("lib internals", FutureWarning, "/usr/lib/python3/site-packages/lib/mod.py", 7)
 '''
 

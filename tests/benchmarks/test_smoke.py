@@ -33,8 +33,9 @@ NUMBER = re.compile(r"^[-+]?[\d,]*\.?\d+(?:e[-+]?\d+)?$")
 
 
 def bench(script: str, *args: str, timeout_s: float = 300, env: dict | None = None) -> str:
-    """Run benchmarks/<script> with `args`; its stdout, after checking that it exited 0."""
-    proc = subprocess.run([sys.executable, str(BENCHMARKS / script), *args], cwd=ROOT, capture_output=True, text=True,
+    """Run benchmarks/<script> (Python, or bash for a .sh) with `args`; its stdout, after checking that it exited 0."""
+    runner = ["bash"] if script.endswith(".sh") else [sys.executable]
+    proc = subprocess.run([*runner, str(BENCHMARKS / script), *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout_s, env={**os.environ, "COLUMNS": "220", **(env or {})})
     assert proc.returncode == 0, f"rc {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     return proc.stdout
@@ -241,13 +242,9 @@ def test_bench_layouts_smollm2(tmp_path):
     """benchmarks/bench_layouts_smollm2.sh: the three layouts at the SmolLM2-135M shape, one process each, one after
     another; each prints its phase table under its own heading and writes its own figures file. At smoke size on
     household-tiny's task setting (SmolLM2's own config would build its warm start first)."""
-    proc = subprocess.run(["bash", str(BENCHMARKS / "bench_layouts_smollm2.sh"), "--smoke", "--arms", "grpo"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "COLUMNS": "220", "PYTHON": sys.executable, "OUT": str(tmp_path),
-                               "CONFIG": "configs/household-tiny.yaml"})
-    assert proc.returncode == 0, f"rc {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-    out = proc.stdout
-    sections = re.split(r"^layout (\w+) \(one process\):$", out, flags=re.M)[1:]
+    out = bench("bench_layouts_smollm2.sh", "--smoke", "--arms", "grpo", timeout_s=600,
+                env={"PYTHON": sys.executable, "OUT": str(tmp_path), "CONFIG": "configs/household-tiny.yaml"})
+    sections = re.split(r"^layout (\w+) \(one process\):$", out, flags=re.MULTILINE)[1:]
     assert [sections[i] for i in range(0, len(sections), 2)] == ["on", "batched", "packed"]
     for layout, text in zip(sections[::2], sections[1::2]):
         assert "model smollm2 (139.4M parameters" in text
