@@ -47,6 +47,9 @@ def build_comparison_store(uri: str, job: str, arms: list[str], seeds: list[int]
         ws.update(run_id=log_warm_start(info, ws, uri), label="baseline")
         baseline["by_seed"][str(seed)] = ws
     runs = []
+    # an attempt killed before its first checkpoint (sdar.train.loop marks it KILLED; its rerun is the arm's run)
+    Tracker(info["experiment"], run_name=f"{arms[0]}-seed{seeds[0]}", parent_run_id=info["parent_run_id"],
+            tracking_uri=uri, tags={"arm": arms[0], "family": "household"}).start().end("KILLED")
     for arm in arms:
         for seed in seeds:  # as sdar.train.trainer opens an arm's run
             with Tracker(info["experiment"], run_name=f"{arm}-seed{seed}", parent_run_id=info["parent_run_id"],

@@ -140,3 +140,23 @@ def test_sdar_submit_prints_the_view_in_the_experiment_the_compiled_pipeline_log
     assert main(["submit", "--host", "http://kfp.invalid", "--experiment", "kfp-exp", "--yaml", str(ir),
                  "--mlflow-url", mlflow_uri, "--mlflow-experiment", "KFP-Default"]) == 0
     assert "'KFP-Default'" in capsys.readouterr().out
+
+
+def test_a_local_runs_view_names_the_command_that_serves_its_own_store(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from sdar.pipeline.runner import _view
+    from sdar.tags import PIPELINE_JOB_TAG
+    from sdar.tracking import prepare_sqlite_store
+
+    root = (tmp_path / "root").resolve()
+    root.mkdir()
+    uri = prepare_sqlite_store(root / "mlflow.db")
+    client = MlflowClient(uri)
+    exp = client.create_experiment("sdar-comparison")
+    parent = client.create_run(exp, tags={PIPELINE_JOB_TAG: "job-9"}).info.run_id
+    view = _view(uri, parent, root)  # the pipeline root's own store: `sdar ui --root` finds it
+    assert view["ui_command"] == f"sdar ui --root {root} --job job-9" and view["job_id"] == "job-9"
+    assert view["view_url"].startswith(f"http://127.0.0.1:5000/#/experiments/{exp}/runs?workflowType=")
+    # a store outside the root (MLFLOW_TRACKING_URI set to another sqlite file): the command names that store
+    assert _view(uri, parent, tmp_path / "elsewhere")["ui_command"] == f"sdar ui --tracking-uri {uri} --job job-9"

@@ -125,6 +125,31 @@ def test_study_runs_resumes_skips_and_reports(tmp_path, monkeypatch):
     assert sorted(r.run_name for r in children) == ["grpo-seed0", "sdar-seed0"]
     assert all("study_eval/success" in r.metrics for r in children)
 
+    # the study's runs side by side from one printed URL, as a comparison's: the arms' runs carry the study's job
+    from sdar.tracking.store import mlflow_client
+    from sdar.tracking.ui import comparison_view
+    from sdar.tracking.view import view_runs
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow_client(uri)
+    client.delete_tag(children[0].run_id, "sdar.pipeline_job_id")  # a run logged before studies tagged their job
+    view = StudyRunner(spec, results, work).view(port=5123)
+    assert view["ui_command"] == f"sdar ui --tracking-uri {uri} --job study-t --port 5123"
+    exp_id = client.get_run(parent[0].run_id).info.experiment_id
+    assert view["view_url"].startswith(f"http://127.0.0.1:5123/#/experiments/{exp_id}/runs?")
+    shown = {r.info.run_name: r for r in view_runs(uri, exp_id, "study-t")}
+    assert sorted(shown) == ["grpo-seed0", "sdar-seed0", "warm-start-seed0"]  # the warm start: the bars' reference
+    assert comparison_view(uri) == (exp_id, "study-t")  # `sdar ui` on the study's store opens the study
+    # the view's charts read what the records say: held-out success at the last eval step, paired with the warm start
+    assert shown["warm-start-seed0"].data.metrics["held-out success"] == pytest.approx(warm["student"]["success"])
+    assert shown["sdar-seed0"].data.metrics["held-out success"] == pytest.approx(sdar["evals"]["2"]["success"])
+    wins = sum(sdar["evals"]["2"]["tasks"][t] - w for t, w in warm["student"]["tasks"].items())
+    assert shown["sdar-seed0"].data.metrics["held-out success - own warm start"] == pytest.approx(wins / len(tasks))
+    assert len(client.get_metric_history(shown["sdar-seed0"].info.run_id, "training success")) == 2
+    StudyRunner(spec, results, work).view()  # once per run: a second call logs nothing again
+    assert len(client.get_metric_history(shown["sdar-seed0"].info.run_id, "held-out success")) == 1
+    assert len(view_runs(uri, exp_id, "study-t")) == 3
+
     # a second invocation trains nothing
     assert StudyRunner(spec, results, work).run() == []
     assert [r["state"] for r in StudyRunner(spec, results, work).status()] == ["done", "done"]
@@ -152,6 +177,13 @@ def test_study_runs_resumes_skips_and_reports(tmp_path, monkeypatch):
     grown = json.loads((results / "t/household/seed0/sdar.json").read_text())
     assert sorted(grown["evals"]) == ["1", "2", "3"] and grown["evals"]["2"] == again["evals"]["2"]
     assert grown["steps"] == 3 and [h["step"] for h in grown["history"]] == [0, 1, 2]
+
+    # the grown runs' view: their held-out success at the new last eval step (run with the study's later segments)
+    view_now = {r.info.run_name: r for r in view_runs(uri, exp_id, "study-t")}
+    StudyRunner(longer, results, work).view()
+    grown_run = client.get_run(view_now["sdar-seed0"].info.run_id)
+    assert grown_run.data.metrics["held-out success"] == pytest.approx(grown["evals"]["3"]["success"])
+    assert grown_run.data.tags["sdar.view_metrics"] == "3"
 
     # another config under the same study name: refused, naming the fix
     changed = parse_spec({**SPEC, "steps": 3, "eval_steps": [1, 2, 3], "set": {**SPEC["set"], "optim.lr": 5e-4}}, "test-spec")

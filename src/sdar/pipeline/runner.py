@@ -32,7 +32,7 @@ from sdar.runlog import UNBUFFERED, TaskLog
 from sdar.tags import PIPELINE_JOB_TAG
 from sdar.tracking import Tracker, find_runs, mlflow_client, resolve_tracking_uri
 from sdar.tracking.comparison import log_to_run
-from sdar.tracking.view import publish_view, view_url
+from sdar.tracking.view import published_view
 
 ENTRY_POINT_GROUP = "sdar.pipelines"
 # a checkout's root (src/sdar/pipeline/runner.py -> the repository): where run_local also looks for a
@@ -364,15 +364,11 @@ def _view(uri: str, parent_run_id: str, root: Path, port: int = 5000) -> dict[st
     """The comparison's MLflow view of this run: the `sdar ui` command that serves the store and the URL it opens."""
     parent = mlflow_client(uri).get_run(parent_run_id)
     job = parent.data.tags.get(PIPELINE_JOB_TAG) or parent_run_id  # no job tag: launch_envs never ran
-    publish_view(uri, parent.info.experiment_id, job)
-    default_root = Path("runs/kfp-local").resolve() == root
-    command = "sdar ui" + ("" if default_root else f" --root {root}") + (f" --job {job}" if job else "")
-    if uri.startswith(("http://", "https://")):  # a tracking server serves its own UI: nothing to start
-        return {"job_id": job, "ui_command": "", "view_url": view_url(uri, parent.info.experiment_id, job)}
-    if not uri.startswith("sqlite:///") or Path(uri[len("sqlite:///"):]).resolve() != root / "mlflow.db":
-        command = f"sdar ui --tracking-uri {uri} --job {job}"
-    return {"job_id": job, "ui_command": command, "view_url": view_url(f"http://127.0.0.1:{port}",
-                                                                       parent.info.experiment_id, job)}
+    view = published_view(uri, parent.info.experiment_id, job, port)
+    if uri.startswith("sqlite:///") and Path(uri[len("sqlite:///"):]).resolve() == root / "mlflow.db":
+        default_root = Path("runs/kfp-local").resolve() == root  # the pipeline root's store: sdar ui finds it
+        view["ui_command"] = "sdar ui" + ("" if default_root else f" --root {root}") + f" --job {job}"
+    return view
 
 
 def _print_summary(console, result: dict[str, Any], uri: str) -> None:

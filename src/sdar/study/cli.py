@@ -52,7 +52,25 @@ def _cmd_run(args: argparse.Namespace) -> int:
         write_report(runner.results, args.report)
         console.print(f"report written to {args.report}")
         runner.commit_files([Path(args.report), runner.results / "figures"], f"study {spec.name}: report")
+    _print_view(runner, console)
     return 0
+
+
+def _print_view(runner, console) -> None:
+    """Where the study's runs open side by side in MLflow: the command that serves a local store and the URL."""
+    try:
+        view = runner.view()
+    except Exception as exc:  # noqa: BLE001 - the study's results are written; only the view's link is missing
+        console.print(f"MLflow: the study's view could not be saved ({type(exc).__name__}: {str(exc)[:200]})",
+                      soft_wrap=True, markup=False, highlight=False)
+        return
+    if view is None:
+        return
+    serve = (f"`{view['ui_command']}` starts the MLflow UI on the study's store, then open" if view["ui_command"]
+             else "open the tracking server's own UI at")
+    console.print(f"MLflow: the study's runs side by side (experiment 'study-{runner.spec.name}'): {serve}",
+                  soft_wrap=True, markup=False, highlight=False)
+    console.print(f"  {view['view_url']}", soft_wrap=True, markup=False, highlight=False)
 
 
 def _cmd_transfer(args: argparse.Namespace) -> int:
@@ -85,6 +103,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     make_console().print(table)
     if args.json:
         print(json.dumps(rows))
+    _print_view(runner, make_console())
     return 0
 
 

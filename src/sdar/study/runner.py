@@ -33,7 +33,7 @@ from typing import Any
 from sdar.config import drop_added_defaults, flat_layout
 from sdar.console import make_console
 from sdar.study.spec import Cell, StudySpec
-from sdar.tracking import Tracker, default_tracking_uri, prepare_sqlite_store
+from sdar.tracking import PIPELINE_JOB_TAG, Tracker, default_tracking_uri, prepare_sqlite_store
 
 # the per-step metrics a result keeps (the analysis's curves); the full history stays in MLflow
 HISTORY_KEYS = (
@@ -180,13 +180,13 @@ class StudyRunner:
         for cell in self.spec.cells():
             done = _read_json(self.result_path(cell))
             part = _read_json(self.partial_path(cell))
-            state = "done" if done and self._complete(done) else "partial" if (done or part) else "pending"
+            state = "done" if done and self.complete(done) else "partial" if (done or part) else "pending"
             rec = done or part or {}
             out.append({"cell": cell.name, "state": state, "evaluated": sorted(int(s) for s in rec.get("evals", {})),
                         "wall_s": rec.get("wall_s", {}).get("total")})
         return out
 
-    def _complete(self, rec: dict[str, Any]) -> bool:
+    def complete(self, rec: dict[str, Any]) -> bool:
         return all(str(s) in rec.get("evals", {}) for s in self.spec.eval_steps)
 
     def _check_fresh(self, path: Path, rec: dict[str, Any], fingerprint: str) -> bool:
@@ -210,7 +210,8 @@ class StudyRunner:
         uri = default_tracking_uri()
         resume = state.get("run_id") if state.get("tracking_uri") == uri else None
         tracker = Tracker(f"study-{self.spec.name}", run_name=f"study-{self.spec.name}", resume_run_id=resume,
-                          tags={"sdar.kind": "study", "sdar.study": self.spec.name}).start()
+                          tags={"sdar.kind": "study", "sdar.study": self.spec.name,
+                                PIPELINE_JOB_TAG: self.job_id}).start()  # the cells' runs inherit it: the view
         if resume is None and tracker.enabled:
             tracker.log_params({"spec": self.spec.path, "steps": self.spec.steps,
                                 "eval_steps": ",".join(map(str, self.spec.eval_steps)),
@@ -219,6 +220,18 @@ class StudyRunner:
         self._parent = tracker
         if tracker.run_id:
             _write_json(state_path, {"run_id": tracker.run_id, "tracking_uri": uri})
+
+    @property
+    def job_id(self) -> str:
+        """The id the study's runs carry as their job (PIPELINE_JOB_TAG): `sdar ui --job` and the view select by it."""
+        return f"study-{self.spec.name}"
+
+    def view(self, port: int = 5000) -> dict[str, str] | None:
+        """The study's runs side by side in MLflow, as `sdar run --local` shows a comparison: {job_id, ui_command,
+        view_url}, or None before the study has logged anything (sdar.study.view.study_view)."""
+        from sdar.study.view import study_view
+
+        return study_view(self, port)
 
     def _close_parent(self, status: str) -> None:
         parent = getattr(self, "_parent", None)
@@ -344,7 +357,7 @@ class StudyRunner:
         done = _read_json(path)
         if done is not None and not self._check_fresh(path, done, fingerprint):
             done = None  # --redo-stale: made under another config, run again
-        if done is not None and self._complete(done):
+        if done is not None and self.complete(done):
             return False
         part = _read_json(partial)
         if part is not None and part.get("fingerprint") != fingerprint:
@@ -416,7 +429,7 @@ class StudyRunner:
             for who, cell in [("warmstart", Cell(family, "grpo", seed))] + [(c.arm, c) for c in cells]:
                 path = self.transfer_path(family, seed, who)
                 done = _read_json(self.result_path(cell)) if who != "warmstart" else {}
-                if path.is_file() or done is None or (who != "warmstart" and not self._complete(done)):
+                if path.is_file() or done is None or (who != "warmstart" and not self.complete(done)):
                     continue
                 out = None if who == "warmstart" else self.work / family / f"seed{seed}" / cell.arm
                 if out is not None and not (out / "checkpoints").is_dir():
@@ -474,3 +487,4 @@ class StudyRunner:
                 return
             time.sleep(2 + 3 * attempt)
         self.console.print(f"[yellow]could not commit {files}: {add.stderr.strip()}[/yellow]")
+

@@ -81,8 +81,10 @@ def view_key(job_id: str) -> str:
 
 
 def view_filter(job_id: str) -> str:
-    """The MLflow search filter of the view: the runs of the job that carry an arm (the arms and warm starts)."""
-    return f"tags.`{PIPELINE_JOB_TAG}` = '{job_id}' and tags.`arm` LIKE '%'"
+    """The MLflow search filter of the view: the runs of the job that carry an arm (the arms and warm starts), less
+    the attempts that were killed (a run killed before its first checkpoint is marked KILLED, and its rerun is the
+    run to show)."""
+    return f"tags.`{PIPELINE_JOB_TAG}` = '{job_id}' and tags.`arm` LIKE '%' and attributes.status != 'KILLED'"
 
 
 def _chart(kind: str, metric: str, section: str) -> dict[str, Any]:
@@ -121,6 +123,18 @@ def publish_view(tracking_uri: str, experiment_id: str, job_id: str) -> str:
     client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
     client.set_experiment_tag(experiment_id, VIEW_TAG_PREFIX + key, json.dumps(view_state(job_id)))
     return key
+
+
+def published_view(tracking_uri: str, experiment_id: str, job_id: str, port: int = 5000) -> dict[str, str]:
+    """Save the job's view on its experiment and say how to open it: {job_id, ui_command, view_url}. For a local
+    store `ui_command` (`sdar ui`) serves it on 127.0.0.1:`port`, where `view_url` opens the view; for an http(s)
+    tracking server `ui_command` is empty and `view_url` is on that server, whose UI it is."""
+    publish_view(tracking_uri, experiment_id, job_id)
+    if tracking_uri.startswith(("http://", "https://")):
+        return {"job_id": job_id, "ui_command": "", "view_url": view_url(tracking_uri, experiment_id, job_id)}
+    command = f"sdar ui --tracking-uri {tracking_uri} --job {job_id}" + (f" --port {port}" if port != 5000 else "")
+    return {"job_id": job_id, "ui_command": command,
+            "view_url": view_url(f"http://127.0.0.1:{port}", experiment_id, job_id)}
 
 
 def view_url(base_url: str, experiment_id: str, job_id: str) -> str:
