@@ -487,4 +487,3 @@ class StudyRunner:
                 return
             time.sleep(2 + 3 * attempt)
         self.console.print(f"[yellow]could not commit {files}: {add.stderr.strip()}[/yellow]")
-
