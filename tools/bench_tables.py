@@ -125,7 +125,7 @@ BENCHES: dict[str, Bench] = {
                       "--quiet", ("src/sdar", "envs/src", "components", "pipelines"),
                       "algorithms.md#the-four-arm-composer-matrix-measured", long=True),
     "vs-trl": Bench("TRL's GRPOTrainer and sdar's grpo on the same work, SmolLM2",
-                    "python benchmarks/bench_vs_trl.py --steps 0 --tasks-per-step 1 --group-size 4 --eval-tasks 8",
+                    "python benchmarks/bench_vs_trl.py --steps 3 --tasks-per-step 1 --group-size 4 --eval-tasks 24",
                     ("benchmarks/bench_vs_trl.py", "src/sdar/integrations", *STEP_CODE[2:],
                      "configs/household-smollm2.yaml"), "#trls-grpotrainer-and-sdar-on-the-same-work", long=True),
 }
