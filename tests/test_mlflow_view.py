@@ -160,3 +160,13 @@ def test_a_local_runs_view_names_the_command_that_serves_its_own_store(tmp_path)
     assert view["view_url"].startswith(f"http://127.0.0.1:5000/#/experiments/{exp}/runs?workflowType=")
     # a store outside the root (MLFLOW_TRACKING_URI set to another sqlite file): the command names that store
     assert _view(uri, parent, tmp_path / "elsewhere")["ui_command"] == f"sdar ui --tracking-uri {uri} --job job-9"
+
+
+def test_the_words_before_a_view_url_say_how_to_serve_it():
+    from sdar.tracking.view import how_to_open
+
+    local = {"ui_command": "sdar ui --root /r --job j", "view_url": "http://127.0.0.1:5000/#/x"}
+    assert how_to_open(local) == "`sdar ui --root /r --job j` starts the MLflow UI on this store, then open"
+    assert how_to_open(local, "the study's store").endswith("on the study's store, then open")
+    # a tracking server serves its own UI: nothing to start
+    assert how_to_open({"ui_command": "", "view_url": "http://mlflow:5000/#/x"}) == "open the tracking server's own UI at"

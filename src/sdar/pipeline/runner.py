@@ -32,7 +32,7 @@ from sdar.runlog import UNBUFFERED, TaskLog
 from sdar.tags import PIPELINE_JOB_TAG
 from sdar.tracking import Tracker, find_runs, mlflow_client, resolve_tracking_uri
 from sdar.tracking.comparison import log_to_run
-from sdar.tracking.view import published_view
+from sdar.tracking.view import how_to_open, published_view
 
 ENTRY_POINT_GROUP = "sdar.pipelines"
 # a checkout's root (src/sdar/pipeline/runner.py -> the repository): where run_local also looks for a
@@ -399,8 +399,6 @@ def _print_summary(console, result: dict[str, Any], uri: str) -> None:
                       "tasks that finished", soft_wrap=True, highlight=False)
     else:
         console.print(f"[green]pipeline finished[/green] in {result['seconds']:.0f} s")
-    serve = (f"`{result['ui_command']}` starts the MLflow UI on this store, then open" if result["ui_command"]
-             else "open the tracking server's own UI at")
     console.print(f"MLflow: parent run {result['parent_run_id']} with {len(result['child_runs'])} run(s) in "
-                  f"experiment {result['experiment']!r}. The arms side by side: {serve}", soft_wrap=True)
+                  f"experiment {result['experiment']!r}. The arms side by side: {how_to_open(result)}", soft_wrap=True)
     console.print(f"  {result['view_url']}", soft_wrap=True, markup=False, highlight=False)

@@ -66,8 +66,9 @@ def _print_view(runner, console) -> None:
         return
     if view is None:
         return
-    serve = (f"`{view['ui_command']}` starts the MLflow UI on the study's store, then open" if view["ui_command"]
-             else "open the tracking server's own UI at")
+    from sdar.tracking.view import how_to_open
+
+    serve = how_to_open(view, "the study's store")
     console.print(f"MLflow: the study's runs side by side (experiment 'study-{runner.spec.name}'): {serve}",
                   soft_wrap=True, markup=False, highlight=False)
     console.print(f"  {view['view_url']}", soft_wrap=True, markup=False, highlight=False)

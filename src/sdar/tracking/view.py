@@ -137,6 +137,13 @@ def published_view(tracking_uri: str, experiment_id: str, job_id: str, port: int
             "view_url": view_url(f"http://127.0.0.1:{port}", experiment_id, job_id)}
 
 
+def how_to_open(view: dict[str, str], store: str = "this store") -> str:
+    """The words before a printed view URL: start `sdar ui` on `store` first, or (a tracking server) open its UI."""
+    if view["ui_command"]:
+        return f"`{view['ui_command']}` starts the MLflow UI on {store}, then open"
+    return "open the tracking server's own UI at"
+
+
 def view_url(base_url: str, experiment_id: str, job_id: str) -> str:
     """The URL of the job's view on the MLflow UI at `base_url` (e.g. http://127.0.0.1:5000)."""
     return (f"{base_url.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
