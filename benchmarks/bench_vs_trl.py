@@ -4,7 +4,8 @@ at a time in one process (a drifting machine slows both alike). Per side: second
 (tokens a loss term reads: TRL's completion tokens less tool results; sdar's response tokens less, with
 rollout.mask_forced_tokens, the ones constrained decoding forced) and trained tokens per second, the training
 episodes' success, then held-out success of the warm start and of each side after the same steps, on the same tasks
-with the same sampling seed (paired draw for draw), under constrained decoding and sampled freely.
+with the same sampling seed (paired draw for draw), under constrained decoding and sampled freely; and of sdar at
+TRL's wall-clock: sdar's further steps (on its own next tasks) while its total seconds stay within TRL's.
 
 TRL trains through sdar's adapter (`sdar.integrations.trl`: our prompts token for token, `<action>X</action>` replies
 as `act` calls, in-process envs built from the config's env kwargs), on a copy of the very policy sdar trains (the warm
@@ -14,6 +15,7 @@ says so. Every setting that maps across is printed beside its counterpart; the o
 The first step of each side warms up and is not in the medians. Run:
   .venv/bin/python benchmarks/bench_vs_trl.py [--config configs/household-smollm2.yaml] [--steps 3]
       [--tasks-per-step 2] [--group-size 4] [--eval-tasks 24] [--set KEY=VALUE] [--json OUT] [--smoke]
+      [--no-equal-time] [--equal-time-max-steps 8]
 """
 
 from __future__ import annotations
@@ -126,9 +128,13 @@ def settings_rows(cfg, config, max_completion: int) -> list[tuple[str, str, str]
     ]
 
 
-def held_out_rows(cfg, policies: dict, console) -> dict:
-    from sdar.train.warm_pretrained import held_out
+def held_out(cfg, policy, console, label: str) -> dict:
+    from sdar.train.warm_pretrained import held_out as evaluate
 
+    return evaluate(cfg, policy, console, label=label)
+
+
+def held_out_rows(cfg, policies: dict, console) -> dict:
     return {name: held_out(cfg, policy, console, label=name) for name, policy in policies.items()}
 
 
@@ -218,14 +224,41 @@ def run(args) -> dict:
             factory.close()
         if len(rows["sdar"]) != steps:
             raise SystemExit(f"TRL ran {len(rows['trl'])} of {steps} steps; sdar {len(rows['sdar'])}")
-        evals = {}
+        evals, extra = {}, []
         if cfg.warmstart.eval_tasks:
             torch.manual_seed(cfg.seed)
             evals = held_out_rows(cfg, {"warm start": load_warm_policy(cfg), "sdar": ours.policy, "trl": theirs},
                                   console)
+            if args.equal_time:  # sdar goes on, on its own tasks, while its clock stays within TRL's
+                extra = equal_time_steps(ours, rows, steps, cap=args.equal_time_max_steps, console=console)
+                if extra:
+                    evals[EQUAL_TIME] = held_out(cfg, ours.policy, console, label=EQUAL_TIME)
         return {"config": args.config, "steps": args.steps, "settings": settings_rows(cfg, config, max_completion),
                 "rows": rows, "evals": evals, "tasks_per_step": cfg.tasks_per_step, "group_size": cfg.group_size,
-                "model": cfg.model.name_or_path, "dtype": cfg.model.dtype, "eval_tasks": cfg.warmstart.eval_tasks}
+                "model": cfg.model.name_or_path, "dtype": cfg.model.dtype, "eval_tasks": cfg.warmstart.eval_tasks,
+                "equal_time": extra}
+
+
+EQUAL_TIME = "sdar at TRL's time"
+
+
+def equal_time_steps(ours, rows: dict, done: int, cap: int, console, clock=time.perf_counter) -> list[dict]:
+    """sdar's steps after the `done` interleaved ones while its wall-clock stays within TRL's: another step is taken
+    only when the last step's seconds still fit in what is left of TRL's (so sdar ends within one step's variation of
+    TRL's clock, not a step beyond it), at most `cap` of them; each {step, step_s, success}."""
+    budget = sum(r["step_s"] for r in rows["trl"])
+    spent = sum(r["step_s"] for r in rows["sdar"])
+    last = rows["sdar"][-1]["step_s"]
+    extra: list[dict] = []
+    while len(extra) < cap and spent + last <= budget:
+        t0 = clock()
+        res = ours.train_step(done + len(extra))
+        last = clock() - t0
+        spent += last
+        extra.append({"step": done + len(extra), "step_s": last, "success": res.metrics["success"]})
+        console.print(f"sdar step {done + len(extra)} within TRL's time: {last:.1f} s ({spent:.0f} of {budget:.0f} s)",
+                      highlight=False)
+    return extra
 
 
 def med(rows: list[dict], key: str, timed: slice) -> float:
@@ -256,16 +289,26 @@ def report(out: dict) -> str:
         lines.append(f"| {side} | {s:.2f} | {tok:,.0f} | {tok / s:,.1f} | {med(rows, 'turns', timed):,.0f} | {succ:.3f} |")
     lines.append(f"\nsdar / TRL seconds per step: **{per['sdar'] / per['trl']:.2f}x**; wall-clock of the {total} steps: "
                  f"sdar {sum(r['step_s'] for r in out['rows']['sdar']):.1f} s, TRL {sum(r['step_s'] for r in out['rows']['trl']):.1f} s")
+    extra = out.get("equal_time") or []
+    if extra:
+        lines.append(f"\nWithin TRL's wall-clock of {sum(r['step_s'] for r in out['rows']['trl']):.1f} s sdar took "
+                     f"{len(extra)} more step(s) ({total + len(extra)} in all, "
+                     f"{sum(r['step_s'] for r in out['rows']['sdar']) + sum(r['step_s'] for r in extra):.1f} s): "
+                     f"the row '{EQUAL_TIME}' below")
     if out["evals"]:
-        lines += ["", (f"Held-out success on {out['eval_tasks']} tasks after {total} steps (the same tasks and sampling "
-                       "seed for every policy), [95% Wilson interval]:"), "",
+        lines += ["", (f"Held-out success on {out['eval_tasks']} tasks after {total} steps"
+                       + (f" ({EQUAL_TIME}: {total + len(extra)})" if extra else "")
+                       + " (the same tasks and sampling seed for every policy), [95% Wilson interval]:"), "",
                   "| policy | constrained | sampled freely | well-formed (free) |", "|---|---:|---:|---:|"]
         for name, ev in out["evals"].items():
             c, f = ev["constrained"], ev["free"]
             lines.append(f"| {name} | {c['success']:.3f} [{c['ci95'][0]:.2f}, {c['ci95'][1]:.2f}] | {f['success']:.3f} "
                          f"[{f['ci95'][0]:.2f}, {f['ci95'][1]:.2f}] | {f['well_formed_rate']:.3f} |")
         lines += ["", "| paired difference (same tasks, same draws) | constrained | sampled freely |", "|---|---:|---:|"]
-        for a, b in (("sdar", "trl"), ("sdar", "warm start"), ("trl", "warm start")):
+        pairs = [("sdar", "trl"), ("sdar", "warm start"), ("trl", "warm start")]
+        if EQUAL_TIME in out["evals"]:
+            pairs.insert(1, (EQUAL_TIME, "trl"))
+        for a, b in pairs:
             cells = []
             for mode in ("constrained", "free"):
                 d, lo, hi = paired_difference(np.array([out["evals"][a][mode]["won"]], float),
@@ -290,6 +333,10 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config overrides, repeatable")
     p.add_argument("--smoke", action="store_true", help="the tests' miniature: tiny model, 1 task x 2, 3 turns")
     p.add_argument("--json", help="write the figures here")
+    p.add_argument("--no-equal-time", dest="equal_time", action="store_false",
+                   help="skip sdar's further steps within TRL's wall-clock and their evaluation")
+    p.add_argument("--equal-time-max-steps", type=int, default=8,
+                   help="at most this many further sdar steps within TRL's wall-clock (default 8)")
     args = p.parse_args()
     if args.smoke and args.config == "configs/household-smollm2.yaml":
         args.config = "configs/household-tiny.yaml"

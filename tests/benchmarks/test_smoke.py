@@ -229,13 +229,56 @@ def test_bench_vs_trl(tmp_path):
         s, tokens, rate = number(cells[0]), number(cells[1]), number(cells[2])
         assert s > 0 and tokens > 0 and abs(rate - tokens / s) <= 0.05 * rate + 0.1
     assert re.search(r"sdar / TRL seconds per step: \*\*[\d.]+x\*\*", out)
+    # sdar's further steps within TRL's wall-clock (none when sdar's steps were not the faster), then evaluated
+    equal = ["sdar at TRL's time"] if data["equal_time"] else []
+    trl_s = sum(r["step_s"] for r in trl)
+    if equal:
+        assert [r["step"] for r in data["equal_time"]] == list(range(2, 2 + len(data["equal_time"])))
+        assert sum(r["step_s"] for r in sdar) + sdar[-1]["step_s"] <= trl_s  # the first further step fit
+        assert f"Within TRL's wall-clock of {trl_s:.1f} s sdar took {len(data['equal_time'])} more step(s)" in out
     policies = {r[0]: r[1:] for r in table_rows(out) if len(r) == 4}
-    assert set(policies) == {"warm start", "sdar", "trl"}
-    assert set(data["evals"]) == {"warm start", "sdar", "trl"}
+    assert set(policies) == {"warm start", "sdar", "trl", *equal}
+    assert set(data["evals"]) == {"warm start", "sdar", "trl", *equal}
     for ev in data["evals"].values():
         assert len(ev["constrained"]["won"]) == len(ev["free"]["won"]) == 2
-    diffs = {r[0]: r[1:] for r in table_rows(out) if r[0] in ("sdar - trl", "sdar - warm start", "trl - warm start")}
-    assert len(diffs) == 3
+    pairs = ("sdar - trl", "sdar - warm start", "trl - warm start", *(f"{e} - trl" for e in equal))
+    diffs = {r[0]: r[1:] for r in table_rows(out) if r[0] in pairs}
+    assert len(diffs) == 3 + len(equal)
+
+
+def test_vs_trl_takes_sdar_steps_only_while_they_fit_in_trls_time():
+    """bench_vs_trl's equal wall-clock: a further sdar step only when the last one's seconds fit in what is left of
+    TRL's clock, at most `cap` of them (a fake trainer on a fake clock: the budget's arithmetic, not a model)."""
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        from bench_vs_trl import equal_time_steps
+    finally:
+        sys.path.pop(0)
+    now = [0.0]
+
+    class Trainer:
+        def __init__(self, seconds):
+            self.seconds, self.steps = seconds, []
+
+        def train_step(self, step):
+            self.steps.append(step)
+            now[0] += self.seconds[len(self.steps) - 1]
+            return SimpleNamespace(metrics={"success": 0.25})
+
+    rows = {"trl": [{"step_s": 10.0}, {"step_s": 10.0}], "sdar": [{"step_s": 4.0}, {"step_s": 4.0}]}
+    quiet = SimpleNamespace(print=lambda *a, **k: None)
+    ours = Trainer([4.0, 4.0, 4.0, 4.0])  # 8 s spent of TRL's 20: three more 4 s steps fit exactly
+    extra = equal_time_steps(ours, rows, 2, cap=8, console=quiet, clock=lambda: now[0])
+    assert ours.steps == [2, 3, 4] and [r["step_s"] for r in extra] == [4.0, 4.0, 4.0]
+    assert [r["step"] for r in extra] == [2, 3, 4] and extra[0]["success"] == 0.25
+    ours = Trainer([5.0, 5.0, 5.0])  # a slower step: 13, 18, and a third (18 + 5 > 20) is not taken
+    assert len(equal_time_steps(ours, rows, 2, cap=8, console=quiet, clock=lambda: now[0])) == 2
+    ours = Trainer([4.0] * 3)
+    assert len(equal_time_steps(ours, rows, 2, cap=1, console=quiet, clock=lambda: now[0])) == 1  # the cap
+    slow = {"trl": rows["trl"], "sdar": [{"step_s": 11.0}, {"step_s": 11.0}]}  # sdar the slower: nothing more
+    assert equal_time_steps(Trainer([1.0]), slow, 2, cap=8, console=quiet, clock=lambda: now[0]) == []
 
 
 def test_bench_layouts_smollm2(tmp_path):

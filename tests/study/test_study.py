@@ -411,3 +411,41 @@ def test_every_study_spec_parses_and_builds_each_cells_config(path, tmp_path):
         assert (cfg.arm, cfg.seed) == (cell.arm, cell.seed)
         for key, value in spec.overrides_for(cell.family).get("arm_overrides", {}).items():
             assert getattr(cfg.resolved_arm(), key) == value
+
+
+def test_a_study_of_several_families_names_each_run_with_its_family(tmp_path):
+    """evidence.yaml's shape (household, shop, search-QA): every family has a `grpo-seed0`, so the view names each
+    run with its family. The records are written by hand (the view reads only their evaluations and run ids); the
+    runs are real MLflow runs in a real sqlite store."""
+    from sdar.tracking import prepare_sqlite_store
+    from sdar.tracking.store import mlflow_client
+    from sdar.tracking.view import view_runs
+
+    spec = parse_spec({**SPEC, "configs": {"household": "configs/household-tiny.yaml", "shop": "configs/shop-tiny.yaml"},
+                       "matrices": [{"families": ["household", "shop"], "arms": ["grpo"], "seeds": [0]}]})
+    runner = StudyRunner(spec, tmp_path / "results", tmp_path / "work")
+    uri = prepare_sqlite_store(tmp_path / "mlflow.db")
+    client = mlflow_client(uri)
+    exp = client.create_experiment("study-t")
+    parent = client.create_run(exp, run_name="study-t").info.run_id
+    runner.work.mkdir(parents=True)
+    (runner.work / "parent_run.json").write_text(json.dumps({"tracking_uri": uri, "run_id": parent}))
+    tasks = {"household": {"a": 1, "b": 0, "c": 1}, "shop": {"x": 0, "y": 0, "z": 1}}
+    for cell in spec.cells():
+        run = client.create_run(exp, run_name=f"{cell.arm}-seed{cell.seed}", tags={
+            "mlflow.parentRunId": parent, "arm": cell.arm, "family": cell.family})
+        client.set_terminated(run.info.run_id, "FINISHED")
+        ev = {"success": sum(tasks[cell.family].values()) / 3, "tasks": tasks[cell.family]}
+        for path, rec in ((runner.warmstart_path(cell.family, cell.seed), {"student": {**ev, "success": 1 / 3}}),
+                          (runner.result_path(cell), {"evals": {"1": ev, "2": ev}, "run_id": run.info.run_id,
+                                                      "history": []})):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(rec))
+    view = runner.view()
+    shown = {r.info.run_name: r for r in view_runs(uri, exp, view["job_id"])}
+    assert sorted(shown) == ["grpo-household-seed0", "grpo-shop-seed0", "warm-start-household-seed0",
+                             "warm-start-shop-seed0"]
+    assert shown["grpo-household-seed0"].data.metrics["held-out success"] == pytest.approx(2 / 3)
+    assert shown["grpo-shop-seed0"].data.metrics["held-out success"] == pytest.approx(1 / 3)
+    assert runner.view() == view  # a second call renames nothing twice
+    assert sorted(r.info.run_name for r in view_runs(uri, exp, view["job_id"])) == sorted(shown)

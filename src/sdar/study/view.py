@@ -1,7 +1,8 @@
 """A study's runs side by side in MLflow, the way `sdar run --local` shows a comparison: the study's runs carry its job
 id (`study-<name>`, PIPELINE_JOB_TAG), each finished run gets the view's metrics (sdar.eval.compare.view_rows) and
 each evaluated warm start a run of its own, and the view is saved on the experiment (sdar.tracking.view), so that
-`sdar ui --tracking-uri <store> --job study-<name>` (printed by `sdar study run` and `sdar study status`) opens it."""
+`sdar ui --tracking-uri <store> --job study-<name>` (printed by `sdar study run` and `sdar study status`) opens it.
+In a study of several families each run's name says its family (`grpo-shop-seed0`, `warm-start-shop-seed0`)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,11 @@ def study_view(runner, port: int = 5000) -> dict[str, str] | None:
     for run in (parent, *children):
         if run.data.tags.get(PIPELINE_JOB_TAG) != runner.job_id:
             client.set_tag(run.info.run_id, PIPELINE_JOB_TAG, runner.job_id)
+    if len({c.family for c in runner.spec.cells()}) > 1:  # `grpo-seed0` of each family: one name per run in the view
+        for run in children:
+            arm, family, name = run.data.tags.get("arm"), run.data.tags.get("family"), run.info.run_name or ""
+            if arm and family and arm != WARM_START and name.startswith(f"{arm}-seed"):
+                client.update_run(run.info.run_id, name=f"{arm}-{family}-{name[len(arm) + 1:]}")
     _log_view_metrics(runner, client, uri, parent_id, exp, children)
     return published_view(uri, exp, runner.job_id, port)
 
