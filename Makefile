@@ -102,7 +102,7 @@ test-postgres: $(STAMP)
 	$(PY) -m pytest tests/pipeline/test_shared_stores.py $(PYTEST_ARGS)
 
 demo: $(STAMP)
-	$(VENV)/bin/sdar demo --mode $(DEMO)
+	$(VENV)/bin/sdar demo --mode $(DEMO)$(if $(PARALLEL), --parallel $(PARALLEL))
 
 # the benchmark tables of docs/ (tools/bench_tables.py): reruns those this machine can and writes them, stamped with
 # commit, machine and command; ONLY=id,... picks them (the long ones too), AT=<rev> measures a clean export of <rev>.

@@ -10,6 +10,7 @@ import argparse
 from dataclasses import dataclass
 
 from sdar.console import make_console
+from sdar.pipeline.settings import arms_at_once
 
 
 @dataclass
@@ -109,9 +110,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     arms = args.arms.split(",")
     if args.mode == "quick":
-        res = run_comparison(arms=arms, quick=True)
+        res = run_comparison(arms=arms, quick=True, parallelism=args.parallel)
     else:
-        res = run_comparison(arms=arms, **(SMOLLM2_SIZES if args.mode == "smollm2" else DEMO_SIZES))
+        res = run_comparison(arms=arms, parallelism=args.parallel,
+                             **(SMOLLM2_SIZES if args.mode == "smollm2" else DEMO_SIZES))
     return 0 if res.get("status") == "SUCCEEDED" else 1
 
 
@@ -152,6 +154,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="quick = a smaller smoke run; smollm2 = the comparison on SmolLM2-135M-Instruct, a real "
                         "pretrained model, warm-started (about 30 min on 2 cores once its warm start is cached)")
     p.add_argument("--arms", default="grpo,grpo_opsd,sdar", help="comma-separated arms")
+    p.add_argument("--parallel", type=arms_at_once, default=None, metavar="N",
+                   help="arms trained at once (default 2; 1 = one at a time: one training process's memory "
+                        "instead of two, slower; the SmolLM2 demo peaked at 22 GiB with two of its arms at once)")
     p.add_argument("--selfcheck", action="store_true",
                    help="only the algorithm self-check (a toy token policy per arm, seconds, no pipeline)")
     p.set_defaults(func=_cmd_demo)

@@ -15,7 +15,7 @@ from sdar.config import SET_HELP, parse_set
 from sdar.pipeline import runner  # runner.submit read at call time (tests stand in for a KFP host)
 from sdar.pipeline.jobs import JobError
 from sdar.pipeline.runner import PipelineNotFound, compile_pipeline, run_local
-from sdar.pipeline.settings import DEFAULT_CONFIG, DEFAULT_EXPERIMENT, ClusterSettings, RunSettings
+from sdar.pipeline.settings import DEFAULT_CONFIG, DEFAULT_EXPERIMENT, ClusterSettings, RunSettings, arms_at_once
 from sdar.tracking import mlflow_client
 from sdar.tracking.view import publish_view, view_url
 
@@ -276,7 +276,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="N-teacher pool for the replay arms (default: the config's replay section, the local pool)")
     r.add_argument("--replay-episodes", type=int, default=None, help="episodes each round's rollout plays for replay")
     r.add_argument("--replay-rounds", type=int, default=None, help="rollout -> teacher replay -> training rounds (default 1)")
-    r.add_argument("--parallel", type=int, default=None, metavar="N",
+    r.add_argument("--parallel", type=arms_at_once, default=None, metavar="N",
                    help="arms trained at once (default 2, the most the KFP local runner allows; 1 = one at a time)")
     r.add_argument("--quiet", action="store_true",
                    help="no live table: a line per task start and end (task logs are always in <root>/logs/<stamp>/)")

@@ -143,3 +143,18 @@ class RunSettings:
 # arms trained at once by the local runner (which caps it at 2). On 2 cores, 2 at once vs 1 at a
 # time measured 147 s vs 157 s for the quick run: no loss from the overlap, so arms run in parallel
 LOCAL_PARALLELISM = 2
+
+
+def arms_at_once(text: str) -> int:
+    """`--parallel N` of `sdar run --local` and `sdar demo`: 1..LOCAL_PARALLELISM, else a message saying which."""
+    import argparse
+
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= LOCAL_PARALLELISM:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: the local runner trains 1 to {LOCAL_PARALLELISM} arms at once (2, the default; 1 one at a "
+            "time, with one training process's memory)")
+    return n
