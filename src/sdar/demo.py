@@ -89,8 +89,9 @@ DEMO_SIZES = {
 
 # `make demo DEMO=smollm2`: the same comparison on a real pretrained model, SmolLM2-135M-Instruct warm-started on the
 # experts' episodes (configs/household-smollm2.yaml; its warm start is built once, cached, before the arms train), at a
-# size that fits about 30 minutes on 2 cores once that warm start is cached: 4 RL steps per arm of 2 tasks x 4 rollouts
-# in bfloat16, each policy on the same 24 held-out tasks.
+# size that fits about 30 minutes on 2 cores once that warm start is cached (measured at fa943cc: 53.8 minutes from an
+# empty cache, 31.5 of them the warm start's build, README): 4 RL steps per arm of 2 tasks x 4 rollouts in bfloat16,
+# each policy on the same 24 held-out tasks.
 SMOLLM2_SIZES = {
     "config_path": "configs/household-smollm2.yaml",
     "experiment": "sdar-comparison-smollm2",
@@ -152,7 +153,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="run the main job on the embedded local default")
     p.add_argument("--mode", choices=("full", "quick", "smollm2"), default="full",
                    help="quick = a smaller smoke run; smollm2 = the comparison on SmolLM2-135M-Instruct, a real "
-                        "pretrained model, warm-started (about 30 min on 2 cores once its warm start is cached)")
+                        "pretrained model, warm-started (about 22 min on 2 cores with its warm start cached, 54 from an empty "
+                        "cache)")
     p.add_argument("--arms", default="grpo,grpo_opsd,sdar", help="comma-separated arms")
     p.add_argument("--parallel", type=arms_at_once, default=None, metavar="N",
                    help="arms trained at once (default 2; 1 = one at a time: one training process's memory "
