@@ -15,7 +15,7 @@ says so. Every setting that maps across is printed beside its counterpart; the o
 The first step of each side warms up and is not in the medians. Run:
   .venv/bin/python benchmarks/bench_vs_trl.py [--config configs/household-smollm2.yaml] [--steps 3]
       [--tasks-per-step 2] [--group-size 4] [--eval-tasks 24] [--set KEY=VALUE] [--json OUT] [--smoke]
-      [--no-equal-time] [--equal-time-max-steps 8]
+      [--no-equal-time] [--equal-time-max-steps N]
 """
 
 from __future__ import annotations
@@ -236,7 +236,7 @@ def run(args) -> dict:
         return {"config": args.config, "steps": args.steps, "settings": settings_rows(cfg, config, max_completion),
                 "rows": rows, "evals": evals, "tasks_per_step": cfg.tasks_per_step, "group_size": cfg.group_size,
                 "model": cfg.model.name_or_path, "dtype": cfg.model.dtype, "eval_tasks": cfg.warmstart.eval_tasks,
-                "equal_time": extra}
+                "equal_time": extra, "equal_time_cap": args.equal_time_max_steps}
 
 
 EQUAL_TIME = "sdar at TRL's time"
@@ -245,12 +245,12 @@ EQUAL_TIME = "sdar at TRL's time"
 def equal_time_steps(ours, rows: dict, done: int, cap: int, console, clock=time.perf_counter) -> list[dict]:
     """sdar's steps after the `done` interleaved ones while its wall-clock stays within TRL's: another step is taken
     only when the last step's seconds still fit in what is left of TRL's (so sdar ends within one step's variation of
-    TRL's clock, not a step beyond it), at most `cap` of them; each {step, step_s, success}."""
+    TRL's clock, not a step beyond it), at most `cap` of them (0: no cap); each {step, step_s, success}."""
     budget = sum(r["step_s"] for r in rows["trl"])
     spent = sum(r["step_s"] for r in rows["sdar"])
     last = rows["sdar"][-1]["step_s"]
     extra: list[dict] = []
-    while len(extra) < cap and spent + last <= budget:
+    while (not cap or len(extra) < cap) and spent + last <= budget:
         t0 = clock()
         res = ours.train_step(done + len(extra))
         last = clock() - t0
@@ -291,10 +291,13 @@ def report(out: dict) -> str:
                  f"sdar {sum(r['step_s'] for r in out['rows']['sdar']):.1f} s, TRL {sum(r['step_s'] for r in out['rows']['trl']):.1f} s")
     extra = out.get("equal_time") or []
     if extra:
-        lines.append(f"\nWithin TRL's wall-clock of {sum(r['step_s'] for r in out['rows']['trl']):.1f} s sdar took "
-                     f"{len(extra)} more step(s) ({total + len(extra)} in all, "
-                     f"{sum(r['step_s'] for r in out['rows']['sdar']) + sum(r['step_s'] for r in extra):.1f} s): "
-                     f"the row '{EQUAL_TIME}' below")
+        trl_s = sum(r["step_s"] for r in out["rows"]["trl"])
+        sdar_s = sum(r["step_s"] for r in out["rows"]["sdar"]) + sum(r["step_s"] for r in extra)
+        capped = out.get("equal_time_cap") and len(extra) == out["equal_time_cap"] and sdar_s + extra[-1]["step_s"] <= trl_s
+        lines.append(f"\nWithin TRL's wall-clock of {trl_s:.1f} s sdar took {len(extra)} more step(s) "
+                     f"({total + len(extra)} in all, {sdar_s:.1f} s, {sdar_s / trl_s:.0%} of TRL's): the row "
+                     f"'{EQUAL_TIME}' below" + (f"; stopped by --equal-time-max-steps {len(extra)} before TRL's "
+                                                "clock ran out" if capped else ""))
     if out["evals"]:
         lines += ["", (f"Held-out success on {out['eval_tasks']} tasks after {total} steps"
                        + (f" ({EQUAL_TIME}: {total + len(extra)})" if extra else "")
@@ -335,8 +338,9 @@ def main() -> None:
     p.add_argument("--json", help="write the figures here")
     p.add_argument("--no-equal-time", dest="equal_time", action="store_false",
                    help="skip sdar's further steps within TRL's wall-clock and their evaluation")
-    p.add_argument("--equal-time-max-steps", type=int, default=8,
-                   help="at most this many further sdar steps within TRL's wall-clock (default 8)")
+    p.add_argument("--equal-time-max-steps", type=int, default=0,
+                   help="at most this many further sdar steps within TRL's wall-clock (default 0: no cap, TRL's "
+                        "clock alone stops them)")
     args = p.parse_args()
     if args.smoke and args.config == "configs/household-smollm2.yaml":
         args.config = "configs/household-tiny.yaml"

@@ -210,7 +210,7 @@ def test_bench_vs_trl(tmp_path):
     side's rollout played), both sides' step figures, the settings table side by side, and held-out success of the
     warm start and of each side with their paired differences."""
     out = bench("bench_vs_trl.py", "--smoke", "--steps", "1", "--eval-tasks", "2", "--json", str(tmp_path / "vs.json"),
-                timeout_s=600)
+                "--equal-time-max-steps", "3", timeout_s=600)
     data = json.loads((tmp_path / "vs.json").read_text())
     sdar, trl = data["rows"]["sdar"], data["rows"]["trl"]
     assert len(sdar) == len(trl) == 2  # a warm-up step and a timed one each
@@ -236,6 +236,7 @@ def test_bench_vs_trl(tmp_path):
         assert [r["step"] for r in data["equal_time"]] == list(range(2, 2 + len(data["equal_time"])))
         assert sum(r["step_s"] for r in sdar) + sdar[-1]["step_s"] <= trl_s  # the first further step fit
         assert f"Within TRL's wall-clock of {trl_s:.1f} s sdar took {len(data['equal_time'])} more step(s)" in out
+        assert len(data["equal_time"]) <= 3 and data["equal_time_cap"] == 3
     policies = {r[0]: r[1:] for r in table_rows(out) if len(r) == 4}
     assert set(policies) == {"warm start", "sdar", "trl", *equal}
     assert set(data["evals"]) == {"warm start", "sdar", "trl", *equal}
@@ -277,6 +278,8 @@ def test_vs_trl_takes_sdar_steps_only_while_they_fit_in_trls_time():
     assert len(equal_time_steps(ours, rows, 2, cap=8, console=quiet, clock=lambda: now[0])) == 2
     ours = Trainer([4.0] * 3)
     assert len(equal_time_steps(ours, rows, 2, cap=1, console=quiet, clock=lambda: now[0])) == 1  # the cap
+    ours = Trainer([1.0] * 20)  # no cap (0): TRL's clock alone stops them, 8 + 12 x 1 s = 20 s
+    assert len(equal_time_steps(ours, rows, 2, cap=0, console=quiet, clock=lambda: now[0])) == 12
     slow = {"trl": rows["trl"], "sdar": [{"step_s": 11.0}, {"step_s": 11.0}]}  # sdar the slower: nothing more
     assert equal_time_steps(Trainer([1.0]), slow, 2, cap=8, console=quiet, clock=lambda: now[0]) == []
 
