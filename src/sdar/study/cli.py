@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from sdar.console import make_console
+from sdar.tracking.view import how_to_open
 
 DEFAULT_RESULTS = "docs/results"
 DEFAULT_DOC = "docs/results.md"
@@ -66,8 +67,6 @@ def _print_view(runner, console) -> None:
         return
     if view is None:
         return
-    from sdar.tracking.view import how_to_open
-
     serve = how_to_open(view, "the study's store")
     console.print(f"MLflow: the study's runs side by side (experiment 'study-{runner.spec.name}'): {serve}",
                   soft_wrap=True, markup=False, highlight=False)
