@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
+import pytest
 from kfp.dsl import Artifact
 
 from tests.comparison_store import build_comparison_store, check_view
@@ -170,3 +171,44 @@ def test_the_words_before_a_view_url_say_how_to_serve_it():
     assert how_to_open(local, "the study's store").endswith("on the study's store, then open")
     # a tracking server serves its own UI: nothing to start
     assert how_to_open({"ui_command": "", "view_url": "http://mlflow:5000/#/x"}) == "open the tracking server's own UI at"
+
+
+def test_two_jobs_publishing_at_once_on_one_store_both_get_their_view(mlflow_uri, monkeypatch):
+    """The race the shared-store test met on PostgreSQL: another job inserts the experiment-kind tag between our
+    read and our insert, and our insert fails on the unique key. The tag then holds the value; publishing goes on."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from sdar.tracking import view
+
+    exp_id = MlflowClient(mlflow_uri).create_experiment("race")
+    other = MlflowClient(mlflow_uri)
+    calls = []
+
+    class Racing(MlflowClient):
+        def set_experiment_tag(self, experiment_id, key, value):
+            calls.append(key)
+            if len(calls) == 1:  # the other job wins the first insert; ours fails as PostgreSQL's would
+                other.set_experiment_tag(experiment_id, key, value)
+                raise MlflowException("duplicate key value violates unique constraint \"experiment_tag_pk\"")
+            return super().set_experiment_tag(experiment_id, key, value)
+
+    monkeypatch.setattr(view, "mlflow_client", lambda uri: Racing(uri))
+    key = view.publish_view(mlflow_uri, exp_id, "job-race")
+    tags = MlflowClient(mlflow_uri).get_experiment(exp_id).tags
+    assert tags[view.EXPERIMENT_KIND_TAG] == view.TRAINING_KIND
+    assert json.loads(tags[view.VIEW_TAG_PREFIX + key]) == view.view_state("job-race")
+    assert calls == [view.EXPERIMENT_KIND_TAG, view.VIEW_TAG_PREFIX + key]  # no second insert of a tag already set
+    # a second publish of the same job writes nothing: every tag already holds its value
+    calls.clear()
+    view.publish_view(mlflow_uri, exp_id, "job-race")
+    assert calls == []
+
+    # an insert that keeps failing while the tag differs is an error, not a silent view without its tag
+    class Failing(MlflowClient):
+        def set_experiment_tag(self, experiment_id, key, value):
+            raise MlflowException("the store is read-only")
+
+    monkeypatch.setattr(view, "mlflow_client", lambda uri: Failing(uri))
+    with pytest.raises(MlflowException, match="read-only"):
+        view.publish_view(mlflow_uri, exp_id, "job-other")

@@ -17,6 +17,7 @@ from sdar.pipeline.jobs import JobError
 from sdar.pipeline.runner import PipelineNotFound, compile_pipeline, run_local
 from sdar.pipeline.settings import DEFAULT_CONFIG, DEFAULT_EXPERIMENT, ClusterSettings, RunSettings, arms_at_once
 from sdar.tracking import mlflow_client
+from sdar.tracking.store import get_or_create_experiment
 from sdar.tracking.view import publish_view, view_url
 
 
@@ -217,8 +218,7 @@ def _print_view(job: str, mlflow_url: str | None, experiment: str | None) -> Non
     name = experiment or DEFAULT_EXPERIMENT
     client = mlflow_client(url)
     try:
-        exp = client.get_experiment_by_name(name)
-        exp_id = exp.experiment_id if exp is not None else client.create_experiment(name)
+        exp_id = get_or_create_experiment(client, name, None)
         publish_view(url, exp_id, job)
     except Exception as exc:  # noqa: BLE001 - the run is submitted; only the URL is missing
         print(f"could not save the comparison's view on {url} ({type(exc).__name__}: {str(exc)[:200]}); once the "

@@ -120,9 +120,27 @@ def publish_view(tracking_uri: str, experiment_id: str, job_id: str) -> str:
     """Make the experiment a model-training one and save the job's view on it (idempotent); returns its key."""
     client = mlflow_client(tracking_uri)
     key = view_key(job_id)
-    client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
-    client.set_experiment_tag(experiment_id, VIEW_TAG_PREFIX + key, json.dumps(view_state(job_id)))
+    set_experiment_tag_once(client, experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
+    set_experiment_tag_once(client, experiment_id, VIEW_TAG_PREFIX + key, json.dumps(view_state(job_id)))
     return key
+
+
+def set_experiment_tag_once(client, experiment_id: str, key: str, value: str, attempts: int = 3) -> None:
+    """Set an experiment tag unless it already holds `value`, safe against another process setting it at the same
+    moment: MLflow's SQL store inserts a new tag after a read, so two jobs that publish at once on one PostgreSQL
+    store can both read "absent" and one insert fails with a unique-key violation. That failure is retried after
+    reading the tag again; it is an error only if the tag still differs after `attempts` tries."""
+    from mlflow.exceptions import MlflowException
+
+    for attempt in range(attempts):
+        if client.get_experiment(experiment_id).tags.get(key) == value:
+            return
+        try:
+            client.set_experiment_tag(experiment_id, key, value)
+            return
+        except MlflowException:
+            if attempt == attempts - 1:
+                raise
 
 
 def published_view(tracking_uri: str, experiment_id: str, job_id: str, port: int = 5000) -> dict[str, str]:
