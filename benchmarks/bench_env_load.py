@@ -183,15 +183,16 @@ def print_table(results: list[FamilyResult]) -> None:
         for r in results
     ]  # fmt: skip
     try:
-        from rich.console import Console
         from rich.table import Table
+
+        from sdar.console import make_console
 
         table = Table(title="environment server load")
         for c in cols:
             table.add_column(c, justify="left" if c == "family" else "right")
         for row in rows:
             table.add_row(*map(str, row))
-        Console(width=max(132, Console().width)).print(table)
+        make_console(min_width=132).print(table)
     except ImportError:
         print(" | ".join(cols))
         for row in rows:

@@ -79,10 +79,11 @@ def main() -> None:
         "mask": (torch.rand(B, T, generator=g) < 0.8).float(),
         "tokens": torch.randint(0, V, (B, T), generator=g),
     }
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from sdar.console import make_console
+
+    console = make_console()
     console.print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, B={B} T={T} V={V}")
     rows = {}
     for name in args.arms.split(","):

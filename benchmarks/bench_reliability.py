@@ -1064,9 +1064,9 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError:
             ap.error("the fuzz section needs hypothesis: pip install 'hypothesis>=6.100,<7' (or --only without fuzz)")
 
-    from rich.console import Console
+    from sdar.console import make_console
 
-    console = Console(width=max(120, Console().width))
+    console = make_console(min_width=120)
     work = Path(tempfile.mkdtemp(prefix="sdar-reliability-"))
     timeout_s = 900.0  # per training run
 

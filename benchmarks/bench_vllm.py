@@ -89,16 +89,16 @@ def main() -> None:
         args.prompts, args.max_new_tokens = min(args.prompts, 2), min(args.max_new_tokens, 4)
         args.dtype = args.dtype if device == "cuda" else "float32"
     args.model = args.model or ("random:qwen2.5-0.5b" if args.dry else "smollm2")
-    from rich.console import Console
     from rich.table import Table
 
     from sdar.agent.backends import TransformersBackend, VLLMBackend
     from sdar.agent.constrained import action_trie
+    from sdar.console import make_console
     from sdar.models import ModelSpec, load_policy
     from sdar.models.scoring import response_logprobs
     from sdar.teacher.vllm_scoring import vllm_response_logprobs
 
-    console = Console()
+    console = make_console()
     if args.model.startswith("random:"):  # a published shape with random weights, one layer (benchmarks/_shared.py)
         from types import SimpleNamespace
 

@@ -31,19 +31,20 @@ def main() -> None:
     args = ap.parse_args()
     import torch
     import yaml
-    from rich.console import Console
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from sdar.agent.prompts import PromptBuilder
     from sdar.config import load_config
+    from sdar.console import make_console
     from sdar.models.scoring import prefix_trie_positions
     from sdar.train.warmstart import ensure_warm_start, expert_turns, sft, sft_batches, sft_examples, warmstart_config
 
-    console = Console()
+    console = make_console()  # the figures: stdout, the table `make bench` writes
     overrides = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.set)}
     cfg = warmstart_config(load_config(args.config, overrides))
     ws = cfg.warmstart
-    path = ensure_warm_start(cfg, console)  # the cached model's tokenizer is the one its SFT ran with
+    # the cached model's tokenizer is the one its SFT ran with; a build's progress goes to stderr, not the table
+    path = ensure_warm_start(cfg, make_console(stderr=True))
     if path is None:
         raise SystemExit(f"{args.config} does not use the tiny model (model.name_or_path: {cfg.model.name_or_path!r}): "
                          "it has no warm start to measure")

@@ -13,11 +13,15 @@ from typing import Any
 PLAIN_WIDTH = 4096
 
 
-def make_console(*, stderr: bool = False, **kwargs: Any):
-    """A `rich.console.Console` (stderr, file, ... as rich takes them) that does not wrap plain output (see the module)."""
+def make_console(*, stderr: bool = False, min_width: int = 0, **kwargs: Any):
+    """A `rich.console.Console` (stderr, file, ... as rich takes them) that does not wrap plain output (see the module).
+    min_width: a terminal narrower than this still gets it (a wide table then runs past the terminal's edge rather
+    than being cut; the benchmarks' tables and `sdar size` ask for it)."""
     from rich.console import Console
 
     console = Console(stderr=stderr, **kwargs)
     if not console.is_terminal and "width" not in kwargs and not os.environ.get("COLUMNS"):
         console = Console(stderr=stderr, width=PLAIN_WIDTH, **kwargs)
+    elif "width" not in kwargs and console.width < min_width:
+        console = Console(stderr=stderr, width=min_width, **kwargs)
     return console

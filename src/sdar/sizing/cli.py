@@ -8,6 +8,7 @@ import json
 import sys
 from typing import Any
 
+from sdar.console import make_console
 from sdar.sizing.fit import Sizing, size_run
 from sdar.sizing.prices import INSTANCE_BY_NAME
 from sdar.sizing.render import render
@@ -57,9 +58,7 @@ def _cmd_size(args: argparse.Namespace) -> int:
             data["config"] = config_info
         print(json.dumps(data, indent=2))
     else:
-        from rich.console import Console
-
-        console = Console(width=args.width or max(120, Console().width))
+        console = make_console(width=args.width) if args.width else make_console(min_width=120)
         if config_info is not None:
             _render_config(config_info, console)
         render(sizing, console)
