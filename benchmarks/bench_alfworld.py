@@ -90,14 +90,14 @@ def main(argv: list[str] | None = None) -> int:
     done = [0]
 
     def progress(e: GoldEpisode) -> None:
+        """A line per game on stderr (progress); a lost game's line on stdout too, where the summary is."""
         done[0] += 1
         status = "won " if e.won else "LOST"
-        print(
-            f"[{done[0]:4d}] {status} steps={e.steps:2d} reset={e.reset_s:5.2f}s plan={e.plan_s:6.2f}s "
-            f"episode={e.episode_s:6.2f}s [{e.planner}] {e.task_id}"
-            + (f"  error: {e.error}" if e.error else ""),
-            flush=True,
-        )
+        line = (f"[{done[0]:4d}] {status} steps={e.steps:2d} reset={e.reset_s:5.2f}s plan={e.plan_s:6.2f}s "
+                f"episode={e.episode_s:6.2f}s [{e.planner}] {e.task_id}" + (f"  error: {e.error}" if e.error else ""))
+        print(line, file=sys.stderr, flush=True)
+        if not e.won:
+            print(line, flush=True)
 
     episodes, wall_s = gold_path_eval(
         args.data_dir,
@@ -110,7 +110,6 @@ def main(argv: list[str] | None = None) -> int:
         job_timeout=args.job_timeout,
     )
     summary = summarize(episodes, wall_s, args.workers)
-    print()
     print(
         f"ALFWorld gold-path evaluation, split={args.split}, workers={args.workers}, planner={args.planner}"
     )

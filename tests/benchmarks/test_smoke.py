@@ -136,6 +136,9 @@ def test_bench_alfworld():
         assert out.startswith("skipped: no ALFWorld games"), out
         return
     assert re.search(r"win rate\s+\d/1 = [\d.]+", out) and re.search(r"wall\s+[\d.]+ s \([\d.]+ games/min\)", out)
+    # a game's line is progress (stderr) unless the game was lost: stdout is the stamped table in docs/
+    assert "[   1] won " not in out
+    assert ("[   1] LOST" in out) == bool(re.search(r"win rate\s+0/1", out))
 
 
 def test_bench_vllm(tmp_path):
