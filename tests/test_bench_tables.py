@@ -141,3 +141,14 @@ def test_docs_have_no_unmarked_stale_table():
     assert [s.id for s in stamps if bt.git_changes(s.commit, ()) is None] == [], "stamped with a commit git does not know"
     problems = bt.check()
     assert not problems, "\n".join(problems) + "\nrun `python tools/bench_tables.py mark`"
+
+
+def test_every_tables_command_runs_with_this_interpreter_and_no_path():
+    """`make bench` runs .venv's python without an activated environment: a `sdar` command must not need PATH (the
+    composer table's `sdar run` failed with FileNotFoundError), and a `python` one is this interpreter."""
+    bench_argv = bt.bench_argv
+    assert bench_argv("python benchmarks/bench_loss.py --x 1") == [sys.executable, "benchmarks/bench_loss.py", "--x", "1"]
+    assert bench_argv("sdar run --local --quiet") == [sys.executable, "-m", "sdar.cli", "run", "--local", "--quiet"]
+    assert bench_argv("bash benchmarks/gpu_suite.sh OUT") == ["bash", "benchmarks/gpu_suite.sh", "OUT"]
+    for bench_id, b in bt.BENCHES.items():
+        assert bench_argv(b.command)[0] in (sys.executable, "bash"), bench_id

@@ -338,6 +338,18 @@ def write_block(path: Path, stamp: Stamp, body: str) -> None:
     path.write_text("\n".join(lines))
 
 
+def bench_argv(command: str) -> list[str]:
+    """The argv that runs a table's command with this interpreter: `python x` as `<this python> x`, and `sdar ...` as
+    `<this python> -m sdar.cli ...`, so that it runs the code on PYTHONPATH (the export `--at` names), not whatever
+    `sdar` a PATH holds (none, where the virtual environment is not activated: `make bench` calls .venv's python)."""
+    argv = shlex.split(command)
+    if argv[0] == "python":
+        return [sys.executable, *argv[1:]]
+    if argv[0] == "sdar":
+        return [sys.executable, "-m", "sdar.cli", *argv[1:]]
+    return argv
+
+
 def run(ids: list[str], at: str | None, console=print) -> int:
     """Rerun `ids`, stamp and write each into its block; the number that failed."""
     failed = 0
@@ -361,8 +373,7 @@ def run(ids: list[str], at: str | None, console=print) -> int:
             dirty = not at and bool(subprocess.run(["git", "status", "--porcelain", "--", *b.code], cwd=ROOT,
                                                    capture_output=True, text=True).stdout.strip())
             stamp = Stamp(bench_id, head, machine(), b.command, dirty)
-            argv = shlex.split(b.command)
-            argv[0] = sys.executable if argv[0] == "python" else argv[0]
+            argv = bench_argv(b.command)
             console(f"{bench_id}: {b.command} (in {tree})")
             t0 = time.perf_counter()
             done = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True)
