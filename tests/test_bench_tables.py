@@ -152,3 +152,13 @@ def test_every_tables_command_runs_with_this_interpreter_and_no_path():
     assert bench_argv("bash benchmarks/gpu_suite.sh OUT") == ["bash", "benchmarks/gpu_suite.sh", "OUT"]
     for bench_id, b in bt.BENCHES.items():
         assert bench_argv(b.command)[0] in (sys.executable, "bash"), bench_id
+
+
+def test_a_commands_progress_before_its_table_is_left_out():
+    out = "job 1 (new)\n  gated-train: step 1/10\n       held-out success, same tasks\n| x |\nfigures: a.json\n"
+    assert bt.table_of(out, "held-out success, same") == "```text\nheld-out success, same tasks\n| x |\n```"
+    assert bt.table_of(out).startswith("```text\njob 1 (new)\n")  # without table_from: the whole printout
+    with pytest.raises(ValueError, match="no line with 'the table'"):
+        bt.table_of(out, "the table")
+    # the composer table's marker is what `sdar run` prints above its table
+    assert bt.BENCHES["composer"].table_from in (ROOT / "src/sdar/pipeline/runner.py").read_text()

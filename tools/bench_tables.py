@@ -64,6 +64,7 @@ class Bench:
     where: str
     needs: str = ""
     long: bool = False
+    table_from: str = ""  # a command that prints its progress to stdout: its table starts at the first line with this
 
 
 BENCHES: dict[str, Bench] = {
@@ -123,7 +124,8 @@ BENCHES: dict[str, Bench] = {
                       "--seeds 0,1 --steps 10 --eval-tasks 60 --replay-episodes 8 --set warmstart.episodes=300 "
                       "--set warmstart.epochs=2 --set eval.every=0 --set checkpoint.every=5 --root runs/composer-matrix "
                       "--quiet", ("src/sdar", "envs/src", "components", "pipelines"),
-                      "algorithms.md#the-four-arm-composer-matrix-measured", long=True),
+                      "algorithms.md#the-four-arm-composer-matrix-measured", long=True,
+                      table_from="held-out success, same tasks for every arm"),
     "vs-trl": Bench("TRL's GRPOTrainer and sdar's grpo on the same work, SmolLM2",
                     "python benchmarks/bench_vs_trl.py --steps 3 --tasks-per-step 1 --group-size 4 --eval-tasks 24",
                     ("benchmarks/bench_vs_trl.py", "src/sdar/integrations", *STEP_CODE[2:],
@@ -317,10 +319,17 @@ def missing(b: Bench) -> str | None:
     return None
 
 
-def table_of(stdout: str) -> str:
+def table_of(stdout: str, table_from: str = "") -> str:
     """A benchmark's printout as a doc shows it: markdown tables as they are, anything else in a text block; the
-    line naming its JSON file left out."""
+    line naming its JSON file left out, and, with `table_from`, the lines before the first that contains it (a
+    command's progress: `sdar run` prints each task's)."""
     lines = [line for line in stdout.rstrip().split("\n") if not line.startswith("figures: ")]
+    if table_from:
+        start = next((i for i, line in enumerate(lines) if table_from in line), None)
+        if start is None:
+            raise ValueError(f"the printout has no line with {table_from!r}: the command's output changed; update "
+                             "its Bench.table_from")
+        lines = lines[start:]
     if any(line.startswith("|---") for line in lines):
         return "\n".join(lines).strip()
     return "```text\n" + "\n".join(lines).strip() + "\n```"
@@ -382,7 +391,7 @@ def run(ids: list[str], at: str | None, console=print) -> int:
                 console(f"{bench_id}: failed (rc {done.returncode}), nothing written:\n{done.stderr[-2000:]}")
                 continue
             target = next((f for f in doc_files() if f"<!-- bench {bench_id}:" in f.read_text()), INDEX)
-            write_block(target, stamp, table_of(done.stdout))
+            write_block(target, stamp, table_of(done.stdout, b.table_from))
             console(f"{bench_id}: {time.perf_counter() - t0:.0f} s, written to {target.relative_to(ROOT)}")
     mark()
     return failed
