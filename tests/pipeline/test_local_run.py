@@ -4,6 +4,7 @@ quick settings produce the comparison and the MLflow runs; a failing branch stil
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -50,7 +51,7 @@ def test_a_failing_step_still_runs_the_exit_handler(tmp_path, monkeypatch):
     assert parent.data.tags["sdar.pipeline_state"] == "FAILED"
 
 
-def test_quick_pipeline_produces_the_comparison_and_mlflow_runs(tmp_path, monkeypatch):
+def test_quick_pipeline_produces_the_comparison_and_mlflow_runs(tmp_path, monkeypatch, capsys):
     from mlflow.tracking import MlflowClient
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -67,6 +68,14 @@ def test_quick_pipeline_produces_the_comparison_and_mlflow_runs(tmp_path, monkey
         monkeypatch.setenv(key, value)
     res = run_local(s, quick=True, root=root, quiet=True)
     assert res["status"] == "SUCCEEDED", res["error"]
+    # issue 44.4: printed to a non-terminal (pytest's capture, as `make demo > demo.log`), no line is wrapped: the
+    # task-log path (over 100 columns here) and each training task's closing line are whole on one line each
+    lines = capsys.readouterr().out.splitlines()
+    logs = [ln for ln in lines if ln.startswith("task logs: ")]
+    assert len(logs) == 1 and logs[0].rstrip().endswith(f"/logs/{res['job_id']}/") and len(logs[0]) > 100, logs
+    for arm in arms:
+        assert any(re.fullmatch(rf"  gated-train(-\d+)?: success in \d+s \({arm}: step 1/1, train success [\d.]+.*\)", ln)
+                   for ln in lines), "\n".join(lines)
     assert not deprecations.exists(), deprecations.read_text()  # issue 44: a demo run causes none of its own
     # ...and the watch was on: every task process (plan, launch, evaluations, trainings, compare, teardown) had it
     assert len(watched(deprecations).read_text().splitlines()) >= 6, watched(deprecations).read_text()
