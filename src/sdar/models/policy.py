@@ -28,6 +28,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from sdar.models import precision
 from sdar.models.gguf import SMOLLM2_ALIASES, smollm2_dir
 from sdar.models.tiny import DEFAULT_TINY_CONFIG, TinyModelConfig, build_tiny_model
 
@@ -256,7 +257,7 @@ class Policy:
     ) -> None:
         if not spec.lora and reference_model is None:
             raise ValueError("full fine-tuning needs the frozen reference copy; build Policy through load_policy")
-        self.model = model
+        self.model = precision.install(model)  # a bfloat16 model's mixed precision on a CPU (sdar.models.precision)
         self.tokenizer = tokenizer
         self.spec = spec
         self._reference = reference_model

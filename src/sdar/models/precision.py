@@ -1,0 +1,100 @@
+"""Mixed precision for a bfloat16 model on a CPU: how its decoder's forwards run, decided per forward.
+
+A model loaded in bfloat16 (`model.dtype: bfloat16`) keeps its LoRA adapter, and so its gradients and AdamW state, in
+float32 (peft's `autocast_adapter_dtype`). Left alone, every adapted layer then casts its bfloat16 input to float32
+and runs the adapter's two matmuls in float32, and on this CPU (avx512_bf16) that is a third of the update's time.
+Inside the decoder's forward `torch.autocast` runs those matmuls in bfloat16 on bfloat16 copies of the float32
+weights, the way mixed-precision LoRA training does (accelerate's `prepare_model` wraps the forward in the same
+autocast), and peft's own switch (`peft.helpers.disable_input_dtype_casting`) leaves each layer's input in bfloat16
+rather than casting it to float32 for autocast to cast back; the gradients still land on the float32 adapter. Nothing else in the decoder changes dtype: the base
+weights are bfloat16 already, and the norms, the rotary embedding and the softmax keep their own float32 casts.
+
+With gradients on, the attention runs on PyTorch's math kernel rather than its CPU flash kernel, whose backward
+in bfloat16 is about 2x slower than the math kernel's at the update's shapes (SmolLM2: 18 rows x 9 heads x 139
+queries over 195 keys). The math kernel holds the attention matrix for the backward, so it is taken only while
+that matrix stays small (`MATH_ATTENTION_ELEMENTS` per layer); longer forwards keep the flash kernel. No-grad
+forwards (sampling, scoring) keep flash: there the two are equally fast and flash holds less.
+
+float32 models, and any model on another device, run exactly as before (CUDA's choices are its own kernels'; this
+is measured on the CPU only: benchmarks/bench_train_step.py --model smollm2, docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from sdar.models.kv_cache import CACHE_KEY
+
+# the largest attention matrix (rows x heads x queries x keys) a grad forward computes on the math kernel: 16M
+# elements, 32 MB a layer in bfloat16 (SmolLM2's update: 4.4M)
+MATH_ATTENTION_ELEMENTS = 16 * 2**20
+
+_HOOKED = "_sdar_precision_contexts"
+
+
+def install(model: torch.nn.Module) -> torch.nn.Module:
+    """Run every forward of `model`'s decoder stacks under `contexts` (hooks on the decoders themselves, so each
+    way of calling them, the whole model or its decoder alone, copies made by deepcopy, gets them). Idempotent."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for module in decoders(model):
+        if hasattr(module, _HOOKED):
+            continue
+        setattr(module, _HOOKED, [])
+        module._sdar_adapted = any(isinstance(m, BaseTunerLayer) for m in module.modules())
+        module.register_forward_pre_hook(_enter, with_kwargs=True)
+        module.register_forward_hook(_leave, with_kwargs=True, always_call=True)
+    return model
+
+
+def decoders(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The decoder stacks inside `model`: transformers modules with a list of layers and token embeddings."""
+    from transformers import PreTrainedModel
+
+    return [m for m in model.modules() if isinstance(m, PreTrainedModel)
+            and isinstance(getattr(m, "layers", None), torch.nn.ModuleList) and hasattr(m, "embed_tokens")]
+
+
+def contexts(decoder: torch.nn.Module, tokens: torch.Tensor | None, past: int = 0) -> contextlib.ExitStack:
+    """The contexts one forward of `decoder` over `tokens` ([rows, queries] ids or [rows, queries, width] embeddings,
+    after `past` cached positions) runs under: none unless the decoder is bfloat16 on a CPU."""
+    stack = contextlib.ExitStack()
+    weight = next(decoder.parameters(), None)
+    if weight is None or weight.dtype != torch.bfloat16 or weight.device.type != "cpu":
+        return stack
+    stack.enter_context(torch.autocast("cpu", dtype=torch.bfloat16))
+    if getattr(decoder, "_sdar_adapted", False):
+        from peft.helpers import disable_input_dtype_casting
+
+        stack.enter_context(disable_input_dtype_casting(decoder))
+    if torch.is_grad_enabled() and tokens is not None:
+        rows, queries = tokens.shape[0], tokens.shape[1]
+        heads = int(getattr(decoder.config, "num_attention_heads", 1))
+        if rows * heads * queries * (queries + past) <= MATH_ATTENTION_ELEMENTS:
+            stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
+    return stack
+
+
+def _past_length(cache) -> int:
+    if cache is None:
+        return 0
+    if hasattr(cache, "get_seq_length"):
+        return int(cache.get_seq_length())
+    return int(cache[0][0].shape[-2]) if len(cache) else 0  # legacy tuples
+
+
+def _enter(module, args, kwargs):
+    tokens = kwargs.get("input_ids")
+    if tokens is None:
+        tokens = kwargs.get("inputs_embeds")
+    if tokens is None and args:
+        tokens = args[0]
+    getattr(module, _HOOKED).append(contexts(module, tokens, _past_length(kwargs.get(CACHE_KEY))))
+
+
+def _leave(module, args, kwargs, output):
+    stack = getattr(module, _HOOKED)
+    if stack:
+        stack.pop().close()

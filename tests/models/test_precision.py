@@ -1,0 +1,167 @@
+"""sdar.models.precision: a bfloat16 model's mixed precision on a CPU (the LoRA adapter's matmuls in bfloat16 under
+autocast, its float32 weights and gradients kept; the math attention kernel for small grad forwards), against the
+same policy with the contexts switched off; float32 models untouched; every switch restored after each forward."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+
+import pytest
+import torch
+from peft.tuners.lora import LoraLayer
+
+from sdar.models import ModelSpec, load_policy, token_logprobs
+from sdar.models import precision
+from sdar.models.kv_cache import with_cache
+
+TEXTS = [
+    "<think>the mug is on the countertop</think><action>go to countertop 1</action>",
+    "Your task is to: put a clean apple in fridge.",
+    "go",  # mostly left padding: its padded query rows attend to nothing
+]
+
+
+@pytest.fixture(scope="module")
+def batch(tokenizer):
+    tokenizer.padding_side = "left"
+    enc = tokenizer(TEXTS, return_tensors="pt", padding=True)
+    assert enc["attention_mask"][2].sum() < enc["attention_mask"].shape[1] // 3
+    return enc["input_ids"], enc["attention_mask"]
+
+
+def policy(tok_dir, dtype: str):
+    """A tiny LoRA policy whose adapter is not zero (B is zero at init: the adapter would add nothing to compare)."""
+    pol = load_policy(ModelSpec(f"tiny:{tok_dir}", dtype=dtype))
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in pol.model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+    pol.model.train()
+    return pol
+
+
+def off(monkeypatch):
+    monkeypatch.setattr(precision, "contexts", lambda *a, **k: contextlib.ExitStack())
+
+
+def logp_and_grads(pol, batch):
+    pol.model.zero_grad(set_to_none=True)
+    logp = token_logprobs(pol.model, *batch)[0]
+    mask = batch[1][:, 1:].to(logp.dtype)  # log p of each real token after the first
+    (logp * mask).sum().backward()
+    grads = {n: p.grad.clone() for n, p in pol.model.named_parameters() if p.requires_grad}
+    return logp.detach(), mask, grads
+
+
+def seen_in_lora_layers(pol) -> list[tuple[bool, torch.dtype]]:
+    """(autocast on, input dtype) at each LoRA adapter's first matmul (lora_A), recorded by hooks."""
+    seen: list[tuple[bool, torch.dtype]] = []
+    for m in pol.model.modules():
+        if isinstance(m, LoraLayer):
+            for a in m.lora_A.values():
+                a.register_forward_pre_hook(lambda mod, args: seen.append((torch.is_autocast_enabled("cpu"), args[0].dtype)))
+    return seen
+
+
+def test_a_float32_model_runs_exactly_as_without_the_contexts(tok_dir, batch, monkeypatch):
+    pol = policy(tok_dir, "float32")
+    seen = seen_in_lora_layers(pol)
+    logp, _, grads = logp_and_grads(pol, batch)
+    assert seen and all(not autocast and dtype == torch.float32 for autocast, dtype in seen)
+    off(monkeypatch)
+    logp_off, _, grads_off = logp_and_grads(pol, batch)
+    assert torch.equal(logp, logp_off)
+    assert all(torch.equal(grads[n], grads_off[n]) for n in grads)
+
+
+def test_bfloat16_runs_the_adapter_in_bfloat16_and_keeps_float32_weights_and_gradients(tok_dir, batch, monkeypatch):
+    pol = policy(tok_dir, "bfloat16")
+    lora = {n: p for n, p in pol.model.named_parameters() if p.requires_grad}
+    assert lora and all("lora_" in n and p.dtype == torch.float32 for n, p in lora.items())
+    seen = seen_in_lora_layers(pol)
+    logp, mask, grads = logp_and_grads(pol, batch)
+    # every adapted layer ran under autocast on its bfloat16 input (peft's cast to float32 switched off)
+    assert seen and all(autocast and dtype == torch.bfloat16 for autocast, dtype in seen)
+    assert all(g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads.values())
+    del seen[:]
+    off(monkeypatch)  # peft's own float32 adapter path and the flash kernel
+    logp_off, _, grads_off = logp_and_grads(pol, batch)
+    assert all(not autocast and dtype == torch.float32 for autocast, dtype in seen)
+    real = mask.bool()
+    assert torch.isfinite(logp[real]).all()
+    # the same numbers up to bfloat16 rounding of the adapter's path: log-probs within 0.05 nats, gradients aligned
+    assert (logp - logp_off)[real].abs().max() < 5e-2
+    flat, flat_off = (torch.cat([g[n].flatten() for n in sorted(g)]) for g in (grads, grads_off))
+    assert torch.nn.functional.cosine_similarity(flat, flat_off, dim=0) > 0.999
+    assert (flat - flat_off).norm() / flat_off.norm() < 0.05
+
+
+def test_a_grad_forward_takes_the_math_attention_only_while_its_matrix_is_small(tok_dir):
+    pol = policy(tok_dir, "bfloat16")
+    (decoder,) = precision.decoders(pol.model)
+    heads = decoder.config.num_attention_heads
+    small = torch.zeros(4, 32, dtype=torch.long)
+    side = int((precision.MATH_ATTENTION_ELEMENTS / heads) ** 0.5) + 1  # one row whose matrix is just over the limit
+    large = torch.zeros(1, side, dtype=torch.long)
+    flash = torch.backends.cuda.flash_sdp_enabled  # the global switch sdpa_kernel sets, whatever the device
+    assert flash()
+    with precision.contexts(decoder, small):
+        assert torch.is_autocast_enabled("cpu") and not flash()
+    with precision.contexts(decoder, large):
+        assert torch.is_autocast_enabled("cpu") and flash()
+    with precision.contexts(decoder, torch.zeros(1, side // 2, dtype=torch.long), past=2 * side):  # cached keys count
+        assert flash()
+    with torch.no_grad(), precision.contexts(decoder, small):
+        assert torch.is_autocast_enabled("cpu") and flash()
+    assert not torch.is_autocast_enabled("cpu") and flash()
+
+
+def test_every_switch_is_restored_after_a_forward_and_after_one_that_fails(tok_dir, batch):
+    pol = policy(tok_dir, "bfloat16")
+    layers = [m for m in pol.model.modules() if isinstance(m, LoraLayer)]
+
+    def restored():
+        return (not torch.is_autocast_enabled("cpu") and torch.backends.cuda.flash_sdp_enabled()
+                and all(m.cast_input_dtype_enabled for m in layers))
+
+    logp_and_grads(pol, batch)
+    assert restored()
+    with pytest.raises(IndexError):
+        pol.model(input_ids=torch.full((1, 4), 10**6))  # an id past the vocabulary fails inside the decoder
+    assert restored()
+    (decoder,) = precision.decoders(pol.model)
+    assert getattr(decoder, "_sdar_precision_contexts") == []
+
+
+def test_a_deep_copy_runs_its_own_weights_under_the_same_precision(tok_dir, batch):
+    pol = policy(tok_dir, "bfloat16")
+    twin = copy.deepcopy(pol.model)
+    with torch.no_grad():
+        for name, p in twin.named_parameters():
+            if "lora_B" in name:
+                p.mul_(2.0)
+    seen = seen_in_lora_layers(pol)  # the original's hooks: the copy's forward must not run the original
+    with torch.no_grad():
+        a = token_logprobs(pol.model, *batch)[0]
+        del seen[:]
+        b = token_logprobs(twin, *batch)[0]
+    assert not seen
+    assert not torch.equal(a, b)
+    (decoder,) = precision.decoders(twin)
+    assert getattr(decoder, "_sdar_precision_contexts") == []
+
+
+def test_a_forward_after_cached_keys_counts_them(tok_dir, monkeypatch):
+    """The hook reads the cache the decoder is called with (a prefix's keys and values reused by every row)."""
+    pol = policy(tok_dir, "bfloat16")
+    calls = []
+    real = precision.contexts
+    monkeypatch.setattr(precision, "contexts", lambda dec, tokens, past=0: calls.append((tuple(tokens.shape), past))
+                        or real(dec, tokens, past))
+    ids = torch.randint(5, 100, (1, 7))
+    with torch.no_grad():
+        cache = pol.model(input_ids=ids, use_cache=True).past_key_values
+    pol.model(input_ids=torch.randint(5, 100, (1, 3)), **with_cache(cache), use_cache=True)
+    assert calls == [((1, 7), 0), ((1, 3), 7)]
