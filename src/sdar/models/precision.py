@@ -13,7 +13,9 @@ With gradients on, the attention runs on PyTorch's math kernel rather than its C
 in bfloat16 is about 2x slower than the math kernel's at the update's shapes (SmolLM2: 18 rows x 9 heads x 139
 queries over 195 keys). The math kernel holds the attention matrix for the backward, so it is taken only while
 that matrix stays small (`MATH_ATTENTION_ELEMENTS` per layer); longer forwards keep the flash kernel. No-grad
-forwards (sampling, scoring) keep flash: there the two are equally fast and flash holds less.
+forwards (sampling, scoring) keep flash: there the two are equally fast and flash holds less. Under activation
+checkpointing only autocast applies (the recomputation in the backward must match the forward, and torch restores
+autocast alone there).
 
 float32 models, and any model on another device, run exactly as before (CUDA's choices are its own kernels'; this
 is measured on the CPU only: benchmarks/bench_train_step.py --model smollm2, docs/benchmarks.md)."""
@@ -65,6 +67,10 @@ def contexts(decoder: torch.nn.Module, tokens: torch.Tensor | None, past: int = 
     if weight is None or weight.dtype != torch.bfloat16 or weight.device.type != "cpu":
         return stack
     stack.enter_context(torch.autocast("cpu", dtype=torch.bfloat16))
+    if getattr(decoder, "gradient_checkpointing", False) and decoder.training:
+        # activation checkpointing recomputes each layer in the backward, outside this forward: torch restores
+        # autocast there, not a kernel choice or peft's switch, and a recomputation must match its forward
+        return stack
     if getattr(decoder, "_sdar_adapted", False):
         from peft.helpers import disable_input_dtype_casting
 
