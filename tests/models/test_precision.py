@@ -13,7 +13,7 @@ from peft.tuners.lora import LoraLayer
 
 from sdar.models import ModelSpec, load_policy, token_logprobs
 from sdar.models import precision
-from sdar.models.kv_cache import with_cache
+from sdar.models.kv_cache import cache_of, with_cache
 
 TEXTS = [
     "<think>the mug is on the countertop</think><action>go to countertop 1</action>",
@@ -162,7 +162,7 @@ def test_a_forward_after_cached_keys_counts_them(tok_dir, monkeypatch):
                         or real(dec, tokens, past))
     ids = torch.randint(5, 100, (1, 7))
     with torch.no_grad():
-        cache = pol.model(input_ids=ids, use_cache=True).past_key_values
+        cache = cache_of(pol.model(input_ids=ids, use_cache=True))
     pol.model(input_ids=torch.randint(5, 100, (1, 3)), **with_cache(cache), use_cache=True)
     assert calls == [((1, 7), 0), ((1, 3), 7)]
 
