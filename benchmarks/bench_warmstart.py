@@ -1,6 +1,8 @@
 """How good is the warm start? Student and teacher success, greedy imitation accuracy by action kind.
 
 Builds (or loads from the cache) the warm-started tiny model of a config, then prints:
+- whether this run built it or loaded it, and the build's own seconds either way (from the cache entry's
+  warmstart.json, written by the run that built it);
 - greedy accuracy on fresh expert turns (student turns: listing-order expert; teacher turns:
   the skills-following expert with the skills in the prompt), split by the action's verb and,
   for `go to`, by whether the memory names the expert's target: go-search ("Search next: go to
@@ -73,15 +75,19 @@ def main() -> None:
     from sdar.agent.prompts import fit_prompt_ids
     from sdar.config import load_config
     from sdar.train.runtime import build_runtime
+    from sdar.train.warm_cache import MARKER, warm_start_path
     from sdar.train.warmstart import ensure_warm_start, expert_turns
 
     overrides = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.set)}
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_config(args.config, {**overrides, "tracking": False, "output_dir": tmp})
+        entry = warm_start_path(cfg)
+        cached = entry is not None and (entry / MARKER).is_file()
         ensure_warm_start(cfg)  # builds (and times) the warm start, or loads the cached one
         runtime = build_runtime(cfg, train=False)
-        build_s = time.perf_counter() - t0
+        ready_s = time.perf_counter() - t0
+        built = json.loads((entry / MARKER).read_text()) if entry is not None else {}
         tok = runtime.tokenizer
         eos = tok.convert_tokens_to_ids("<|im_end|>")
         turns = expert_turns(cfg, args.probe_episodes, seed=cfg.seed + 777)
@@ -117,7 +123,9 @@ def main() -> None:
         by_options = options_breakdown(runtime, args.by_options) if args.by_options else None
     n = len(runtime.eval_tasks)
     out = {
-        "build_s": round(build_s, 1),
+        "warm_start": "loaded from the cache" if cached else "built by this run",
+        "build_s": round(built["seconds"], 1) if "seconds" in built else None,  # the build's, whichever run built it
+        "ready_s": round(ready_s, 1),  # this run: built or loaded, and the runtime made
         "greedy_accuracy": {k: [round(sum(v) / len(v), 3), len(v)] for k, v in sorted(acc.items())},
         "student_success": student.success, "student_ci": student.ci95,
         "teacher_success": teacher.success, "teacher_ci": teacher.ci95,

@@ -120,6 +120,9 @@ def test_bench_warmstart(tmp_path):
     assert re.search(r"student [\d.]+  teacher [\d.]+  \([-+][\d.]+ points\)  gap [-+][\d.]+  on 4 held-out tasks", out)
     fig = json.loads((tmp_path / "ws.json").read_text())
     assert 0 <= fig["student_success"] <= 1 and fig["greedy_accuracy"]["student"][1] > 0
+    # the build's own seconds whether this run built the warm start or loaded it
+    assert fig["warm_start"] in ("built by this run", "loaded from the cache"), fig["warm_start"]
+    assert fig["build_s"] > 0 and fig["ready_s"] > 0
 
 
 def test_bench_env_load():
