@@ -15,7 +15,8 @@ each arm family and each launcher; every launcher with every strategy, tuning an
 where the ranks meet (127.0.0.1 and a free port instead of the rank-0 pod's DNS name and port 29500) and in the
 credentials (this machine's environment, where the pods read Kubernetes Secrets).
 
-Also: a rank killed mid-step (SIGKILL) ends the job non-zero naming it, and a restart resumes where the straight run
+Also: a bfloat16 model (float32 adapter) under fsdp at 2 ranks tracks its one-process run to bfloat16's rounding;
+a rank killed mid-step (SIGKILL) ends the job non-zero naming it, and a restart resumes where the straight run
 would be; a rendezvous that cannot complete ends within SDAR_DIST_TIMEOUT_S naming the rank, backend and address;
 a global batch that cannot be split over the ranks is refused at start naming the numbers.
 """
@@ -175,8 +176,11 @@ def _weights(out: Path) -> dict[str, torch.Tensor]:
     return {k: v for f in files for k, v in load_file(f).items()}
 
 
-def assert_same_run(one: Path, many: Path, label: str) -> list[str]:
-    """The run in `many` made the same updates as the one-process run in `one`; returns the compared figures."""
+def assert_same_run(one: Path, many: Path, label: str, later: tuple[float, float] = (1e-4, 1e-6),
+                    steps: float = 0.01) -> list[str]:
+    """The run in `many` made the same updates as the one-process run in `one`; returns the compared figures.
+    Step 0's losses agree to 1e-4 relative (1e-6 absolute), step 1's to `later` (relative, absolute), the final
+    weights to `steps` optimizer steps (optim.lr)."""
     h1, h2 = (json.loads((d / "history.json").read_text()) for d in (one, many))
     assert [h["step"] for h in h1] == [h["step"] for h in h2] == [0, 1], label
     report = []
@@ -188,12 +192,14 @@ def assert_same_run(one: Path, many: Path, label: str) -> list[str]:
         for key in COMPARED:
             if key in a:
                 report.append(f"{label} step {a['step']} {key}: {a[key]:.8f} vs {b[key]:.8f}")
-                assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (label, a["step"], key)
+                rel, abs_ = (1e-4, 1e-6) if a["step"] == 0 else later
+                assert b[key] == pytest.approx(a[key], rel=rel, abs=abs_), (label, a["step"], key)
     wa, wb = _weights(one), _weights(many)
     assert wa.keys() == wb.keys() and wa
     diff = max(float((wa[k].float() - wb[k].float()).abs().max()) for k in wa)
-    report.append(f"{label}: largest weight difference {diff:.3e} (bound: 1% of a step, {0.01 * RUN['optim.lr']:.0e})")
-    assert diff <= 0.01 * RUN["optim.lr"], (label, diff)
+    report.append(f"{label}: largest weight difference {diff:.3e} (bound: {steps:g} of a step, "
+                  f"{steps * RUN['optim.lr']:.0e})")
+    assert diff <= steps * RUN["optim.lr"], (label, diff)
     return report
 
 
@@ -238,6 +244,27 @@ def test_each_launcher_at_each_rank_count_trains_as_one_process(cell, references
         assert h[0]["loss/hint_jsd"] > 0 and h[1]["loss/hint_jsd"] > 0
         assert h[1]["replay/pairs_in_loss"] > 0 and h[1]["loss/replay_dpo"] > 0
     print("\n".join(report))
+
+
+@pytest.mark.slow
+def test_a_bfloat16_model_under_fsdp_at_two_ranks_trains_as_one_process(tiny_ckpt, tmp_path):
+    """The precision GPU users train in: a bfloat16 base with its float32 LoRA adapter (two dtypes in each FSDP unit)
+    sharded over 2 ranks, through the TrainJob's pod command, makes the one-process bfloat16 run's two steps (group
+    seeding makes the trajectories independent of the rank count in bfloat16 too). Step 0 starts both from the same
+    weights and agrees as float32 runs do; step 1 starts from weights that differ by float32 summation order, which
+    the bfloat16 forward rounds to its 2^-8: losses to 4e-3 relative (1e-5 absolute), weights to half a step (both
+    measured at 1.4e-3 and 0.19 of a step)."""
+    from sdar.config import load_config
+    from sdar.train import Trainer
+
+    bf16 = {"model.dtype": "bfloat16"}
+    one = tmp_path / "one"
+    Trainer(load_config(CONFIG, {**_overrides("sdar", True, 2, one, "ddp", None), **bf16})).run()
+    many = tmp_path / "fsdp"
+    launch("trainjob", {**_overrides("sdar", True, 2, many, "fsdp", None), **bf16}, 2)
+    print("\n".join(assert_same_run(one, many, "sdar-lora-bf16-fsdp-2", later=(4e-3, 1e-5), steps=0.5)))
+    for d in (one, many):  # both trained the bfloat16 base
+        assert json.loads((d / "final" / "sdar_policy.json").read_text())["spec"]["dtype"] == "bfloat16", d
 
 
 def _children(pid: int) -> list[int]:
