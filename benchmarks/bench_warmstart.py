@@ -57,6 +57,32 @@ def options_breakdown(runtime, n: int) -> dict[str, dict]:
     return out
 
 
+def report(out: dict, temperature: float) -> None:
+    """The figures as a short text report (--json writes them all)."""
+    print(f"warm start {out['warm_start']} (its build took {out['build_s']} s); ready in {out['ready_s']} s, "
+          f"everything {out['total_s']} s, on {out['device']}")
+    print(f"held-out success on {out['eval_tasks']} tasks at T={temperature} [95% Wilson interval]")
+    print(f"  student {out['student_success']:.3f} [{out['student_ci'][0]:.3f}, {out['student_ci'][1]:.3f}]   "
+          f"teacher {out['teacher_success']:.3f} [{out['teacher_ci'][0]:.3f}, {out['teacher_ci'][1]:.3f}]   "
+          f"teacher-student log-prob gap {out['gap']:+.4f}")
+    types = sorted(out["student_per_type"])
+    width = max(map(len, ["by task type", *types]))
+    print(f"  {'by task type':<{width}}  student  teacher")
+    for t in types:
+        print(f"  {t:<{width}}  {out['student_per_type'][t]:7.3f}  {out['teacher_per_type'].get(t, float('nan')):7.3f}")
+    acc = out["greedy_accuracy"]
+    kinds = sorted({k.split("/", 1)[1] for k in acc if "/" in k})
+    width = max(map(len, ["action kind", *kinds]))
+    print("greedy accuracy on fresh expert turns: fraction right (turns)")
+    print(f"  {'action kind':<{width}}  {'student':>13}  {'teacher':>13}")
+    cell = lambda key: f"{acc[key][0]:.3f} ({acc[key][1]:>4})" if key in acc else "-"  # noqa: E731
+    print(f"  {'all':<{width}}  {cell('student'):>13}  {cell('teacher'):>13}")
+    for k in kinds:
+        print(f"  {k:<{width}}  {cell('student/' + k):>13}  {cell('teacher/' + k):>13}")
+    if out.get("overrides"):
+        print(f"overrides: {out['overrides']}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="configs/household-tiny.yaml")
@@ -135,7 +161,7 @@ def main() -> None:
         **({"by_options": by_options} if by_options else {}),
         "device": str(runtime.device), "overrides": overrides, "total_s": round(time.perf_counter() - t0, 1),
     }
-    print(json.dumps(out, indent=1))
+    report(out, cfg.eval.temperature)
     print(f"student {student.success:.3f}  teacher {teacher.success:.3f}  (+{100 * (teacher.success - student.success):.1f} points)"
           f"  gap {gap:+.4f}  on {n} held-out tasks at T={cfg.eval.temperature}")
     if args.json:

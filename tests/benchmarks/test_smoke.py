@@ -118,6 +118,8 @@ def test_bench_warmstart(tmp_path):
     out = bench("bench_warmstart.py", *SMALL, "--set", "eval.tasks=4", "--probe-episodes", "4",
                 "--json", str(tmp_path / "ws.json"))
     assert re.search(r"student [\d.]+  teacher [\d.]+  \([-+][\d.]+ points\)  gap [-+][\d.]+  on 4 held-out tasks", out)
+    assert re.search(r"^warm start (built by this run|loaded from the cache) \(its build took [\d.]+ s\)", out, re.M)
+    assert re.search(r"^  all +[\d.]+ \( *\d+\) +([\d.]+ \( *\d+\)|-)$", out, re.M), out  # greedy accuracy, all turns
     fig = json.loads((tmp_path / "ws.json").read_text())
     assert 0 <= fig["student_success"] <= 1 and fig["greedy_accuracy"]["student"][1] > 0
     # the build's own seconds whether this run built the warm start or loaded it
