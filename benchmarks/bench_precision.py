@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         m = cfg.model
         torch.manual_seed(cfg.seed)  # the fresh adapter's initialisation: the same in both
         policy = load_policy(ModelSpec(name_or_path=where, dtype=dtype, lora=m.lora, lora_r=m.lora_r,
-                                       lora_alpha=m.lora_alpha, lora_dropout=m.lora_dropout))
+                                       lora_alpha=m.lora_alpha, lora_dropout=m.lora_dropout,
+                                       cpu_mixed_precision=m.cpu_mixed_precision))
         trainers[dtype] = Trainer(cfg, policy=policy, shortcuts=Shortcuts(old_logp_from_sampler=False, reuse_old_logp=False))
     t32, t16 = trainers["float32"], trainers["bfloat16"]
     adapter = {k: v for k, v in t32.policy.model.state_dict().items() if "lora_" in k}

@@ -32,7 +32,7 @@ def batch(tokenizer):
 
 def policy(tok_dir, dtype: str):
     """A tiny LoRA policy whose adapter is not zero (B is zero at init: the adapter would add nothing to compare)."""
-    pol = load_policy(ModelSpec(f"tiny:{tok_dir}", dtype=dtype))
+    pol = load_policy(ModelSpec(f"tiny:{tok_dir}", dtype=dtype, cpu_mixed_precision=True))
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, p in pol.model.named_parameters():
@@ -74,6 +74,23 @@ def test_a_float32_model_runs_exactly_as_without_the_contexts(tok_dir, batch, mo
     logp_off, _, grads_off = logp_and_grads(pol, batch)
     assert torch.equal(logp, logp_off)
     assert all(torch.equal(grads[n], grads_off[n]) for n in grads)
+
+
+def test_off_by_default_a_bfloat16_model_runs_as_peft_runs_it(tok_dir, batch):
+    """model.cpu_mixed_precision is off unless asked: the adapter's input is cast to float32 (peft's own path),
+    no autocast, and the forward equals the same policy's with the contexts switched off to the bit."""
+    pol = load_policy(ModelSpec(f"tiny:{tok_dir}", dtype="bfloat16"))
+    pol.model.train()
+    seen = seen_in_lora_layers(pol)
+    logp, _, _ = logp_and_grads(pol, batch)
+    assert seen and all(not autocast and dtype == torch.float32 for autocast, dtype in seen)
+    precision.install(pol.model, enabled=True)  # the same policy, switched on: autocast reaches the adapter
+    seen.clear()
+    logp_on, _, _ = logp_and_grads(pol, batch)
+    assert seen and all(autocast and dtype == torch.bfloat16 for autocast, dtype in seen)
+    precision.install(pol.model, enabled=False)
+    again, _, _ = logp_and_grads(pol, batch)
+    assert torch.equal(logp, again)
 
 
 def test_bfloat16_runs_the_adapter_in_bfloat16_and_keeps_float32_weights_and_gradients(tok_dir, batch, monkeypatch):
@@ -172,7 +189,8 @@ def test_activation_checkpointing_recomputes_under_the_same_precision(tok_dir, b
     there, not the attention kernel or peft's switch, so a checkpointing decoder keeps the flash kernel): it runs, and
     its numbers match a run without checkpointing up to the two kernels' bfloat16 rounding."""
     pol = policy(tok_dir, "bfloat16")
-    ckpt = load_policy(ModelSpec(f"tiny:{tok_dir}", dtype="bfloat16", gradient_checkpointing=True))
+    ckpt = load_policy(ModelSpec(f"tiny:{tok_dir}", dtype="bfloat16", gradient_checkpointing=True,
+                                 cpu_mixed_precision=True))
     ckpt.model.load_state_dict(pol.model.state_dict())
     ckpt.model.train()
     logp, _, grads = logp_and_grads(pol, batch)

@@ -36,12 +36,14 @@ MATH_ATTENTION_ELEMENTS = 16 * 2**20
 _HOOKED = "_sdar_precision_contexts"
 
 
-def install(model: torch.nn.Module) -> torch.nn.Module:
+def install(model: torch.nn.Module, enabled: bool = True) -> torch.nn.Module:
     """Run every forward of `model`'s decoder stacks under `contexts` (hooks on the decoders themselves, so each
-    way of calling them, the whole model or its decoder alone, copies made by deepcopy, gets them). Idempotent."""
+    way of calling them, the whole model or its decoder alone, copies made by deepcopy, gets them); `enabled`
+    False leaves every forward as it was (`model.cpu_mixed_precision`, off by default). Idempotent."""
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     for module in decoders(model):
+        module._sdar_precision = enabled
         if hasattr(module, _HOOKED):
             continue
         setattr(module, _HOOKED, [])
@@ -61,8 +63,10 @@ def decoders(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 def contexts(decoder: torch.nn.Module, tokens: torch.Tensor | None, past: int = 0) -> contextlib.ExitStack:
     """The contexts one forward of `decoder` over `tokens` ([rows, queries] ids or [rows, queries, width] embeddings,
-    after `past` cached positions) runs under: none unless the decoder is bfloat16 on a CPU."""
+    after `past` cached positions) runs under: none unless the decoder is bfloat16 on a CPU and installed enabled."""
     stack = contextlib.ExitStack()
+    if not getattr(decoder, "_sdar_precision", True):
+        return stack
     weight = next(decoder.parameters(), None)
     if weight is None or weight.dtype != torch.bfloat16 or weight.device.type != "cpu":
         return stack

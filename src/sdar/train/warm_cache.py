@@ -155,4 +155,5 @@ def load_warm_policy(cfg: TrainConfig):
         path = str(target)
     return load_policy(ModelSpec(name_or_path=path, dtype=m.dtype, lora=m.lora, lora_r=m.lora_r,
                                  lora_alpha=m.lora_alpha, lora_dropout=m.lora_dropout,
-                                 gradient_checkpointing=m.gradient_checkpointing))
+                                 gradient_checkpointing=m.gradient_checkpointing,
+                                 cpu_mixed_precision=m.cpu_mixed_precision))
