@@ -108,7 +108,8 @@ class ModelConfig:
     gradient_checkpointing: bool = field(default=False, metadata={
         "help": "Recompute activations in the backward pass: less memory, slower updates."})
     cpu_mixed_precision: bool = field(default=False, metadata={
-        "added": True, "help": "bfloat16 on a CPU: the LoRA adapter's matmuls under autocast and the math attention kernel in grad "
+        "added": True,
+        "help": "bfloat16 on a CPU: the LoRA adapter's matmuls under autocast and the math attention kernel in grad "
                 "forwards (sdar.models.precision): the update about 1.6x faster, but its statistics drift from "
                 "float32's more than plain bfloat16's (docs/training.md)."})
     generation_backend: str = field(default="transformers", metadata={

@@ -1,5 +1,9 @@
 """Mixed precision for a bfloat16 model on a CPU: how its decoder's forwards run, decided per forward.
 
+Off unless asked (`model.cpu_mixed_precision: true`, `ModelSpec.cpu_mixed_precision`): on the same trajectories it
+moves an update's statistics off float32's further than plain bfloat16 does (benchmarks/bench_precision.py; the
+figures and what is known of why in docs/training.md), so plain bfloat16, peft's own path, is the default.
+
 A model loaded in bfloat16 (`model.dtype: bfloat16`) keeps its LoRA adapter, and so its gradients and AdamW state, in
 float32 (peft's `autocast_adapter_dtype`). Left alone, every adapted layer then casts its bfloat16 input to float32
 and runs the adapter's two matmuls in float32, and on this CPU (avx512_bf16) that is a third of the update's time.
