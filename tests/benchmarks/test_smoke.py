@@ -193,6 +193,10 @@ def test_bench_precision(tmp_path):
         assert all(number(x) >= 0 for x in diff.split(" / ") + bound.split(" / "))
     for key in ("sdar/gap_mean", "sdar/gate_mean", "loss/pg", "loss/sdar", "loss/total"):
         assert all(number(c) >= 0 or c.startswith("-") for c in rows[key][1:5]) and number(rows[key][3]) >= 0
+    for name in ("the update's change of the policy's log-probs, in float32", "the update's change of the adapter's weights"):
+        cos, ratio = (number(x) for x in rows[f"{name} (cosine / norm ratio)"][3].split(" / "))
+        assert number(rows[f"{name} (cosine / norm ratio)"][1]) > 0  # float32's update moved something to compare
+        assert 0.98 <= cos <= 1.0 + 1e-6 and abs(ratio - 1.0) <= 0.1
     assert re.search(r"bfloat16 against float32 on the same \d+ episodes \(\d+ turn-samples, \d+ choice tokens", out)
     assert "within every bound" in out
     assert json.loads((tmp_path / "precision.json").read_text())["failures"] == []

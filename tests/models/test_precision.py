@@ -76,19 +76,25 @@ def test_a_float32_model_runs_exactly_as_without_the_contexts(tok_dir, batch, mo
     assert all(torch.equal(grads[n], grads_off[n]) for n in grads)
 
 
-def test_off_by_default_a_bfloat16_model_runs_as_peft_runs_it(tok_dir, batch):
-    """model.cpu_mixed_precision is off unless asked: the adapter's input is cast to float32 (peft's own path),
-    no autocast, and the forward equals the same policy's with the contexts switched off to the bit."""
+def test_on_by_default_and_false_runs_a_bfloat16_model_as_peft_runs_it(tok_dir, batch):
+    """model.cpu_mixed_precision is on unless switched off (ModelSpec and the config agree; records made before the
+    field existed read as off): by default autocast reaches the adapter on its bfloat16 input; switched off, the
+    adapter's input is cast to float32 (peft's own path) without autocast; on again, the forward is the first's to
+    the bit."""
+    from sdar.config import ADDED_DEFAULTS, TrainConfig
+
+    assert TrainConfig().model.cpu_mixed_precision is True and ADDED_DEFAULTS["model.cpu_mixed_precision"] is False
     pol = load_policy(ModelSpec(f"tiny:{tok_dir}", dtype="bfloat16"))
     pol.model.train()
     seen = seen_in_lora_layers(pol)
     logp, _, _ = logp_and_grads(pol, batch)
-    assert seen and all(not autocast and dtype == torch.float32 for autocast, dtype in seen)
-    precision.install(pol.model, enabled=True)  # the same policy, switched on: autocast reaches the adapter
-    seen.clear()
-    logp_on, _, _ = logp_and_grads(pol, batch)
     assert seen and all(autocast and dtype == torch.bfloat16 for autocast, dtype in seen)
     precision.install(pol.model, enabled=False)
+    seen.clear()
+    logp_off, _, _ = logp_and_grads(pol, batch)
+    assert seen and all(not autocast and dtype == torch.float32 for autocast, dtype in seen)
+    assert not torch.equal(logp, logp_off)
+    precision.install(pol.model, enabled=True)
     again, _, _ = logp_and_grads(pol, batch)
     assert torch.equal(logp, again)
 

@@ -75,6 +75,34 @@ def test_the_fingerprint_ignores_where_and_how_fast_but_not_what():
     assert config_fingerprint(cell_config(spec, cell, Path("/tmp/w"))) == committed
 
 
+def test_cpu_mixed_precision_counts_in_the_fingerprint_only_where_it_acts():
+    """model.cpu_mixed_precision changes a bfloat16 model on a CPU alone: a float32 config's identity ignores it; a
+    bfloat16 one's tells its default (true) from false, and false is what records made before the field read as
+    (the committed SmolLM2 study, whose spec pins it false, keeps every fingerprint)."""
+    from dataclasses import asdict
+
+    from sdar.config import load_config
+    from sdar.study.runner import cell_config, config_fingerprint
+
+    tiny = "configs/household-tiny.yaml"
+    assert load_config(tiny).model.dtype == "float32"
+    assert config_fingerprint(load_config(tiny, {"model.cpu_mixed_precision": False})) == \
+        config_fingerprint(load_config(tiny))
+    smol = "configs/household-smollm2.yaml"
+    on, off = load_config(smol), load_config(smol, {"model.cpu_mixed_precision": False})
+    assert on.model.dtype == "bfloat16" and on.model.cpu_mixed_precision is True
+    assert config_fingerprint(on) != config_fingerprint(off)
+    assert config_fingerprint(load_config(smol, {"device": "cuda"})) == \
+        config_fingerprint(load_config(smol, {"device": "cuda", "model.cpu_mixed_precision": False}))
+    assert "cpu_mixed_precision" in asdict(off.model)  # present in the dict, dropped from the identity at false
+    spec = parse_spec(yaml.safe_load(Path("configs/study/smollm2.yaml").read_text()))
+    cells = list(spec.cells())
+    assert len(cells) == 9
+    for cell in cells:
+        committed = json.loads((Path("docs/results/smollm2") / f"{cell.name}.json").read_text())["fingerprint"]
+        assert config_fingerprint(cell_config(spec, cell, Path("/tmp/w"))) == committed, cell.name
+
+
 def test_bootstrap_collapses_on_a_constant_and_matches_the_normal_interval():
     assert bootstrap_mean(np.full((3, 50), 0.25)) == (0.25, 0.25, 0.25)
     rng = np.random.default_rng(1)

@@ -102,15 +102,17 @@ def _added_defaults(cls: type, prefix: str = "") -> dict[str, Any]:
     for f in fields(cls):
         if is_dataclass(hints[f.name]):
             out.update(_added_defaults(hints[f.name], f"{prefix}{f.name}."))
-        elif f.metadata.get("added"):
-            out[f"{prefix}{f.name}"] = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        elif f.metadata.get("added"):  # "before": the behaviour records made before the field had, where it differs
+            out[f"{prefix}{f.name}"] = f.metadata["before"] if "before" in f.metadata else (
+                f.default if f.default is not dataclasses.MISSING else f.default_factory())
     return out
 
 
 # Fields added after checkpoints and results were made with the behaviour of their default (`"added": True` in the
 # field's metadata): at that default they are left out of every identity (the warm-start cache key, a study run's
 # fingerprint), so what was built and recorded before they existed keeps its identity. "section.field" -> the
-# default that changes nothing.
+# value that changes nothing: the default, or the field's "before" where its default changed what runs (a run at the
+# new default then has an identity of its own).
 ADDED_DEFAULTS: dict[str, Any] = _added_defaults(TrainConfig)
 
 
@@ -132,15 +134,26 @@ def flat_layout(d: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
+def _inert(d: dict[str, Any]) -> set[str]:
+    """The ADDED_DEFAULTS fields that change nothing in config `d` (whole, either layout): left out of its identity
+    at any value. model.cpu_mixed_precision acts on a bfloat16 model on a CPU alone."""
+    model = d.get("model") if isinstance(d.get("model"), dict) else {}
+    if model.get("dtype", "float32") != "bfloat16" or str(d.get("device", "auto")).startswith("cuda"):
+        return {"model.cpu_mixed_precision"}
+    return set()
+
+
 def drop_added_defaults(d: dict[str, Any], section: str = "") -> dict[str, Any]:
-    """`d` (asdict of a TrainConfig, or of its `section`) without the ADDED_DEFAULTS fields at their default."""
+    """`d` (asdict of a TrainConfig, or of its `section`) without the ADDED_DEFAULTS fields at their default (or
+    its "before"), nor those that change nothing in it (`_inert`, for a whole config)."""
+    inert = set() if section else _inert(d)
     for key, default in ADDED_DEFAULTS.items():
         head, _, name = key.rpartition(".")
         if section:  # d is that section alone
             sub = d if head == section else None
         else:  # d is the whole config
             sub = d.get(head) if head else d
-        if isinstance(sub, dict) and name in sub and sub[name] == default:
+        if isinstance(sub, dict) and name in sub and (sub[name] == default or key in inert):
             del sub[name]
             if not section and head and not sub:  # a section added whole (distributed), at its defaults
                 del d[head]

@@ -107,11 +107,12 @@ class ModelConfig:
         "help": "Dropout on the LoRA adapter's input.", "bound": "[0, 1)"})
     gradient_checkpointing: bool = field(default=False, metadata={
         "help": "Recompute activations in the backward pass: less memory, slower updates."})
-    cpu_mixed_precision: bool = field(default=False, metadata={
-        "added": True,
+    cpu_mixed_precision: bool = field(default=True, metadata={
+        "added": True, "before": False,
         "help": "bfloat16 on a CPU: the LoRA adapter's matmuls under autocast and the math attention kernel in grad "
-                "forwards (sdar.models.precision): the update about 1.6x faster, but its statistics drift from "
-                "float32's more than plain bfloat16's (docs/training.md)."})
+                "forwards (sdar.models.precision): the step about 1.4x faster, and its update the closer to float32's "
+                "of the two bfloat16 paths in every batch measured (benchmarks/bench_precision.py, docs/training.md). "
+                "false: peft's own path. No effect on float32 or off the CPU."})
     generation_backend: str = field(default="transformers", metadata={
         "help": "What samples the rollouts: transformers | vllm (CUDA; options under `vllm:`)."})
     tiny_overrides: dict[str, Any] = field(default_factory=dict, metadata={

@@ -57,7 +57,7 @@ class ModelSpec:
     lora_dropout: float = 0.0  # dropout on the LoRA input; 0 keeps logp deterministic in train mode
     lora_target_modules: tuple[str, ...] = DEFAULT_LORA_TARGETS  # linear layers that get adapters
     gradient_checkpointing: bool = False  # recompute activations in backward (less memory, ~30% slower)
-    cpu_mixed_precision: bool = False  # bfloat16 on a CPU: sdar.models.precision's contexts (off: peft's own path)
+    cpu_mixed_precision: bool = True  # bfloat16 on a CPU: sdar.models.precision's contexts (False: peft's own path)
     max_length: int | None = None  # longest prompt + response in tokens; None = the model's max positions
     tiny_config: str | None = None  # tiny only: YAML of TinyModelConfig; None = <dir>/tiny-qwen2.yaml or the packaged one
     seed: int = 0  # tiny only: weight-init seed

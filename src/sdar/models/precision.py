@@ -1,8 +1,15 @@
 """Mixed precision for a bfloat16 model on a CPU: how its decoder's forwards run, decided per forward.
 
-Off unless asked (`model.cpu_mixed_precision: true`, `ModelSpec.cpu_mixed_precision`): on the same trajectories it
-moves an update's statistics off float32's further than plain bfloat16 does (benchmarks/bench_precision.py; the
-figures and what is known of why in docs/training.md), so plain bfloat16, peft's own path, is the default.
+On unless switched off (`model.cpu_mixed_precision: false`, `ModelSpec.cpu_mixed_precision`, both default true).
+On the same trajectories (benchmarks/bench_precision.py, SmolLM2) its update is the closer to float32's of the two
+bfloat16 paths in each batch measured: on one it changes the policy within a cosine of 0.9994 of float32's update,
+where plain bfloat16 (peft's own path) reads 0.854; on another, with a policy gradient, neither keeps float32's (0.68
+against 0.66). The attention kernel of the grad forwards decides the first: with the CPU flash kernel in bfloat16 the first mini-batch's gradient has 0.12x float32's
+norm and a cosine of 0.64 with it, with the math kernel 0.998 (autocast alone changes neither). On a plain
+log-likelihood both kernels' gradients are within a cosine of 0.9996 of float32's; an RL loss's per-token gradients
+nearly cancel (advantages sum to zero within a group), and its small sum is what bfloat16's rounding must keep.
+bfloat16's own view of an update (the loss terms and statistics the update's forwards read) is rounded further:
+docs/training.md, "Does bfloat16 keep what SDAR reads?".
 
 A model loaded in bfloat16 (`model.dtype: bfloat16`) keeps its LoRA adapter, and so its gradients and AdamW state, in
 float32 (peft's `autocast_adapter_dtype`). Left alone, every adapted layer then casts its bfloat16 input to float32
@@ -43,7 +50,7 @@ _HOOKED = "_sdar_precision_contexts"
 def install(model: torch.nn.Module, enabled: bool = True) -> torch.nn.Module:
     """Run every forward of `model`'s decoder stacks under `contexts` (hooks on the decoders themselves, so each
     way of calling them, the whole model or its decoder alone, copies made by deepcopy, gets them); `enabled`
-    False leaves every forward as it was (`model.cpu_mixed_precision`, off by default). Idempotent."""
+    False leaves every forward as peft runs it (`model.cpu_mixed_precision: false`). Idempotent."""
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     for module in decoders(model):

@@ -81,7 +81,9 @@ def build_pretrained(cfg: TrainConfig, out_dir: Path, console=None) -> dict[str,
     dtype = warm_dtype(cfg)
     policy = load_policy(ModelSpec(name_or_path=m.name_or_path, dtype=dtype, lora=ws.lora, lora_r=m.lora_r,
                                    lora_alpha=m.lora_alpha, lora_dropout=m.lora_dropout,
-                                   gradient_checkpointing=m.gradient_checkpointing))
+                                   gradient_checkpointing=m.gradient_checkpointing,
+                                   # the SFT runs as it was built and cached (the switch is not in the cache key)
+                                   cpu_mixed_precision=False))
     device = cfg.resolved_device()
     policy.to(device)
     before = held_out(cfg, policy, console, "untrained") if ws.eval_tasks else {}
