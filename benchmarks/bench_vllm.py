@@ -106,7 +106,7 @@ def main() -> None:
         from _shared import random_policy
 
         settings = SimpleNamespace(dtype=args.dtype, lora=True, lora_r=16, lora_alpha=32, lora_dropout=0.0,
-                                   gradient_checkpointing=False)
+                                   gradient_checkpointing=False, cpu_mixed_precision=True)
         policy = random_policy(args.model.split(":", 1)[1], settings, layers=1, device=device)
     else:
         policy = load_policy(ModelSpec(args.model, dtype=args.dtype, lora=True, lora_r=16, lora_alpha=32)).to(device)
