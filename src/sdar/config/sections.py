@@ -110,9 +110,10 @@ class ModelConfig:
     cpu_mixed_precision: bool = field(default=True, metadata={
         "added": True, "before": False,
         "help": "bfloat16 on a CPU: the LoRA adapter's matmuls under autocast and the math attention kernel in grad "
-                "forwards (sdar.models.precision): the step about 1.4x faster, and its update the closer to float32's "
-                "of the two bfloat16 paths in every batch measured (benchmarks/bench_precision.py, docs/training.md). "
-                "false: peft's own path. No effect on float32 or off the CPU."})
+                "forwards (sdar.models.precision): its update the closer to float32's of the two bfloat16 paths in "
+                "every batch measured (benchmarks/bench_precision.py, docs/training.md); its speed against plain "
+                "bfloat16 varies by run (docs/benchmarks.md). false: peft's own path. No effect on float32 or off "
+                "the CPU."})
     generation_backend: str = field(default="transformers", metadata={
         "help": "What samples the rollouts: transformers | vllm (CUDA; options under `vllm:`)."})
     tiny_overrides: dict[str, Any] = field(default_factory=dict, metadata={
