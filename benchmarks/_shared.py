@@ -55,10 +55,7 @@ def random_policy(shape: str, model_cfg, *, layers: int | None = None, device: s
         fields["num_hidden_layers"] = layers
         fields["max_window_layers"] = min(fields["max_window_layers"], layers)
     tok = _prepare_tokenizer(load_qwen_tokenizer())
-    spec = ModelSpec(name_or_path=f"random:{shape}", dtype=model_cfg.dtype, lora=model_cfg.lora, lora_r=model_cfg.lora_r,
-                     lora_alpha=model_cfg.lora_alpha, lora_dropout=model_cfg.lora_dropout,
-                     gradient_checkpointing=model_cfg.gradient_checkpointing,
-                     cpu_mixed_precision=model_cfg.cpu_mixed_precision)
+    spec = ModelSpec.from_config(model_cfg, f"random:{shape}")
     config = Qwen2Config(**fields, pad_token_id=tok.pad_token_id)
     torch.manual_seed(seed)
     with torch.device(device):  # initialised where it runs: a 1.5B model's init on the host takes minutes

@@ -70,11 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     trainers = {}
     for dtype in ("float32", "bfloat16"):
         cfg = replace(base, model=replace(base.model, dtype=dtype), output_dir=f"/tmp/sdar-bench-precision/{dtype}")
-        m = cfg.model
         torch.manual_seed(cfg.seed)  # the fresh adapter's initialisation: the same in both
-        policy = load_policy(ModelSpec(name_or_path=where, dtype=dtype, lora=m.lora, lora_r=m.lora_r,
-                                       lora_alpha=m.lora_alpha, lora_dropout=m.lora_dropout,
-                                       cpu_mixed_precision=m.cpu_mixed_precision))
+        policy = load_policy(ModelSpec.from_config(cfg.model, where))
         trainers[dtype] = Trainer(cfg, policy=policy, shortcuts=Shortcuts(old_logp_from_sampler=False, reuse_old_logp=False))
     t32, t16 = trainers["float32"], trainers["bfloat16"]
     adapter = lora_state(t32)

@@ -100,13 +100,12 @@ def main() -> None:
 
     console = make_console()
     if args.model.startswith("random:"):  # a published shape with random weights, one layer (benchmarks/_shared.py)
-        from types import SimpleNamespace
+        from sdar.config import ModelConfig
 
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from _shared import random_policy
 
-        settings = SimpleNamespace(dtype=args.dtype, lora=True, lora_r=16, lora_alpha=32, lora_dropout=0.0,
-                                   gradient_checkpointing=False, cpu_mixed_precision=True)
+        settings = ModelConfig(dtype=args.dtype, lora=True, lora_r=16, lora_alpha=32)
         policy = random_policy(args.model.split(":", 1)[1], settings, layers=1, device=device)
     else:
         policy = load_policy(ModelSpec(args.model, dtype=args.dtype, lora=True, lora_r=16, lora_alpha=32)).to(device)

@@ -64,6 +64,28 @@ def lora_param_count(cfg: TinyModelConfig, r: int) -> int:
     return cfg.num_hidden_layers * r * per_layer
 
 
+def test_a_spec_from_a_run_config_carries_every_setting_the_two_share():
+    """ModelSpec.from_config: each field ModelConfig and ModelSpec share, set away from its default, reaches the spec
+    (a field added to both needs no edit to its callers: the warm start's loader, the benchmarks)."""
+    import dataclasses
+
+    from sdar.config import ModelConfig
+
+    shared = {f.name for f in dataclasses.fields(ModelConfig)} & {f.name for f in dataclasses.fields(ModelSpec)}
+    assert {"dtype", "lora", "lora_r", "lora_alpha", "lora_dropout", "gradient_checkpointing",
+            "cpu_mixed_precision"} <= shared
+    cfg = ModelConfig(name_or_path="smollm2", dtype="bfloat16", lora=False, lora_r=4, lora_alpha=8, lora_dropout=0.1,
+                      gradient_checkpointing=True, cpu_mixed_precision=False)
+    spec = ModelSpec.from_config(cfg, "/warm/start")
+    for name in shared - {"name_or_path"}:
+        assert getattr(spec, name) == getattr(cfg, name) != getattr(ModelSpec("x"), name), name
+    assert spec.name_or_path == "/warm/start"
+    changed = ModelSpec.from_config(cfg, "x", dtype="float32", lora=True)
+    assert (changed.dtype, changed.lora, changed.lora_r) == ("float32", True, 4)
+    with pytest.raises(ValueError, match="lora_r must be >= 1"):  # the spec's own checks still run
+        ModelSpec.from_config(cfg, "x", lora=True, lora_r=0)
+
+
 def test_lora_trains_only_the_adapter(tok_dir, small_cfg, batch):
     policy = load_policy(ModelSpec(f"tiny:{tok_dir}"))
     names = [n for n, p in policy.model.named_parameters() if p.requires_grad]

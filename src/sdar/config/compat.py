@@ -96,16 +96,22 @@ def drop_retired(data: dict[str, Any], where: str = "config") -> list[str]:
     return notes
 
 
-def _added_defaults(cls: type, prefix: str = "") -> dict[str, Any]:
+def _added_fields(cls: type, prefix: str = "") -> dict[str, dataclasses.Field]:
     hints = typing.get_type_hints(cls)
-    out: dict[str, Any] = {}
+    out: dict[str, dataclasses.Field] = {}
     for f in fields(cls):
         if is_dataclass(hints[f.name]):
-            out.update(_added_defaults(hints[f.name], f"{prefix}{f.name}."))
-        elif f.metadata.get("added"):  # "before": the behaviour records made before the field had, where it differs
-            out[f"{prefix}{f.name}"] = f.metadata["before"] if "before" in f.metadata else (
-                f.default if f.default is not dataclasses.MISSING else f.default_factory())
+            out.update(_added_fields(hints[f.name], f"{prefix}{f.name}."))
+        elif f.metadata.get("added"):
+            out[f"{prefix}{f.name}"] = f
     return out
+
+
+def _neutral(f: dataclasses.Field) -> Any:
+    """"before": the behaviour records made before the field had, where it differs from the default."""
+    if "before" in f.metadata:
+        return f.metadata["before"]
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
 
 
 # Fields added after checkpoints and results were made with the behaviour of their default (`"added": True` in the
@@ -113,7 +119,11 @@ def _added_defaults(cls: type, prefix: str = "") -> dict[str, Any]:
 # fingerprint), so what was built and recorded before they existed keeps its identity. "section.field" -> the
 # value that changes nothing: the default, or the field's "before" where its default changed what runs (a run at the
 # new default then has an identity of its own).
-ADDED_DEFAULTS: dict[str, Any] = _added_defaults(TrainConfig)
+ADDED_DEFAULTS: dict[str, Any] = {key: _neutral(f) for key, f in _added_fields(TrainConfig).items()}
+# "section.field" -> its "inert_when" (metadata): a test of a whole config (asdict, nested) that says the field
+# changes nothing in it, so that it is left out of that config's identity at any value
+INERT_WHEN: dict[str, Any] = {key: f.metadata["inert_when"] for key, f in _added_fields(TrainConfig).items()
+                              if "inert_when" in f.metadata}
 
 
 def flat_layout(d: dict[str, Any]) -> dict[str, Any]:
@@ -135,12 +145,9 @@ def flat_layout(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def _inert(d: dict[str, Any]) -> set[str]:
-    """The ADDED_DEFAULTS fields that change nothing in config `d` (whole, either layout): left out of its identity
-    at any value. model.cpu_mixed_precision acts on a bfloat16 model on a CPU alone."""
-    model = d.get("model") if isinstance(d.get("model"), dict) else {}
-    if model.get("dtype", "float32") != "bfloat16" or str(d.get("device", "auto")).startswith("cuda"):
-        return {"model.cpu_mixed_precision"}
-    return set()
+    """The ADDED_DEFAULTS fields that change nothing in config `d` (whole, either layout): those whose
+    "inert_when" says so, left out of its identity at any value."""
+    return {key for key, inert in INERT_WHEN.items() if inert(d)}
 
 
 def drop_added_defaults(d: dict[str, Any], section: str = "") -> dict[str, Any]:

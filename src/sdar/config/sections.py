@@ -90,6 +90,12 @@ class EnvConfig:
     eval_split: str = field(default="test", metadata={"help": "The split the held-out evaluation tasks come from."})
 
 
+def _not_bfloat16_on_a_cpu(d: dict[str, Any]) -> bool:
+    """Config `d` (asdict, whole) runs its model in float32 or on a GPU: a CPU bfloat16 switch changes nothing."""
+    model = d.get("model") if isinstance(d.get("model"), dict) else {}
+    return model.get("dtype", "float32") != "bfloat16" or str(d.get("device", "auto")).startswith("cuda")
+
+
 @dataclass
 class ModelConfig:
     """The policy."""
@@ -108,7 +114,7 @@ class ModelConfig:
     gradient_checkpointing: bool = field(default=False, metadata={
         "help": "Recompute activations in the backward pass: less memory, slower updates."})
     cpu_mixed_precision: bool = field(default=True, metadata={
-        "added": True, "before": False,
+        "added": True, "before": False, "inert_when": _not_bfloat16_on_a_cpu,
         "help": "bfloat16 on a CPU: the LoRA adapter's matmuls under autocast and the math attention kernel in grad "
                 "forwards (sdar.models.precision): its update the closer to float32's of the two bfloat16 paths in "
                 "every batch measured (benchmarks/bench_precision.py, docs/training.md); its speed against plain "

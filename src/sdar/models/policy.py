@@ -85,6 +85,14 @@ class ModelSpec:
         return d
 
     @classmethod
+    def from_config(cls, model_cfg: Any, name_or_path: str, **changes: Any) -> ModelSpec:
+        """The spec of a run's `model:` section (sdar.config.ModelConfig): every setting the two share, by name, so
+        that a setting added to both reaches every caller; `name_or_path` (where the weights are: the warm start,
+        a random shape) and `changes` replace the section's."""
+        shared = {f.name: getattr(model_cfg, f.name) for f in fields(cls) if hasattr(model_cfg, f.name)}
+        return cls(**{**shared, "name_or_path": name_or_path, **changes})
+
+    @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelSpec:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)

@@ -153,7 +153,4 @@ def load_warm_policy(cfg: TrainConfig):
                 "`sdar warmstart --config <your config>` (sdar train, sdar eval, sdar run and make demo build it "
                 "themselves), or call sdar.train.warmstart.ensure_warm_start(cfg)")
         path = str(target)
-    return load_policy(ModelSpec(name_or_path=path, dtype=m.dtype, lora=m.lora, lora_r=m.lora_r,
-                                 lora_alpha=m.lora_alpha, lora_dropout=m.lora_dropout,
-                                 gradient_checkpointing=m.gradient_checkpointing,
-                                 cpu_mixed_precision=m.cpu_mixed_precision))
+    return load_policy(ModelSpec.from_config(m, path))

@@ -79,11 +79,8 @@ def build_pretrained(cfg: TrainConfig, out_dir: Path, console=None) -> dict[str,
     seed = warm_seed(cfg)
     seed_everything(seed)  # the adapter's initialisation draws from the global RNG
     dtype = warm_dtype(cfg)
-    policy = load_policy(ModelSpec(name_or_path=m.name_or_path, dtype=dtype, lora=ws.lora, lora_r=m.lora_r,
-                                   lora_alpha=m.lora_alpha, lora_dropout=m.lora_dropout,
-                                   gradient_checkpointing=m.gradient_checkpointing,
-                                   # the SFT runs as it was built and cached (the switch is not in the cache key)
-                                   cpu_mixed_precision=False))
+    # the SFT runs as it was built and cached (cpu_mixed_precision is not in the cache key)
+    policy = load_policy(ModelSpec.from_config(m, m.name_or_path, dtype=dtype, lora=ws.lora, cpu_mixed_precision=False))
     device = cfg.resolved_device()
     policy.to(device)
     before = held_out(cfg, policy, console, "untrained") if ws.eval_tasks else {}
