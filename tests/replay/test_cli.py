@@ -31,7 +31,7 @@ def test_cli_serves_until_a_signal_ends_it_and_frees_the_port(sig):
     import socket
     import urllib.parse
 
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")  # SIGABRT dumps every thread's stack
     proc = subprocess.Popen([sys.executable, "-m", "sdar.cli", "teachers", "serve", "--family", "shop", "--port", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             cwd=Path(__file__).parent)
@@ -42,7 +42,13 @@ def test_cli_serves_until_a_signal_ends_it_and_frees_the_port(sig):
         assert [m.id for m in client(url).models.list().data] == ["rule", "rule-b"]
     finally:
         proc.send_signal(sig)
-        out, _ = proc.communicate(timeout=30)
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:  # say where it hangs: faulthandler prints each thread's stack
+            proc.send_signal(signal.SIGABRT)
+            _, err = proc.communicate(timeout=30)
+            pytest.fail(f"sdar teachers serve still ran 30 s after {signal.Signals(sig).name}; its threads:\n"
+                        f"{err[-8000:]}")
     port = urllib.parse.urlsplit(url).port
     if sig == signal.SIGINT:
         assert proc.returncode == 0

@@ -59,10 +59,8 @@ class ServerHandle:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=timeout_s)
-        if self._server is not None:
-            self._server.should_exit = True
         if self._thread is not None:
-            self._thread.join(timeout=timeout_s)
+            stop_server_thread(self._server, self._thread, timeout_s)
         if self.log_path is not None and self.process is not None and self.process.poll() is not None:
             self.log_path.unlink(missing_ok=True)
 
@@ -71,6 +69,21 @@ class ServerHandle:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def stop_server_thread(server: Any, thread: threading.Thread, timeout_s: float = 10.0) -> bool:
+    """Stop a uvicorn `server` running in `thread`: gracefully (its open connections get uvicorn's
+    timeout_graceful_shutdown), then, if the thread still runs after `timeout_s`, forced (uvicorn's second Ctrl-C).
+    Waiting matters beyond the daemon thread itself: the server's event loop is what stops the AnyIO worker threads
+    that ran its sync handlers, which are not daemons, so an interpreter left with a live loop never exits. True
+    once the thread has ended."""
+    if server is not None:
+        server.should_exit = True
+    thread.join(timeout=timeout_s)
+    if thread.is_alive() and server is not None:
+        server.force_exit = True
+        thread.join(timeout=timeout_s)
+    return not thread.is_alive()
 
 
 def wait_healthy(url: str, timeout_s: float = 90.0, handle: ServerHandle | None = None) -> None:

@@ -331,10 +331,11 @@ class LocalPool:
         return [e.model for e in self.endpoints]
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
+        from sdar_envs.launcher import stop_server_thread
+
         if self._thread is not None:
-            self._thread.join(timeout=10)
+            if not stop_server_thread(self._server, self._thread):
+                log.warning("the local teacher server at %s did not stop within 20 s", self.url)
             self._thread = None
 
 
