@@ -6,6 +6,7 @@ Not a benchmark itself (tests/benchmarks/test_smoke.py runs it through the bench
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
@@ -79,12 +80,14 @@ class PhaseFigures:
     """One phase's forwards of the decoder. positions: input positions forwarded (rows x width, padding included);
     real: the positions the attention mask marks as tokens; model_s: seconds inside the decoder and the output head
     (on a GPU the device's seconds between CUDA events); decode_steps: forwards on a KV cache (the sampler's
-    steps)."""
+    steps); grad_positions: the positions of forwards that ran with gradients (the update's micro-batches, not its
+    no-grad checks)."""
 
     seconds: float = 0.0
     forwards: int = 0
     positions: int = 0
     real: int = 0
+    grad_positions: int = 0
     model_s: float = 0.0
     decode_steps: int = 0
 
@@ -232,6 +235,7 @@ class ForwardMeter:
                 past is not None and (past.get_seq_length() if hasattr(past, "get_seq_length") else 1) > 0)
             f.forwards += 1
             f.positions += rows * width
+            f.grad_positions += rows * width if self.torch.is_grad_enabled() else 0
             f.decode_steps += int(cached)
         if on_gpu:  # read when the phase ends: reading a GPU tensor now would synchronise
             self._pending.append((self.current, start, end, real if decoder else 0))
@@ -281,3 +285,41 @@ def linear_flops_per_position(model) -> dict[str, float]:
             n += mod.weight.numel()
     full = any(p.requires_grad for p in model.get_input_embeddings().parameters())
     return {"forward": 2.0 * n, "train": (6.0 if full else 4.0) * n, "linear_weights": float(n)}
+
+
+ATTENTION_OPS = ("aten::bmm", "aten::baddbmm", "aten::_softmax", "aten::_softmax_backward_data", "aten::_safe_softmax",
+                 "aten::isneginf")
+
+
+def op_attribution(prof, vocab: int, lora_r: int | None) -> dict:
+    """Where a profiled CPU region's seconds went (`prof`: a finished torch.profiler.profile with record_shapes),
+    by each op's self time: the matrix multiplies of the decoder's linear layers, of the LoRA adapter (a dimension
+    of `lora_r`), of the output head (a dimension of `vocab`), attention (batched matmuls, the softmax and its
+    masking, the fused kernels), and everything else (norms, activations, casts, the loss, the optimizer), its
+    largest ops named. Matmul parts carry their FLOPs (2 x M x K x N from the recorded shapes)."""
+    parts = {k: {"seconds": 0.0, "flops": 0.0} for k in ("linear layers", "LoRA adapter", "output head", "attention",
+                                                            "everything else")}
+    rest: dict[str, float] = {}
+    for e in prof.key_averages(group_by_input_shape=True):
+        s = e.self_cpu_time_total / 1e6
+        shapes = [tuple(x) for x in (e.input_shapes or []) if isinstance(x, (list, tuple))]
+        mats = [x for x in shapes if len(x) in (2, 3)]
+        flops = 0.0
+        if e.key in ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm") and len(mats) >= 2:
+            a, b = mats[-2], mats[-1]  # addmm / baddbmm: (bias, a, b)
+            flops = 2.0 * math.prod(a) * b[-1] * e.count
+        dims = {d for x in mats for d in x}
+        if e.key in ("aten::mm", "aten::addmm", "aten::bmm") and vocab in dims:
+            part = "output head"
+        elif e.key in ("aten::mm", "aten::addmm"):
+            part = "LoRA adapter" if lora_r is not None and lora_r in dims else "linear layers"
+        elif e.key in ATTENTION_OPS or "scaled_dot_product" in e.key:
+            part = "attention"
+        else:
+            part = "everything else"
+            rest[e.key] = rest.get(e.key, 0.0) + s
+        parts[part]["seconds"] += s
+        parts[part]["flops"] += flops
+    total = sum(p["seconds"] for p in parts.values())
+    top = sorted(rest.items(), key=lambda kv: -kv[1])[:4]
+    return {"parts": parts, "total_s": total, "rest_top": top}

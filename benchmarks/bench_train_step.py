@@ -28,10 +28,15 @@ For the arms with a teacher it prints the teacher pass's positions (padding incl
 nodes of its sequences' prefix trie (`sdar.models.scoring.prefix_trie_positions`), and the SDAR/GRPO floor that
 minimum implies at the same seconds per position. --floor (on for smollm2) prints each phase's arithmetic floor: its
 forwarded positions x the decoder's linear FLOPs per position (2N no-grad, 4N for a LoRA update, 6N full) at the
-matrix-multiply rate measured at the start of the same run, in the config's dtype. Run:
+matrix-multiply rate measured at the start of the same run, in the config's dtype (a forward with gradients counts
+4N or 6N, a no-grad one 2N, wherever it runs). --ops (on for smollm2, CPU only) runs one more update on the last step's
+batch under torch.profiler and prints where its seconds go, by each op's own CPU time: the matmuls of the decoder's
+linear layers, of the LoRA adapter and of the output head (told apart by their recorded shapes, each with its FLOPs
+and its multiple of the measured rate), attention (batched matmuls, softmax, masking, fused kernels) and everything
+else, its largest ops named. Run:
   .venv/bin/python benchmarks/bench_train_step.py [--model tiny|smollm2|qwen2.5-0.5b|qwen2.5-1.5b] [--layers N] [--steps 2]
       [--config configs/household-tiny.yaml] [--set KEY=VALUE] [--compare-off] [--modes on,batched,packed] [--limits]
-      [--smoke]
+      [--ops] [--smoke]
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ from _shared import (
     ForwardMeter,
     linear_flops_per_position,
     matmul_rate,
+    op_attribution,
     random_policy,
 )
 
@@ -265,15 +271,36 @@ def arm_steps(args, shape: str, arm: str, overrides: dict, console, shortcuts: b
                 steps.append(step_figures(meter, last["rollout"].trajs, record))
         timed = steps[1:] or steps  # the first step warms up, unless it is the only one
         flops = linear_flops_per_position(model)
-        if not args.limits:
-            return {**summary(timed, counts, model, cfg), "flops_per_position": flops}
-        yield  # the limits are timed after every arm's steps (a round of their own)
         out = {**summary(timed, counts, model, cfg), "flops_per_position": flops}
+        if args.ops:
+            yield  # after every arm's timed steps (a round of their own)
+            out["ops"] = update_ops(trainer, last["score"], args.steps + 1)
+        if not args.limits:
+            return out
+        yield  # the limits are timed after every arm's steps (a round of their own)
         lim = limits(trainer, last["rollout"].trajs)
         lim["score_s"] = (lim["student_forward_s"] if trainer.arm.kl_coef else 0.0) + \
             (lim["teacher_forward_s"] if trainer.arm.needs_teacher else 0.0)
         out["limits"] = lim
         return out
+
+
+def update_ops(trainer, batch, step: int) -> dict:
+    """One more update on the last step's scored `batch`, under torch.profiler (after the timed steps, which it
+    does not touch): where its seconds go by op (benchmarks/_shared.py:op_attribution), beside its wall seconds."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model = trainer.policy.model
+    if trainer.policy.device.type != "cpu":
+        return {"skipped": f"--ops attributes the CPU's time by op, not {trainer.policy.device.type}'s: on a GPU, "
+                           "torch.profiler's CUDA activity"}
+    update = type(trainer).update_phase  # the trainer's own, not the meter's wrapper
+    with trainer.scorer.scope(), profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        t0 = time.perf_counter()
+        update(trainer, step, batch)
+        wall = time.perf_counter() - t0
+    r = trainer.cfg.model.lora_r if trainer.cfg.model.lora else None
+    return {**op_attribution(prof, model.get_output_embeddings().weight.shape[0], r), "wall_s": wall}
 
 
 def step_figures(meter: ForwardMeter, trajs, record: dict) -> dict:
@@ -282,7 +309,8 @@ def step_figures(meter: ForwardMeter, trajs, record: dict) -> dict:
     step = f.pop("step")
     if "teacher" in f:
         t, s = f["teacher"], f.setdefault("score", {})
-        merged = {k: s.get(k, 0) + t[k] for k in ("seconds", "forwards", "positions", "real", "model_s", "decode_steps")}
+        merged = {k: s.get(k, 0) + t[k] for k in ("seconds", "forwards", "positions", "real", "model_s", "decode_steps",
+                                                  "grad_positions")}
         merged["seconds"] = s.get("seconds", 0.0)  # the teacher's seconds are inside score's already
         f["score"] = merged
         if "teacher_trie" in record:
@@ -372,7 +400,8 @@ def report(rows: dict, args, shape: str, cfg_note: str) -> str:
         rates = ", ".join(f"{r / 1e9:,.0f} GFLOP/s in {d}" for d, r in args.floor_rate.items())
         train_n = "6N" if fl0["train"] > 4.5 * fl0["linear_weights"] else "4N"
         note = (f"The arithmetic floor: each phase's forwarded positions (padding included) x the FLOPs per position of "
-                f"the decoder's linear layers (no-grad passes 2N, the update {train_n}; N = "
+                f"the decoder's linear layers (no-grad forwards 2N, forwards with gradients, the update's, {train_n}; "
+                f"N = "
                 f"{fl0['linear_weights'] / 1e6:,.1f}M weights) at the matrix-multiply rate of the row's dtype measured "
                 f"in this run ({rates}; 2048 x 2048); the head and attention's scores are left out, so the floor is a "
                 "lower bound.")
@@ -385,13 +414,38 @@ def report(rows: dict, args, shape: str, cfg_note: str) -> str:
                 ph = r["phases"].get(name)
                 if ph is None:
                     continue
-                floor = ph["positions"] * (fl["train"] if name == "update" else fl["forward"]) / rate
+                grad = ph.get("grad_positions", 0)
+                floor = ((ph["positions"] - grad) * fl["forward"] + grad * fl["train"]) / rate
                 total += floor
                 ratio = f"{ph['seconds'] / floor:.2f}x" if floor > 0 else "-"
                 lines.append(f"| {arm} | {mode} | {name} | {ph['positions']:,.0f} | {floor:.3f} | {ph['seconds']:.2f} "
                              f"| {ratio} |")
             ratio = f"**{r['step_s'] / total:.2f}x**" if total > 0 else "-"
             lines.append(f"| {arm} | {mode} | **step** | | **{total:.3f}** | **{r['step_s']:.2f}** | {ratio} |")
+    skipped = {r["ops"]["skipped"] for r in rows.values() if "skipped" in r.get("ops", {})}
+    if args.ops and skipped:
+        lines += ["", *sorted(skipped)]
+    elif args.ops:
+        rates = getattr(args, "floor_rate", {})
+        lines += ["", "Where the update's seconds go: one more update on the last step's batch under torch.profiler, "
+                  "each op's own CPU time (the matmuls by the recorded shapes: the output head has a dimension of the "
+                  "vocabulary, the adapter of its rank)" + ("; x rate: the part's seconds over its FLOPs at the "
+                                                             "matrix-multiply rate of the row's dtype" if rates else ""),
+                  "", "| arm | speed-ups | part | seconds | share | GFLOP | GFLOP/s | x rate |",
+                  "|---|---|---|---:|---:|---:|---:|---:|"]
+        for (arm, mode), r in rows.items():
+            ops, rate = r["ops"], rates.get(r["dtype"], 0.0)
+            for name, p in ops["parts"].items():
+                cells = [f"{p['seconds']:.2f}", f"{p['seconds'] / ops['total_s']:.0%}", "", "", ""]
+                if p["flops"]:
+                    cells[2:] = [f"{p['flops'] / 1e9:,.0f}", f"{p['flops'] / 1e9 / max(p['seconds'], 1e-9):,.0f}",
+                                 f"{p['seconds'] / (p['flops'] / rate):.2f}x" if rate else ""]
+                lines.append(f"| {arm} | {mode} | {name} | " + " | ".join(cells) + " |")
+            lines.append(f"| {arm} | {mode} | **update** (wall {ops['wall_s']:.2f} s) | **{ops['total_s']:.2f}** "
+                         "| | | | |")
+        for (arm, mode), r in rows.items():
+            top = ", ".join(f"{k.removeprefix('aten::')} {v:.2f} s" for k, v in r["ops"]["rest_top"])
+            lines.append(f"{arm}, {mode}: everything else's largest ops: {top}")
     if args.limits:
         lines += ["", "| arm | speed-ups | rollout / limit | score / limit | update / limit |", "|---|---|---:|---:|---:|"]
         for (arm, mode), r in rows.items():
@@ -421,6 +475,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--compare-off", action="store_true", help="also run every arm with every speed-up off")
     ap.add_argument("--modes", default="on", help=f"the runs per arm, by name: {', '.join(MODES)} (comma-separated)")
     ap.add_argument("--limits", action="store_true", help="also time the phases' raw limits on the last step's batch")
+    ap.add_argument("--ops", action="store_true", help="also run one more update on the last step's batch under "
+                    "torch.profiler (CPU) and print where its seconds go: the linear layers', the adapter's and the "
+                    "head's matmuls, attention, everything else (on by default for smollm2)")
     ap.add_argument("--smoke", action="store_true", help="the smallest run (CI): the training tests' miniature config "
                     "with one task, one step (no warm-up); a published shape: 1 layer, episodes of 1 turn")
     ap.add_argument("--json", default="runs/bench/train_step.json", help="where the figures are written")
@@ -442,6 +499,7 @@ def main(argv: list[str] | None = None) -> None:
     modes = {name: MODES[name] for name in names}
     arms = args.arms.split(",")
     args.floor = args.floor or args.model == "smollm2"
+    args.ops = args.ops or args.model == "smollm2"
     if args.floor:  # the rate of the precision that runs, measured before the arms (the same machine, the same run)
         import torch
 

@@ -215,6 +215,21 @@ def test_bench_train_step_on_smollm2_prints_each_phases_arithmetic_floor(tmp_pat
     assert [r[2] for r in floor] == ["rollout", "score", "update", "**step**"]
     for r in floor[:3]:
         assert number(r[3]) > 0 and number(r[4]) > 0 and number(r[6]) >= 1.0  # never faster than the floor
+    # --ops (on for smollm2): where one more update's seconds go, by op, each part's share of the profiled time
+    ops = [r for r in table_rows(out) if len(r) == 8 and r[0] == "grpo"]
+    assert [r[2] for r in ops[:5]] == ["linear layers", "LoRA adapter", "output head", "attention", "everything else"]
+    assert ops[5][2].startswith("**update** (wall ")
+    assert abs(sum(number(r[4].rstrip("%")) for r in ops[:5]) - 100) <= 3
+    assert abs(sum(number(r[3]) for r in ops[:5]) - number(ops[5][3])) <= 0.03
+    assert number(ops[0][7]) > 0.5 and number(ops[1][5]) > 0  # the adapter's matmuls are found by their rank
+    # the linear layers' FLOPs, read off the profiled shapes, are the floor's: the update's positions with gradients
+    # x 4N and its no-grad ones (the finite check after each optimizer step) x 2N, to the first layer's backward (its
+    # input, the embeddings, needs no gradient: 1 of 30 layers' 2N)
+    row = json.loads((tmp_path / "step.json").read_text())["rows"]["grpo/on"]
+    u, fl = row["phases"]["update"], row["flops_per_position"]
+    assert 0 < u["grad_positions"] < u["positions"]
+    expected = u["grad_positions"] * fl["train"] + (u["positions"] - u["grad_positions"]) * fl["forward"]
+    assert 0.97 <= row["ops"]["parts"]["linear layers"]["flops"] / expected <= 1.01, (row["ops"], expected)
 
 
 def test_bench_vs_trl(tmp_path):
