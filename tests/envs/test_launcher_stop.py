@@ -64,8 +64,8 @@ def test_a_request_that_never_ends_does_not_keep_the_server_or_its_workers_alive
     assert entered.wait(30)
 
     t0 = time.monotonic()
-    assert stop_server_thread(server, thread, timeout_s=1.0)
-    assert time.monotonic() - t0 < 10
+    assert stop_server_thread(server, thread, timeout_s=5.0)  # 5 s graceful, then forced (room for a loaded CI)
+    assert time.monotonic() - t0 < 20
     assert server.force_exit  # the graceful stop alone would have waited for /forever
     deadline = time.monotonic() + 10
     while set(_workers()) - before and time.monotonic() < deadline:
