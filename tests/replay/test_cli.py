@@ -32,9 +32,15 @@ def test_cli_serves_until_a_signal_ends_it_and_frees_the_port(sig):
     import urllib.parse
 
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")  # SIGABRT dumps every thread's stack
-    proc = subprocess.Popen([sys.executable, "-m", "sdar.cli", "teachers", "serve", "--family", "shop", "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            cwd=Path(__file__).parent)
+    # the child starts with Ctrl-C at its default, as from a terminal: an ignored SIGINT is inherited, and an earlier
+    # test in this worker can leave one (CI caught the server still in its wait loop 30 s after SIGINT, twice)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "sdar.cli", "teachers", "serve", "--family", "shop", "--port",
+                                 "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                cwd=Path(__file__).parent)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     try:
         url = proc.stdout.readline().strip()
         assert url.startswith("http://127.0.0.1:") and url.endswith("/v1"), proc.stderr.read()
