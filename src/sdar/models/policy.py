@@ -21,12 +21,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 import torch
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-)
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from sdar.models import precision
 from sdar.models.gguf import SMOLLM2_ALIASES, smollm2_dir
@@ -86,11 +81,10 @@ class ModelSpec:
 
     @classmethod
     def from_config(cls, model_cfg: Any, name_or_path: str, **changes: Any) -> ModelSpec:
-        """The spec of a run's `model:` section (sdar.config.ModelConfig): every setting the two share, by name, so
-        that a setting added to both reaches every caller; `name_or_path` (where the weights are: the warm start,
-        a random shape) and `changes` replace the section's."""
-        shared = {f.name: getattr(model_cfg, f.name) for f in fields(cls) if hasattr(model_cfg, f.name)}
-        return cls(**{**shared, "name_or_path": name_or_path, **changes})
+        """A run's `model:` section (sdar.config.ModelConfig) as a spec, by every field the two share (a field added to
+        both reaches each caller); `name_or_path` (the warm start, a random shape) and `changes` replace its own."""
+        return cls(**{**{f.name: getattr(model_cfg, f.name) for f in fields(cls) if hasattr(model_cfg, f.name)},
+                      "name_or_path": name_or_path, **changes})
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelSpec:
@@ -102,8 +96,7 @@ class ModelSpec:
 
 
 def _prepare_tokenizer(tok: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
-    # generation and batching need a pad token; eos is the conventional stand-in (the trainer
-    # must build masks from attention_mask, never from pad ids, because of exactly this)
+    # generation and batching need a pad token; eos stands in (so masks come from attention_mask, never from pad ids)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
@@ -301,8 +294,7 @@ class Policy:
         train/eval mode and grad mode are restored on exit, also after an exception.
         """
         if self.is_lora and self.plain_inference:
-            # the base weights in a plain module (their tensors shared, no copy): the same numbers as the
-            # disabled adapter without peft's per-layer wrappers
+            # the base weights in a plain module (tensors shared): the disabled adapter's numbers, no per-layer wrappers
             if self._plain_base is None or self._plain_base.device != self.device:
                 self._plain_base = self._initial_weights().eval()
             with torch.no_grad():
