@@ -1,6 +1,5 @@
 """stop_server_thread: a uvicorn server in a thread stops even while a request holds its graceful shutdown open, and
-the non-daemon AnyIO worker threads of its sync handlers end with it (else the interpreter never exits: the hang of
-`sdar teachers serve` after Ctrl-C that CI saw once)."""
+the non-daemon AnyIO worker threads of its sync handlers end with it (else the interpreter never exits)."""
 
 from __future__ import annotations
 
