@@ -108,7 +108,8 @@ def _added_fields(cls: type, prefix: str = "") -> dict[str, dataclasses.Field]:
 
 
 def _neutral(f: dataclasses.Field) -> Any:
-    """"before": the behaviour records made before the field had, where it differs from the default."""
+    """The value of an added field that changes nothing: its "before" (the behaviour records made before the field
+    had, where it differs from the default), else its default."""
     if "before" in f.metadata:
         return f.metadata["before"]
     return f.default if f.default is not dataclasses.MISSING else f.default_factory()
@@ -119,11 +120,11 @@ def _neutral(f: dataclasses.Field) -> Any:
 # fingerprint), so what was built and recorded before they existed keeps its identity. "section.field" -> the
 # value that changes nothing: the default, or the field's "before" where its default changed what runs (a run at the
 # new default then has an identity of its own).
-ADDED_DEFAULTS: dict[str, Any] = {key: _neutral(f) for key, f in _added_fields(TrainConfig).items()}
+_ADDED = _added_fields(TrainConfig)
+ADDED_DEFAULTS: dict[str, Any] = {key: _neutral(f) for key, f in _ADDED.items()}
 # "section.field" -> its "inert_when" (metadata): a test of a whole config (asdict, nested) that says the field
 # changes nothing in it, so that it is left out of that config's identity at any value
-INERT_WHEN: dict[str, Any] = {key: f.metadata["inert_when"] for key, f in _added_fields(TrainConfig).items()
-                              if "inert_when" in f.metadata}
+INERT_WHEN: dict[str, Any] = {key: f.metadata["inert_when"] for key, f in _ADDED.items() if "inert_when" in f.metadata}
 
 
 def flat_layout(d: dict[str, Any]) -> dict[str, Any]:

@@ -334,8 +334,9 @@ class LocalPool:
         from sdar_envs.launcher import stop_server_thread
 
         if self._thread is not None:
-            if not stop_server_thread(self._server, self._thread):
-                log.warning("the local teacher server at %s did not stop within 20 s", self.url)
+            if not stop_server_thread(self._server, self._thread, timeout_s=10.0):
+                log.warning("the local teacher server at %s did not stop within 10 s, nor 10 s after a forced stop",
+                            self.url)
             self._thread = None
 
 
