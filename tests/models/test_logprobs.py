@@ -139,6 +139,14 @@ def test_bad_inputs_are_explained(model):
         token_logprobs(model, ids, torch.ones(2, 4), chunk_size=0)
 
 
+def _positions_forwarded(model):
+    """A list that collects the padded positions (rows x width) of every forward of `model` (at its token
+    embedding, which every way of calling the decoder passes), and its hook."""
+    seen: list[int] = []
+    hook = model.get_input_embeddings().register_forward_pre_hook(lambda module, args: seen.append(int(args[0].numel())))
+    return seen, hook
+
+
 def test_length_bucketed_scoring_gives_the_same_rows_in_the_same_order(model, tokenizer):
     import random
 
@@ -148,18 +156,57 @@ def test_length_bucketed_scoring_gives_the_same_rows_in_the_same_order(model, to
     ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
     prompts = [sum((ids[rng.randrange(3)] for _ in range(rng.randint(1, 6))), []) for _ in range(11)]
     responses = [ids[rng.randrange(3)][: rng.randint(1, 8)] for _ in range(11)]
-    plain = response_logprobs(model, prompts, responses, pad_id=0, batch_size=3, with_entropy=True,
-                              length_buckets=False)
-    bucketed = response_logprobs(model, prompts, responses, pad_id=0, batch_size=3, with_entropy=True)
+    forwarded = {}
+    for buckets in (False, True):
+        seen, handle = _positions_forwarded(model)
+        forwarded[buckets] = (response_logprobs(model, prompts, responses, pad_id=0, batch_size=3, with_entropy=True,
+                                                length_buckets=buckets), sum(seen))
+        handle.remove()
+    (plain, plain_n), (bucketed, bucketed_n) = forwarded[False], forwarded[True]
     assert torch.equal(plain.mask, bucketed.mask)
     torch.testing.assert_close(bucketed.logp, plain.logp, atol=1e-5, rtol=0)
     torch.testing.assert_close(bucketed.entropy, plain.entropy, atol=1e-5, rtol=0)
-    # and the padded width of each forward shrinks: the longest row no longer sits in every batch
+    # and the padded positions forwarded shrink: the longest row no longer sits in every batch, and no group
+    # pads more than length_groups' slack (20%) beyond its real tokens, nor more than sorted chunks of 3 would
     lengths = sorted(len(p) + len(r) for p, r in zip(prompts, responses))
-    padded_sorted = sum(max(lengths[k : k + 3]) * len(lengths[k : k + 3]) for k in range(0, 11, 3))
-    order = [len(p) + len(r) for p, r in zip(prompts, responses)]
-    padded_plain = sum(max(order[k : k + 3]) * len(order[k : k + 3]) for k in range(0, 11, 3))
-    assert padded_sorted < padded_plain
+    chunks = sum(max(lengths[k : k + 3]) * len(lengths[k : k + 3]) for k in range(0, 11, 3))
+    assert bucketed_n < plain_n and bucketed_n <= chunks
+    assert bucketed_n <= 1.2 * sum(lengths)
+
+
+@pytest.mark.parametrize("prefix_len", [0, 5])
+def test_one_long_row_pads_only_its_own_group_when_scoring(model, prefix_len):
+    """A pass's one long row (a turn with a long observation) among rows of similar length: no-grad scoring
+    forwards it in its own group rather than padding a whole batch to it (16 rows of about 140 tokens and
+    one of 227 in a batch of 16 forwarded 53% more positions than the rows hold), with the same numbers as one
+    padded forward per batch; plain rows and rows continuing from a shared prefix alike."""
+    import random
+
+    from sdar.models.scoring import grouped_prefix_logprobs, response_logprobs
+
+    rng = random.Random(2)
+    start = [rng.randrange(5, 90) for _ in range(prefix_len)]
+    lengths = [rng.randint(20, 24) for _ in range(15)] + [40]
+    prompts = [start + [rng.randrange(5, 90) for _ in range(n - 3)] for n in lengths]
+    responses = [[rng.randrange(5, 90) for _ in range(3)] for _ in lengths]
+    real = sum(len(p) + len(r) - prefix_len for p, r in zip(prompts, responses))
+    out = {}
+    for buckets in (False, True):
+        seen, handle = _positions_forwarded(model)
+        if prefix_len:
+            scored = grouped_prefix_logprobs(model, prompts, responses, [0] * len(prompts), pad_id=0, batch_size=16) \
+                if buckets else response_logprobs(model, prompts, responses, pad_id=0, batch_size=16,
+                                                   length_buckets=False)
+        else:
+            scored = response_logprobs(model, prompts, responses, pad_id=0, batch_size=16, length_buckets=buckets)
+        handle.remove()
+        out[buckets] = (scored, sum(seen))
+    (plain, _), (grouped, n) = out[False], out[True]
+    assert torch.equal(plain.mask, grouped.mask)
+    torch.testing.assert_close(grouped.logp, plain.logp, atol=1e-5, rtol=0)
+    # the shared prefix once, then every row's own tokens with at most length_groups' 20% slack
+    assert n <= prefix_len + 1.2 * real
+    assert n < 16 * (max(lengths) - prefix_len)  # a batch padded to the long row
 
 
 def test_length_groups_close_on_row_count_and_padding():

@@ -252,9 +252,12 @@ def test_a_bfloat16_model_under_fsdp_at_two_ranks_trains_as_one_process(tiny_ckp
     sharded over 2 ranks, through the TrainJob's pod command, makes the one-process bfloat16 run's two steps (group
     seeding makes the trajectories independent of the rank count in bfloat16 too). Step 0 starts both from the same
     weights and agrees as float32 runs do; step 1 starts from weights that differ by float32 summation order, which
-    the bfloat16 forward rounds to its 2^-8: losses and statistics to 4e-3 relative (1e-5 absolute), weights to half
-    a step (measured with model.cpu_mixed_precision, the default: losses within 1.4e-3, the weights 0.19 of a step;
-    plain bfloat16 needs 1e-2 / 1e-4: its losses within 3e-3, the gap's mean 5.5e-3)."""
+    the bfloat16 forward rounds to its 2^-8: losses and statistics to 4e-3 relative (1e-4 absolute), weights to half
+    a step (measured with model.cpu_mixed_precision, the default: losses within 1.4e-3, the weights 0.25 of a step;
+    plain bfloat16 needs 1e-2 / 1e-4: its losses within 3e-3, the gap's mean 5.5e-3). The absolute bound is for
+    teacher/gap_all_tokens, a mean near zero (-2.6e-4) of gaps of order 0.05 that each carry that rounding: 3.6e-5
+    apart since the update and the scoring passes group their rows by length and content (a process's rows group
+    otherwise than one rank's half), where every other figure agrees within 1.4e-3 relative."""
     from sdar.config import load_config
     from sdar.train import Trainer
 
@@ -263,7 +266,7 @@ def test_a_bfloat16_model_under_fsdp_at_two_ranks_trains_as_one_process(tiny_ckp
     Trainer(load_config(CONFIG, {**_overrides("sdar", True, 2, one, "ddp", None), **bf16})).run()
     many = tmp_path / "fsdp"
     launch("trainjob", {**_overrides("sdar", True, 2, many, "fsdp", None), **bf16}, 2)
-    print("\n".join(assert_same_run(one, many, "sdar-lora-bf16-fsdp-2", later=(4e-3, 1e-5), steps=0.5)))
+    print("\n".join(assert_same_run(one, many, "sdar-lora-bf16-fsdp-2", later=(4e-3, 1e-4), steps=0.5)))
     for d in (one, many):  # both trained the bfloat16 base
         assert json.loads((d / "final" / "sdar_policy.json").read_text())["spec"]["dtype"] == "bfloat16", d
 

@@ -430,26 +430,38 @@ def test_the_update_forward_from_shared_prefixes_gives_the_plain_forwards_number
         torch.testing.assert_close(g1[n], g0[n], rtol=tol * 10, atol=tol * 10 * max(float(g0[n].abs().max()), 1e-6))
 
 
-@pytest.mark.parametrize("flags", [{"prefix_cache": False}, {"length_buckets": False}, {}])
+@pytest.mark.parametrize("flags", [{"prefix_cache": False}, {"length_buckets": False}, {"dedup": False}, {}])
 def test_the_update_with_length_groups_and_prefix_reuse_changes_nothing(tiny_ckpt, tmp_path, flags):
-    """Issue 14.4: a step with the update's forwards regrouped (length groups, a task's prompt start once) makes
-    the same update, with the same statistics, as with both switched off."""
-    results = {}
-    for name, extra in (("on", flags), ("off", {"prefix_cache": False, "length_buckets": False})):
-        trainer = make_trainer(small_config(tmp_path / name, arm="sdar", steps=1, tracking=False, **{"ppo.mini_batch_size": 6,
-                                            "ppo.micro_batch_size": 3}), shortcuts=Shortcuts(**extra))
-        import sdar.models.scoring as sc
+    """Issue 14.4: a step with the update's forwards regrouped (length groups, a task's prompt start once, each
+    distinct row once) makes the same update, with the same statistics, as with all three switched off."""
+    import sdar.models.scoring as sc
 
-        calls = []
-        real = sc.shared_prefix_logprobs
+    results = {}
+    for name, extra in (("on", flags), ("off", {"prefix_cache": False, "length_buckets": False, "dedup": False})):
+        # micro-batches of 6 rows, rollouts at temperature 0.1: the G rollouts of a task play equal turns, some in
+        # one micro-batch (the update dedups within one)
+        trainer = make_trainer(small_config(tmp_path / name, arm="sdar", steps=1, tracking=False, **{
+            "ppo.mini_batch_size": 12, "ppo.micro_batch_size": 6, "rollout.temperature": 0.1}),
+            shortcuts=Shortcuts(**extra))
+        calls, deduped = [], []  # the prefix path's grad flags; whether a forward with gradients ran fewer rows
+        real, real_once = sc.shared_prefix_logprobs, sc._scored_once
+
+        def once(*a, **k):
+            out = real_once(*a, **k)
+            deduped.append(out is not None and out.logp.requires_grad)
+            return out
+
         sc.shared_prefix_logprobs = lambda *a, **k: calls.append(k.get("grad", False)) or real(*a, **k)
+        sc._scored_once = once
         try:
             m = trainer.train_step(0).metrics
         finally:
-            sc.shared_prefix_logprobs = real
-        results[name] = (m, calls, _updated(trainer))
-    (m1, c1, w1), (m0, c0, w0) = results["on"], results["off"]
+            sc.shared_prefix_logprobs, sc._scored_once = real, real_once
+        results[name] = (m, calls, _updated(trainer), any(deduped))
+    (m1, c1, w1, d1), (m0, c0, w0, d0) = results["on"], results["off"]
     assert (True in c1) == flags.get("prefix_cache", True) and True not in c0  # the update used the prefix path
+    # with dedup the update forwarded a micro-batch's equal rows once (the G rollouts' equal first turns)
+    assert d1 == flags.get("dedup", True) and not d0
     for key in ("loss/pg", "loss/kl", "loss/sdar", "pg/ratio_mean", "pg/approx_kl", "sdar/gap_mean", "loss/total"):
         assert m1[key] == pytest.approx(m0[key], abs=1e-5), key
     _assert_same_update(w1, w0, trainer.cfg.optim.lr)
@@ -488,12 +500,14 @@ def test_unique_rows_merges_only_rows_equal_in_prompt_response_allowed_and_group
     assert unique_rows([], [], None) == ([], [])
 
 
+@pytest.mark.parametrize("grad", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("grouped", [False, True])
-def test_dedup_scoring_forwards_each_distinct_row_once_with_the_same_numbers(tiny_ckpt, tmp_path, dtype, grouped):
+def test_dedup_scoring_forwards_each_distinct_row_once_with_the_same_numbers(tiny_ckpt, tmp_path, dtype, grouped, grad):
     """Issue 14 (scoring.dedup): rows equal in prompt, response and allowed tokens are forwarded once and take
     that forward's log-probs and entropies: the same numbers as scoring every row (fp32 1e-5, bf16 3e-2), fewer
-    positions through the model, constrained rows and temperature 0.7 included."""
+    positions through the model, constrained rows and temperature 0.7 included. With gradients (the update's
+    micro-batch) every copy's loss reaches the one forward: the same loss and gradient as forwarding each copy."""
     import copy
 
     from sdar.models.scoring import grouped_prefix_logprobs, prefix_trie_positions, response_logprobs, unique_rows
@@ -507,18 +521,28 @@ def test_dedup_scoring_forwards_each_distinct_row_once_with_the_same_numbers(tin
     allowed, groups = [t.allowed for _, t in flat], [g for g, _ in flat]
     first, _ = unique_rows(prompts, responses, allowed, groups)
     assert len(first) <= n < len(flat)
-    model = copy.deepcopy(trainer.model).to(dtype).eval()
+    model = copy.deepcopy(trainer.model).to(dtype).train(grad)
+    with torch.no_grad():  # a LoRA that has moved (B != 0), so every adapter weight receives a gradient
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(0))
     seen = []
     # the decoder: scoring runs it and the output head at the needed positions (sdar.models.logprobs.logits_at)
     model.get_decoder().register_forward_pre_hook(lambda m, a, k: seen.append(int((k.get("input_ids") if k.get("input_ids")
                                     is not None else a[0]).numel())), with_kwargs=True)
-    out = {}
+    out, grads = {}, {}
     for dedup in (True, False):
         seen.clear()
+        model.zero_grad(set_to_none=True)
         kw = dict(pad_id=trainer.pad_id, allowed=allowed, temperature=0.7, with_entropy=True, batch_size=8,
-                  dedup=dedup)
-        out[dedup] = (grouped_prefix_logprobs(model, prompts, responses, groups, **kw) if grouped else
-                      response_logprobs(model, prompts, responses, **kw), sum(seen))
+                  dedup=dedup, grad=grad)
+        r = (grouped_prefix_logprobs(model, prompts, responses, groups, **kw) if grouped else
+             response_logprobs(model, prompts, responses, **kw))
+        if grad:  # every row its own weight, as advantages give them
+            w = torch.linspace(-1, 1, r.logp.numel()).view_as(r.logp)
+            ((r.logp * w * r.mask).sum() / r.mask.sum() + 0.1 * (r.entropy * r.mask).sum() / r.mask.sum()).backward()
+            grads[dedup] = {k: p.grad.float().clone() for k, p in model.named_parameters() if p.grad is not None}
+        out[dedup] = (r, sum(seen))
     (on, n_on), (off, n_off) = out[True], out[False]
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     assert torch.equal(on.mask, off.mask) and on.logp.shape == off.logp.shape
@@ -527,6 +551,11 @@ def test_dedup_scoring_forwards_each_distinct_row_once_with_the_same_numbers(tin
     assert n_on < n_off  # positions through the model
     # neither forwards fewer positions than the exact minimum, the prefix trie of the distinct sequences
     assert n_on >= prefix_trie_positions([p + r for p, r in zip(prompts, responses)])
+    if grad:
+        g1, g0 = grads[True], grads[False]
+        assert g1.keys() == g0.keys() and any("lora" in k for k in g0)
+        for k in g0:
+            torch.testing.assert_close(g1[k], g0[k], rtol=tol * 10, atol=tol * 10 * max(float(g0[k].abs().max()), 1e-6))
     # a duplicated row carries exactly its first copy's numbers
     assert torch.equal(on.logp[n], on.logp[3]) and torch.equal(on.logp[n + 6], on.logp[0])
 

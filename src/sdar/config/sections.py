@@ -342,7 +342,9 @@ class ScoringConfig:
     .Shortcuts: a group's prompt start encoded once, each distinct row scored once, rows of similar length together,
     the head at the free tokens only, merged LoRA layers on a CPU)."""
 
-    batch_size: int = field(default=16, metadata={"help": "Sequences per no-grad scoring forward.", "bound": ">= 1"})
+    batch_size: int = field(default=16, metadata={
+        "help": "At most this many sequences per no-grad scoring forward (rows of similar length go together, so "
+                "one long row pads only its own group).", "bound": ">= 1"})
     packed: bool | str = field(default="auto", metadata={
         "help": "auto (the default): true on a CUDA device, false elsewhere (TrainConfig.resolved_packed; the measured "
                 "rule in docs/training.md). true: every scoring pass (old_logp, reference, teacher) and each update "

@@ -23,7 +23,8 @@ class Scorer:
     Scorer (`Scorer.of`); a caller passes a model and rows, never a temperature or a switch.
 
     batch_size: sequences per no-grad forward. prefix_cache: rows of one group (a task's turn-samples) continue
-    from one KV cache of the prompt start they share. dedup: a no-grad pass forwards each distinct row once.
+    from one KV cache of the prompt start they share. dedup: a pass forwards each distinct row once (the update's
+    too: equal rows' losses then share one forward's output, and its gradient sums theirs).
     length_buckets: rows of similar length forwarded together. head_at_free_tokens: inside `scope()`, the output
     head runs only at the response tokens that are not forced. packed: a pass (an update micro-batch, the DPO
     pairs' sums, the hint channel's logits) is one forward of its rows' prefix trees, rows of pack_tokens positions
@@ -76,9 +77,10 @@ class Scorer:
                                             allowed=allowed, temperature=self.temperature, grad=True, with_entropy=True)
         if groups is not None and self.prefix_cache and len(prompts) > 1:
             return grouped_prefix_logprobs(model, prompts, responses, groups, pad_id=self.pad_id, allowed=allowed,
-                                           temperature=self.temperature, grad=True, with_entropy=True)
+                                           temperature=self.temperature, grad=True, with_entropy=True, dedup=self.dedup)
         return response_logprobs(model, prompts, responses, pad_id=self.pad_id, with_entropy=True, grad=True,
-                                 allowed=allowed, temperature=self.temperature, length_buckets=self.length_buckets)
+                                 allowed=allowed, temperature=self.temperature, length_buckets=self.length_buckets,
+                                 dedup=self.dedup)
 
     def _packs(self, model, prompts) -> bool:
         """Whether this pass runs packed: the switch is on, there are rows, and the model takes a tree mask."""

@@ -117,11 +117,12 @@ def response_logprobs(
         (a language-modelling term for supervised warm starts; free of extra compute).
     temperature: score under softmax(logits / temperature): the rollout temperature, so that
         the scores are those of the distribution the responses were sampled from.
-    length_buckets: forward rows sorted by length (less padding) and return them in the caller's order: without
-        grad in chunks of batch_size, with grad in groups of similar length (`length_groups`, at most batch_size
-        rows each), so a micro-batch's one long prompt no longer pads all its rows. Same numbers either way.
-    dedup: without grad, rows equal to an earlier row (prompt, response, allowed tokens: `unique_rows`) are not
-        forwarded again but take that row's scores (the same numbers up to the batch's float rounding).
+    length_buckets: forward rows in groups of similar length (`length_groups`, at most batch_size rows each) and
+        return them in the caller's order, so one long prompt no longer pads a whole batch or micro-batch.
+        Same numbers either way.
+    dedup: rows equal to an earlier row (prompt, response, allowed tokens: `unique_rows`) are not forwarded again
+        but take that row's scores (the same numbers up to the batch's float rounding); with grad each copy's loss
+        reaches the one forward through the index that expands it, so its gradient is the sum of theirs.
     """
     if len(prompts) != len(responses):
         raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
@@ -171,37 +172,23 @@ def _reordered(model, prompts, responses, allowed, kw: dict) -> ScoredBatch | No
     the caller's order: each distinct row once (dedup), groups of similar length (length_buckets); None when
     neither applies and the rows go through as they are."""
     n, grad, batch_size = len(prompts), kw["grad"], kw["batch_size"]
-    if kw["dedup"] and not grad and not kw["prompt_lm"] and n > 1:
+    if kw["dedup"] and not kw["prompt_lm"] and n > 1:
         once = _scored_once(lambda rows: response_logprobs(
             model, pick(prompts, rows), pick(responses, rows), allowed=pick(allowed, rows),
-            **{**kw, "dedup": False, "grad": False, "prompt_lm": False}), prompts, responses, allowed)
+            **{**kw, "dedup": False}), prompts, responses, allowed)
         if once is not None:
             return once
-    if kw["length_buckets"] and grad and n > 1:
-        # with gradients: rows of similar lengths in one forward each (the update's micro-batch keeps its rows
-        # and its loss; only the padding goes). Every group's activations stay alive until backward either way
+    if kw["length_buckets"] and n > 1:
+        # rows of similar lengths in one forward each, at most batch_size rows: one long row (a privileged prompt
+        # beside a student's, a long answer beside a 3-token action) then pads only its own group, not a whole
+        # batch or micro-batch; rows go back to their order after. With gradients the micro-batch keeps its rows
+        # and its loss (only the padding goes); every group's activations stay alive until backward either way
         groups = length_groups([len(p) + len(r) for p, r in zip(prompts, responses)], batch_size or n)
         if len(groups) > 1:
             return _regrouped(groups, n, lambda rows: response_logprobs(
                 model, pick(prompts, rows), pick(responses, rows), allowed=pick(allowed, rows),
                 **{**kw, "batch_size": None, "length_buckets": False, "dedup": False}))
-    if kw["length_buckets"] and not grad and batch_size and n > batch_size:
-        # batches of similar lengths pad far less (a student prompt beside a privileged one, a 3-token
-        # action beside a long answer); rows go back to their order after, so nothing else changes
-        order = sorted(range(n), key=lambda i: len(prompts[i]) + len(responses[i]))
-        out = response_logprobs(model, pick(prompts, order), pick(responses, order), allowed=pick(allowed, order),
-                                **{**kw, "length_buckets": False, "dedup": False})
-        return _in_caller_order(out, order)
     return None
-
-
-def _in_caller_order(out: ScoredBatch, order: list[int]) -> ScoredBatch:
-    """`out`, scored in `order`, back in the caller's order."""
-    inv = torch.empty(len(order), dtype=torch.long)
-    inv[torch.tensor(order)] = torch.arange(len(order))
-    inv = inv.to(out.logp.device)
-    return ScoredBatch(logp=out.logp[inv], entropy=None if out.entropy is None else out.entropy[inv],
-                       mask=out.mask[inv], prompt_logp_sum=out.prompt_logp_sum, prompt_tokens=out.prompt_tokens)
 
 
 def _with_prompt_lm(model, ids, att, prompts, responses, allowed, T: int, temperature: float, with_entropy: bool):
@@ -363,8 +350,7 @@ def shared_prefix_logprobs(model, prefix: list[int], prompts: list[list[int]], r
         base = encode_kv(model, torch.tensor([prefix], device=device))
         kv = [(layer.keys, layer.values) for layer in base.layers]
         lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
-        groups = length_groups(lengths, batch_size or n) if grad else \
-            [sorted(range(n), key=lengths.__getitem__)[k : k + (batch_size or n)] for k in range(0, n, batch_size or n)]
+        groups = length_groups(lengths, batch_size or n)  # one long row pads only its own group
         parts = []
         for rows in groups:
             ids, own = padded([prompts[i] + responses[i] for i in rows], pad_id)
@@ -390,11 +376,12 @@ def grouped_prefix_logprobs(model, prompts: list[list[int]], responses: list[lis
     """`response_logprobs` of every row, with the rows of one group (`groups[i]`: any hashable, e.g. the task)
     continuing from one KV cache of the prompt start they all share (the system prompt, the task, the skills):
     that start is encoded once per group instead of once per row. grad: with gradients (the update's
-    micro-batch), the same numbers and gradients as a forward per row. dedup: as in `response_logprobs`."""
-    if dedup and not grad and len(prompts) > 1:
+    micro-batch), the same numbers and gradients as a forward per row. dedup: as in `response_logprobs` (equal rows
+    of one group forwarded once, with or without gradients)."""
+    if dedup and len(prompts) > 1:
         once = _scored_once(lambda rows: _grouped_prefix_logprobs(
             model, pick(prompts, rows), pick(responses, rows), pick(groups, rows), pad_id=pad_id,
-            batch_size=batch_size, allowed=pick(allowed, rows), temperature=temperature,
+            batch_size=batch_size, allowed=pick(allowed, rows), temperature=temperature, grad=grad,
             with_entropy=with_entropy), prompts, responses, allowed, groups)
         if once is not None:
             return once

@@ -67,8 +67,8 @@ class Shortcuts:
     jump_forward: constrained decoding appends a token the trie forces without a decode step. share_prefix: the
     prompt start a task's rollouts share is encoded once per turn. reuse_old_logp: old_logp of the first mini-batch's
     rows from the update's own first forward. old_logp_from_sampler: old_logp from the sampling pass (the trainer's own
-    model, top_p 1). prefix_cache: the scoring passes and the update encode a group's prompt start once. dedup: a no-grad
-    pass forwards each distinct row once. merged_inference: with LoRA on a CPU, the no-grad forwards on plain modules
+    model, top_p 1). prefix_cache: the scoring passes and the update encode a group's prompt start once. dedup: a pass
+    forwards each distinct row once (the update's too: equal rows' losses share one forward, its gradient the sum). merged_inference: with LoRA on a CPU, the no-grad forwards on plain modules
     with the adapter merged in. length_buckets: rows of similar length forwarded together. head_at_free_tokens: the
     output head only at the response tokens that are not forced."""
 
