@@ -9,7 +9,10 @@ import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (see sdar/__init__.py)
 
+import signal
+import threading
 import uuid
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,10 +170,51 @@ def our_deprecation(category, filename: str) -> bool:
 
 
 def pytest_warning_recorded(warning_message, when, nodeid, location):
+    if getattr(warning_message.category, "__name__", "") == "SignalHandlerLeft":  # a class xdist rebuilt, too
+        _SIGNALS_LEFT.append(f"{nodeid or when}: {warning_message.message}")
     if our_deprecation(warning_message.category, warning_message.filename):
         where = Path(warning_message.filename).resolve().relative_to(ROOT)
         _OUR_DEPRECATIONS.append(f"{nodeid or when}: {where}:{warning_message.lineno}: "
                                  f"{warning_message.category.__name__}: {warning_message.message}")
+
+
+# A process-wide signal handler a test changes and leaves behind reaches every later test of its worker, and, when it
+# ignores a signal, every child process those tests start (an ignored SIGINT is inherited: a server started later
+# then outlives its Ctrl-C, as CI saw twice). Each test's handlers are put back after it, and the tests that left one
+# changed are named at the end (a SignalHandlerLeft warning, which xdist's workers forward to the controller).
+_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+# A shell without job control starts a background command (`make test &`, a CI step or agent run in the background)
+# with SIGINT ignored, and Python then leaves it ignored: every test, and every child a test starts, would inherit an
+# ignored Ctrl-C. The suite runs as from a terminal instead: in the controller (before xdist starts its workers,
+# which inherit it) and in each worker.
+if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+_SIGNALS_LEFT: list[str] = []
+
+
+class SignalHandlerLeft(UserWarning):
+    """A test left a process-wide signal handler other than it found it (the fixture below put it back)."""
+
+
+def _handler_name(h) -> str:
+    return {signal.SIG_DFL: "SIG_DFL", signal.SIG_IGN: "SIG_IGN", None: "None"}.get(h, getattr(h, "__qualname__", repr(h)))
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_put_back():
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {s: signal.getsignal(s) for s in _SIGNALS}
+    yield
+    left = {s: h for s, h in before.items() if signal.getsignal(s) != h}
+    for s, h in left.items():
+        now = signal.getsignal(s)
+        if h is not None:  # None: installed outside Python, cannot be put back
+            signal.signal(s, h)
+        warnings.warn(f"{signal.Signals(s).name} left as {_handler_name(now)} (was {_handler_name(h)}); put back",
+                      SignalHandlerLeft, stacklevel=1)
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -182,4 +226,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if _OUR_DEPRECATIONS and not hasattr(config, "workerinput"):
         terminalreporter.section("deprecation warnings our own code causes (fix the call; issue 44)", red=True)
         for line in dict.fromkeys(_OUR_DEPRECATIONS):
+            terminalreporter.line(line)
+    if _SIGNALS_LEFT and not hasattr(config, "workerinput"):
+        terminalreporter.section("tests that left a signal handler changed (put back after each; fix the test)")
+        for line in dict.fromkeys(_SIGNALS_LEFT):
             terminalreporter.line(line)

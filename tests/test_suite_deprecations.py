@@ -38,20 +38,22 @@ def test_which_warnings_are_ours():
     assert not our_deprecation(DeprecationWarning, "/usr/lib/python3.11/site-packages/transformers/modeling_utils.py")
 
 
-def _run_probe(body: str, *extra: str) -> subprocess.CompletedProcess:
+def run_probe(body: str, *extra: str, preexec_fn=None) -> subprocess.CompletedProcess:
+    """A real pytest run (this repository's conftest) of the test file `body`; preexec_fn: run in the child before
+    pytest starts (tests/test_suite_signals.py sets a signal disposition there)."""
     folder = ROOT / "tests" / f"_probe_{uuid.uuid4().hex[:10]}"
     folder.mkdir()
     try:
         (folder / "test_probe.py").write_text(body)
         return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra,
                                str(folder / "test_probe.py")], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                              check=False)
+                              check=False, preexec_fn=preexec_fn)
     finally:
         shutil.rmtree(folder)
 
 
 def test_a_deprecated_call_of_ours_fails_the_suite_under_xdist_and_is_named():
-    proc = _run_probe(PROBE, "-n", "2")
+    proc = run_probe(PROBE, "-n", "2")
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert "2 passed" in proc.stdout  # the tests themselves pass: the session fails on the warning
     assert "deprecation warnings our own code causes" in proc.stdout
@@ -62,6 +64,6 @@ def test_a_deprecated_call_of_ours_fails_the_suite_under_xdist_and_is_named():
 
 
 def test_a_run_without_one_passes():
-    proc = _run_probe(PROBE.replace("    old_api()  #", "    pass  #"))
+    proc = run_probe(PROBE.replace("    old_api()  #", "    pass  #"))
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "deprecation warnings our own code causes" not in proc.stdout
