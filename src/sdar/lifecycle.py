@@ -52,6 +52,26 @@ def ending_on_signals(signals: tuple[int, ...] = ENDING, on_signal=None) -> Iter
             signal.signal(s, h)
 
 
+@contextlib.contextmanager
+def handlers_kept(signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
+    """After the block, `signals` have the handlers they had before it, whatever a library inside set: TorchX's local
+    scheduler sets SIGINT and SIGTERM to raise its own SignalException when it is created (a dry run too) and never
+    puts them back, which would leave the caller's Ctrl-C changed for the rest of its process. Outside the main thread
+    it does nothing (no handler can be set there)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in signals}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            if h is not None:  # None: set outside Python, cannot be put back
+                signal.signal(s, h)
+
+
 def group_members(pgid: int) -> list[int]:
     """The live processes (zombies left out) of process group `pgid`: read from /proc where there is one, else whether
     the group takes a signal ([pgid] or [])."""

@@ -142,6 +142,27 @@ def test_credentials_are_not_parameters_and_cluster_jobs_need_s3():
         launch_training(cfg, CONFIG, {})
 
 
+def test_a_local_dry_run_leaves_the_callers_signal_handlers_as_it_found_them(monkeypatch):
+    """TorchX's local scheduler sets SIGINT and SIGTERM to raise its own SignalException when it is created and never
+    puts them back; the launcher does (sdar.lifecycle.handlers_kept), so the caller's Ctrl-C stays its own."""
+    from sdar.config import load_config
+    from sdar.launch.torchx_job import dryrun
+
+    monkeypatch.chdir(REPO)
+    cfg = load_config(CONFIG, {"launch.launcher": "torchx", "launch.scheduler": "local_cwd",
+                               "launch.procs_per_node": 2})
+
+    def _own(signum, frame):
+        pass
+
+    with contextlib.ExitStack() as stack:
+        for s in (signal.SIGINT, signal.SIGTERM):  # a caller's own handlers, put back after the test
+            stack.callback(signal.signal, s, signal.signal(s, _own))
+        info = dryrun(cfg, CONFIG, {})
+        assert "torchrun" in " ".join(info.request.role_params["trainer"][0].args), info.request
+        assert signal.getsignal(signal.SIGINT) is _own and signal.getsignal(signal.SIGTERM) is _own
+
+
 @pytest.mark.slow
 def test_gated_train_launches_a_torchx_job_of_two_workers(tmp_path, monkeypatch):
     from kfp.dsl import Artifact, Model
@@ -156,9 +177,11 @@ def test_gated_train_launches_a_torchx_job_of_two_workers(tmp_path, monkeypatch)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     overrides = {**SMALL, "launch.launcher": "torchx", "launch.scheduler": "local_cwd", "launch.procs_per_node": 2}
     ckpt, hist = Model(name="checkpoint", uri=str(tmp_path / "ckpt")), Artifact(name="h", uri=str(tmp_path / "h.json"))
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     out = gated_train.python_func(arm="sdar", seed=0, config_path=CONFIG, overrides=json.dumps(overrides),
                                   job_id="job1", checkpoint=ckpt, history=hist, steps=1, tracking=False,
                                   output_root=str(tmp_path / "runs"))
+    assert {s: signal.getsignal(s) for s in handlers} == handlers  # TorchX's own handlers did not outlive the job
     assert (Path(ckpt.path) / "adapter_model.safetensors").is_file()
     history = json.loads(Path(hist.path).read_text())
     assert history["steps"] == 1 and [h["step"] for h in history["history"]] == [0]

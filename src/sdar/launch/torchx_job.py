@@ -55,6 +55,7 @@ from sdar.launch.pods import (
     writable_dirs,
 )
 from sdar.launch.secrets import SECRET_ENV, env_from, teacher_secret_of
+from sdar.lifecycle import handlers_kept
 
 SCHEDULERS = ("kubernetes", "local_cwd")
 # what TorchX's kubernetes scheduler creates: a Volcano Job
@@ -250,7 +251,7 @@ def dryrun(cfg, config_path: str, overrides: dict[str, Any], validate_spec: bool
     opts = scheduler_cfg(cfg)
     if cfg.launch.scheduler == "kubernetes":
         opts["validate_spec"] = validate_spec
-    with get_runner() as runner:
+    with handlers_kept(), get_runner() as runner:  # TorchX's local scheduler sets its own
         return _labelled(runner.dryrun(app_for_config(cfg, config_path, overrides), cfg.launch.scheduler, cfg=opts),
                          labels)
 
@@ -285,7 +286,7 @@ def launch_training(cfg, config_path: str, overrides: dict[str, Any], wait_inter
         require_s3(cfg)
     app = app_for_config(cfg, config_path, overrides)
     opts = scheduler_cfg(cfg)
-    with get_runner() as runner:
+    with handlers_kept(), get_runner() as runner:  # TorchX's local scheduler sets its own
         handle = runner.schedule(_labelled(runner.dryrun(app, cfg.launch.scheduler, cfg=opts), labels))
         print(f"TorchX job {handle}: {cfg.launch.nodes} x {procs_per_node(cfg.launch)} torchrun workers", flush=True)
         try:
