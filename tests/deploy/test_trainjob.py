@@ -355,8 +355,8 @@ WAYS = {
 
 @contextlib.contextmanager
 def _python_sigint():
-    """Ctrl-C raises KeyboardInterrupt, as in a pipeline pod: an earlier test in this process (TorchX's
-    local_cwd run) may have left torch elastic's SIGINT handler behind."""
+    """Ctrl-C raises KeyboardInterrupt, as in a pipeline pod, whatever handler this process had (TorchX's local
+    scheduler used to leave its own behind; sdar.lifecycle.handlers_kept and tests/conftest.py now put it back)."""
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
