@@ -203,16 +203,13 @@ def _handler_name(h) -> str:
 
 @pytest.fixture(autouse=True)
 def _signal_handlers_put_back():
-    if threading.current_thread() is not threading.main_thread():
+    from sdar.lifecycle import handlers_kept  # what puts them back (the TorchX launcher uses it too)
+
+    with handlers_kept(_SIGNALS):
+        before = {s: signal.getsignal(s) for s in _SIGNALS}
         yield
-        return
-    before = {s: signal.getsignal(s) for s in _SIGNALS}
-    yield
-    left = {s: h for s, h in before.items() if signal.getsignal(s) != h}
-    for s, h in left.items():
-        now = signal.getsignal(s)
-        if h is not None:  # None: installed outside Python, cannot be put back
-            signal.signal(s, h)
+        left = [(s, h, signal.getsignal(s)) for s, h in before.items() if signal.getsignal(s) != h]
+    for s, h, now in left:
         warnings.warn(f"{signal.Signals(s).name} left as {_handler_name(now)} (was {_handler_name(h)}); put back",
                       SignalHandlerLeft, stacklevel=1)
 
