@@ -18,7 +18,6 @@ STAMP := $(VENV)/.sdar-installed
 # the official ALFWorld evaluation games live outside the repo
 SHARED_ALFWORLD ?= $(abspath ../shared/data/alfworld)
 export SDAR_ALFWORLD_DATA ?= $(if $(wildcard $(SHARED_ALFWORLD)),$(SHARED_ALFWORLD),)
-export OMP_WAIT_POLICY ?= PASSIVE
 PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 DEMO ?= full

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (see sdar/__init__.py)
+# before torch is imported: the suite's workers share the cores by design, where sleeping at once is best (sdar.openmp)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import signal
 import threading

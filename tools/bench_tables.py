@@ -126,6 +126,10 @@ BENCHES: dict[str, Bench] = {
                       "--quiet", ("src/sdar", "envs/src", "components", "pipelines"),
                       "algorithms.md#the-four-arm-composer-matrix-measured", long=True,
                       table_from="held-out success, same tasks for every arm"),
+    "omp-wait": Bench("seconds per step under each OpenMP wait, beside issue 46's float32 step at a54e8fa",
+                      "python benchmarks/bench_omp_wait.py",
+                      (*STEP_CODE, "benchmarks/bench_omp_wait.py", "src/sdar/openmp.py", "src/sdar/__init__.py"),
+                      "#how-pytorchs-openmp-threads-wait", long=True),
     "vs-trl": Bench("TRL's GRPOTrainer and sdar's grpo on the same work, SmolLM2",
                     "python benchmarks/bench_vs_trl.py --steps 3 --tasks-per-step 1 --group-size 4 --eval-tasks 24",
                     ("benchmarks/bench_vs_trl.py", "src/sdar/integrations", *STEP_CODE[2:],
@@ -283,7 +287,7 @@ def check(files: list[Path] | None = None, changes: Changes = git_changes) -> li
 
 # ---- rerunning ------------------------------------------------------------------------------------
 def machine() -> str:
-    """This machine as a stamp names it: its cores and CPU, or its GPU, and torch."""
+    """This machine as a stamp names it: its cores and CPU, or its GPU, and torch; on a CPU, how OpenMP waits."""
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -301,7 +305,17 @@ def machine() -> str:
         gpu, lib = "", "no torch"
     where = f"one {gpu}" if gpu else f"{os.cpu_count()}-core CPU ({cpu})"
     load = f", load {os.getloadavg()[0]:.1f} at the start" if hasattr(os, "getloadavg") else ""
-    return f"{where}, {lib}{load}".replace("|", "/")
+    return f"{where}, {lib}{load}{'' if gpu else openmp_wait()}".replace("|", "/")
+
+
+def openmp_wait() -> str:
+    """How a benchmark's OpenMP threads wait between ops (sdar.openmp), as a stamp says it; stamps before 2026-11-30
+    name none, and ran passive (sdar's setting then)."""
+    try:
+        from sdar.openmp import describe
+    except ImportError:
+        return ""
+    return f", OpenMP wait {describe(os.environ)}"
 
 
 def missing(b: Bench) -> str | None:

@@ -326,3 +326,20 @@ def test_bench_layouts_smollm2(tmp_path):
         assert [r[:2] for r in steps] == [["grpo", "on" if layout == "plain" else layout]] and number(steps[0][3]) > 0
         figures = json.loads((tmp_path / f"layouts_smollm2_{layout}.json").read_text())
         assert figures, f"{layout}: an empty figures file"
+
+
+def test_bench_omp_wait():
+    """Every run, whatever its OpenMP wait, alone or two at once, and the same code exported from git (the before run
+    at HEAD), plays the same trajectories (the same gaps); the seconds are figures and the ratios print."""
+    out = bench("bench_omp_wait.py", "--model", "", "--dtype", "", "--before", "HEAD", "--before-dtype", "",
+                "--steps", "2", "--waits", "passive,spin", "--shared", "spin", *SMALL, timeout_s=600)
+    rows = table_rows(out)
+    assert [(r[0], r[3], int(r[4])) for r in rows] == [("before", "passive", 1), ("alone", "passive", 1),
+                                                      ("alone", "spin 1000", 1), ("shared", "spin 1000", 2),
+                                                      ("shared", "spin 1000", 2)]
+    for r in rows:
+        assert len(r) == 9 and number(r[6]) > 0 and all(number(c) > 0 for c in r[5].split(", "))
+    assert len({r[7] for r in rows}) == 1, "the same config and code must play the same trajectories under any wait"
+    assert re.search(r"^alone: spin 1000 / passive seconds per step [\d.]+x$", out, re.M)
+    assert re.search(r"^before \(HEAD, config, passive\) / this tree \(config, spin 1000, alone\): [\d.]+x faster", out,
+                     re.M), out
