@@ -329,8 +329,8 @@ def test_bench_layouts_smollm2(tmp_path):
 
 
 def test_bench_omp_wait():
-    """Every run, whatever its OpenMP wait, alone or two at once, and the same code exported from git (the before run
-    at HEAD), plays the same trajectories (the same gaps); the seconds are figures and the ratios print."""
+    """Every run of this tree, whatever its OpenMP wait, alone or two at once, plays the same trajectories (the same
+    gaps); the before run (HEAD exported from git) runs too; the seconds are figures and the ratios print."""
     out = bench("bench_omp_wait.py", "--model", "", "--dtype", "", "--before", "HEAD", "--before-dtype", "",
                 "--steps", "2", "--waits", "passive,spin", "--shared", "spin", *SMALL, timeout_s=600)
     rows = table_rows(out)
@@ -339,7 +339,8 @@ def test_bench_omp_wait():
                                                       ("shared", "spin 1000", 2)]
     for r in rows:
         assert len(r) == 9 and number(r[6]) > 0 and all(number(c) > 0 for c in r[5].split(", "))
-    assert len({r[7] for r in rows}) == 1, "the same config and code must play the same trajectories under any wait"
+    # this tree's runs (the before run is HEAD's committed code, which a working tree under change may not equal)
+    assert len({r[7] for r in rows[1:]}) == 1, "the same config and code must play the same trajectories under any wait"
     assert re.search(r"^alone: spin 1000 / passive seconds per step [\d.]+x$", out, re.M)
     assert re.search(r"^before \(HEAD, config, passive\) / this tree \(config, spin 1000, alone\): [\d.]+x faster", out,
                      re.M), out
