@@ -47,3 +47,31 @@ def test_the_suite_itself_runs_passive():
     """The test workers share the cores by design (tests/conftest.py): each sleeps at once."""
     assert os.environ.get("OMP_WAIT_POLICY") == "PASSIVE"
     assert "GOMP_SPINCOUNT" not in os.environ
+
+
+def test_processes_at_once_sleep_unless_the_user_chose(monkeypatch):
+    """The local pipeline's arms, two at once, get PASSIVE and lose sdar's spin (libgomp lets a spin count override
+    the policy); one at a time, or a user's own choice, changes nothing."""
+    from sdar import openmp
+
+    monkeypatch.setattr(openmp, "USER_CHOSE", False)
+    assert openmp.at_once(2) == {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": None}
+    assert openmp.at_once(1) == {}
+    monkeypatch.setattr(openmp, "USER_CHOSE", True)
+    assert openmp.at_once(2) == {}
+    assert describe({"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "1000"}) == "spin 1000"
+
+
+def test_the_local_pipeline_hands_its_arms_passive(monkeypatch):
+    """run_local's environment for its task subprocesses: the at_once variables set (None removed), then restored."""
+    from sdar import openmp
+    from sdar.pipeline import runner
+
+    monkeypatch.setattr(openmp, "USER_CHOSE", False)
+    monkeypatch.setenv("GOMP_SPINCOUNT", "1000")
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    with runner._environ({"X_SDAR_JOB": "j", **openmp.at_once(2)}):
+        assert os.environ.get("OMP_WAIT_POLICY") == "PASSIVE" and "GOMP_SPINCOUNT" not in os.environ
+        assert os.environ["X_SDAR_JOB"] == "j"
+    assert os.environ.get("GOMP_SPINCOUNT") == "1000" and "OMP_WAIT_POLICY" not in os.environ
+    assert "X_SDAR_JOB" not in os.environ

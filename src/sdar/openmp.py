@@ -12,7 +12,7 @@ finishes its share of an op waits for the next one, spinning or asleep:
   of its cost when shared. benchmarks/bench_omp_wait.py measures the three side by side (docs/benchmarks.md).
 
 A user's own `OMP_WAIT_POLICY` or `GOMP_SPINCOUNT` wins (set either to PASSIVE / 0 on a machine shared with other
-jobs). The test suite runs PASSIVE (tests/conftest.py): its workers share the cores by design. Multi-rank launches
+jobs). The local pipeline, which trains two arms at once, gives its tasks PASSIVE (`at_once`). The test suite runs PASSIVE (tests/conftest.py): its workers share the cores by design. Multi-rank launches
 are untouched by this: torchrun gives each rank one thread (OMP_NUM_THREADS=1) unless told otherwise. Intel's OpenMP
 runtime (other builds) has its own knob, KMP_BLOCKTIME, which this leaves alone."""
 
@@ -25,6 +25,25 @@ from collections.abc import Mapping
 # cores lost about 10% against sleeping at once (3,000: 35%; 30,000: 4-5x)
 SPIN_COUNT = 1000
 KNOBS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+# whether this process's environment named either knob when `import sdar` ran (`apply`): then it is left alone everywhere
+USER_CHOSE = False
+
+
+def apply(environ) -> None:
+    """What `import sdar` does: note whether the user chose (`USER_CHOSE`), and add `wait_settings`."""
+    global USER_CHOSE
+    USER_CHOSE = any(k in environ for k in KNOBS)
+    environ.update(wait_settings(environ))
+
+
+def at_once(processes: int) -> dict[str, str | None]:
+    """The variables for child processes that train `processes` at once on these cores (the local pipeline's arms):
+    asleep at once (PASSIVE, and sdar's spin count removed: libgomp lets GOMP_SPINCOUNT override the policy) when
+    more than one runs and the user chose nothing; else none. None: remove the variable. Two SmolLM2 trainings at
+    once ran 1.12x slower each with the short spin than asleep (docs/benchmarks.md)."""
+    if processes <= 1 or USER_CHOSE:
+        return {}
+    return {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": None}
 
 
 def wait_settings(environ: Mapping[str, str]) -> dict[str, str]:
@@ -39,9 +58,9 @@ def describe(environ: Mapping[str, str]) -> str:
     """What a process started with `environ` waits with once `import sdar` ran: 'passive', 'active', 'spin N' or
     'libgomp default' (what a benchmark's stamp names)."""
     env = {**environ, **wait_settings(environ)}
+    if env.get("GOMP_SPINCOUNT", "").strip():  # libgomp: a spin count overrides the policy
+        return f"spin {env['GOMP_SPINCOUNT'].strip()}"
     policy = env.get("OMP_WAIT_POLICY", "").strip().lower()
     if policy in ("passive", "active"):
         return policy
-    if env.get("GOMP_SPINCOUNT", "").strip():
-        return f"spin {env['GOMP_SPINCOUNT'].strip()}"
     return "libgomp default"

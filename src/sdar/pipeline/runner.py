@@ -23,6 +23,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from sdar import openmp
 from sdar.console import make_console
 from sdar.env_service import local as local_envs
 from sdar.lifecycle import Terminated, descendants, ending_on_signals, stop_processes
@@ -185,9 +186,10 @@ def run_local(settings: RunSettings | None = None, *, quick: bool = False, root:
                       f"{s.seeds}, steps {s.steps or 'config'}; outputs under {root}")
         console.print(f"job {job} ({'continued' if resume else 'new'}); should it stop, `{resume_command(root, job)}` "
                       "continues it without redoing finished tasks", soft_wrap=True, highlight=False)
-        pipeline = build_pipeline("local", parallelism=LOCAL_PARALLELISM if parallelism is None else parallelism,
-                                  replay_rounds=s.replay_rounds)
-        with _environ({JOB_ENV: job}):
+        at_once = LOCAL_PARALLELISM if parallelism is None else parallelism
+        pipeline = build_pipeline("local", parallelism=at_once, replay_rounds=s.replay_rounds)
+        # arms trained at once share the cores: their OpenMP threads sleep at once (sdar.openmp.at_once)
+        with _environ({JOB_ENV: job, **openmp.at_once(min(at_once, len(s.arms) * len(s.seeds)))}):
             error, view, seconds = _run_pipeline(pipeline, args, parent.run_id, uri, log_dir, console, root, job,
                                                  quiet=quiet, verbose=verbose)
     result = _local_result(s.experiment, parent.run_id, uri, error, seconds, view, log_dir, report_dir)
@@ -328,10 +330,14 @@ def _run_logged(pipeline, args: dict[str, Any], log_dir: Path, console, *, quiet
 
 
 @contextlib.contextmanager
-def _environ(values: dict[str, str]):
-    """os.environ with `values` set (the runner's task subprocesses inherit it), restored afterwards."""
+def _environ(values: dict[str, str | None]):
+    """os.environ with `values` set (None: removed; the runner's task subprocesses inherit it), restored afterwards."""
     saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
     try:
         yield
     finally:
