@@ -342,5 +342,6 @@ def test_bench_omp_wait():
     # this tree's runs (the before run is HEAD's committed code, which a working tree under change may not equal)
     assert len({r[7] for r in rows[1:]}) == 1, "the same config and code must play the same trajectories under any wait"
     assert re.search(r"^alone: spin 1000 / passive seconds per step [\d.]+x$", out, re.M)
-    assert re.search(r"^before \(HEAD, config, passive\) / this tree \(config, spin 1000, alone\): [\d.]+x faster", out,
-                     re.M), out
+    # against this tree's fastest wait alone, whichever it was (at the miniature's 0.1-0.3 s a step, either)
+    assert re.search(r"^before \(HEAD, config, passive\) / this tree \(config, (passive|spin 1000), alone\): "
+                     r"[\d.]+x faster", out, re.M), out
