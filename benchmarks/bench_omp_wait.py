@@ -107,7 +107,7 @@ def report(rows: list[dict], before: dict | None, args) -> str:
         return ", ".join(f.format(x) for x in xs)
 
     out = [f"`sdar train --config {args.config} --arm {args.arm}`, {args.tasks_per_step} tasks x {args.group_size} "
-           f"rollouts, {args.steps} steps a run (the median leaves out the first); model {args.model or 'the config'}'s",
+           f"rollouts, {args.steps} steps a run (the median leaves out the first); model: {args.model or 'as the config says'}",
            "", "| run | code | dtype | OpenMP wait | processes at once | s / step (each) | median s / step | gap (each) | "
            "before / this |", "|---|---|---|---|---:|---|---:|---|---:|"]
     for r in rows:

@@ -12,9 +12,10 @@ finishes its share of an op waits for the next one, spinning or asleep:
   of its cost when shared. benchmarks/bench_omp_wait.py measures the three side by side (docs/benchmarks.md).
 
 A user's own `OMP_WAIT_POLICY` or `GOMP_SPINCOUNT` wins (set either to PASSIVE / 0 on a machine shared with other
-jobs). The local pipeline, which trains two arms at once, gives its tasks PASSIVE (`at_once`). The test suite runs PASSIVE (tests/conftest.py): its workers share the cores by design. Multi-rank launches
-are untouched by this: torchrun gives each rank one thread (OMP_NUM_THREADS=1) unless told otherwise. Intel's OpenMP
-runtime (other builds) has its own knob, KMP_BLOCKTIME, which this leaves alone."""
+jobs). The local pipeline, which trains two arms at once, gives its tasks PASSIVE (`at_once`). The test suite runs
+PASSIVE (tests/conftest.py): its workers share the cores by design. Multi-rank launches are untouched by this:
+torchrun gives each rank one thread (OMP_NUM_THREADS=1) unless told otherwise. Intel's OpenMP runtime (other builds)
+has its own knob, KMP_BLOCKTIME, which this leaves alone."""
 
 from __future__ import annotations
 
@@ -32,8 +33,9 @@ USER_CHOSE = False
 def apply(environ) -> None:
     """What `import sdar` does: note whether the user chose (`USER_CHOSE`), and add `wait_settings`."""
     global USER_CHOSE
-    USER_CHOSE = any(k in environ for k in KNOBS)
-    environ.update(wait_settings(environ))
+    settings = wait_settings(environ)
+    USER_CHOSE = not settings
+    environ.update(settings)
 
 
 def at_once(processes: int) -> dict[str, str | None]:
