@@ -18,6 +18,12 @@ STRATEGIES = ("ddp", "fsdp")  # distributed.strategy (sdar.train.distributed, sd
 SAMPLERS = ("auto", "batched", "lookahead")  # rollout.sampler: the one sampler's layout (sdar.agent.decoding)
 
 
+def _groups_unfiltered(d: dict[str, Any]) -> bool:
+    """Config `d` (asdict, whole) trains on every group it rolls out: filter_max_draws changes nothing."""
+    rollout = d.get("rollout") if isinstance(d.get("rollout"), dict) else {}
+    return not rollout.get("filter_groups", False)
+
+
 @dataclass
 class RolloutConfig:
     """How episodes are played. Defaults follow the paper where it has one."""
@@ -75,6 +81,17 @@ class RolloutConfig:
     group_seeded: bool = field(default=False, metadata={
         "help": "Roll out each task group under its own seed (seed, step, group): the trajectories then do not depend "
                 "on how groups are split over torchrun ranks, at the cost of lock-step batching across groups."})
+    filter_groups: bool = field(default=False, metadata={
+        "added": True,
+        "help": "Dynamic sampling (DAPO; verl's algorithm.filter_groups): train on the task groups whose rollouts "
+                "got different rewards, drawing more tasks for the step (up to filter_max_draws draws of "
+                "tasks_per_step) while fewer than tasks_per_step such groups were found; a group whose rewards are "
+                "all equal gives every turn-sample advantage 0 (groups/zero_std_frac counts them). The step keeps "
+                "tasks_per_step groups: when the draws run out it is filled with equal-reward groups."})
+    filter_max_draws: int = field(default=4, metadata={
+        "added": True, "inert_when": _groups_unfiltered,
+        "help": "With filter_groups: the most draws of tasks_per_step tasks a step rolls out (the first included).",
+        "bound": ">= 1"})
 
 
 @dataclass

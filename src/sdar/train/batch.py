@@ -17,14 +17,25 @@ from sdar.train.replay import PairSet
 
 
 @dataclass(frozen=True)
+class GroupCounts:
+    """This rank's task groups in a step: rolled out (every draw of rollout.filter_groups), those of them whose
+    rewards were all equal (every turn-sample's advantage 0), and those equal-reward groups the step trains on."""
+
+    rolled: int
+    flat: int
+    flat_trained: int
+
+
+@dataclass(frozen=True)
 class Rollouts:
     """The rollout phase's output: this rank's episodes, their turn-samples (row i of every [B, T] tensor of
-    the step) and each row's GRPO advantage [B]."""
+    the step), each row's GRPO advantage [B] and the groups' counts."""
 
     trajs: list[Trajectory]
     batch: TurnBatch
     advantages: torch.Tensor
     seconds: float
+    groups: GroupCounts
 
 
 @dataclass(frozen=True)

@@ -385,8 +385,8 @@ def assert_same(value: int, what: str, ctx: DistContext) -> None:
 # reduced in `sync_update` already and are identical on every rank; what is listed here is per rank.
 WEIGHTED_BY = {  # metric -> the count it is a mean over
     "reward": "trajectories", "success": "trajectories", "episode_length": "trajectories",
-    "env_reward": "trajectories", "invalid_action_rate": "turns", "format_error_rate": "turns",
-    "no_progress_rate": "turns", "hint/error_site_rate": "rows",
+    "env_reward": "trajectories", "groups/zero_std_frac": "groups", "invalid_action_rate": "turns",
+    "format_error_rate": "turns", "no_progress_rate": "turns", "hint/error_site_rate": "rows",
     "teacher/gap_all_tokens": "tokens", "teacher/gap_free_tokens": "free_tokens", "tokens/forced_frac": "tokens",
     "teacher/vllm_fallback_frac": "teacher_turns",
     # the replay whose pairs this step took (each rank replays its own trajectories with its own pool)
@@ -394,7 +394,8 @@ WEIGHTED_BY = {  # metric -> the count it is a mean over
     "replay/student_agrees_rate": "replay_agreed", "replay/pairs_per_trajectory": "replay_trajectories",
     "replay/cost_per_trajectory_usd": "replay_trajectories_total",
 }
-SUMMED = ("turn_samples", "tokens_per_s", "tokens/free", "hint/error_sites", "replay/pairs_in_loss",
+SUMMED = ("turn_samples", "groups/rolled_out", "groups/zero_std_trained", "tokens_per_s", "tokens/free",
+          "hint/error_sites", "replay/pairs_in_loss",
           "replay/turns", "replay/pairs", "replay/trajectories", "replay/cost_usd", "replay/calls", "replay/cache_hits", "replay/budget_skipped",
           "replay/retries", "replay/failures", "replay/tokens_in", "replay/tokens_out")  # totals over the job
 SUMMED_PREFIXES = ("replay/calls/", "replay/failures/")  # per teacher: every rank's pool's calls

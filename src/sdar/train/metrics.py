@@ -21,10 +21,16 @@ def step_metrics(cfg, b: StepBatch, u: UpdateResult, step_s: float, *, teacher, 
     choice = free_token_mask(allowed, b.old.mask)  # the tokens constrained decoding left a choice at
     gap = None if b.teacher is None else b.teacher.logp - b.old.logp
     out = {k: v / max(u.updates, 1) for k, v in u.sums.items()}
+    groups = b.rollouts.groups
     out.update({
         "reward": sum(episode_reward(tr, cfg.env.family, cfg.reward) for tr in trajs) / len(trajs),
         "env_reward": sum(tr.reward for tr in trajs) / len(trajs),
         "success": sum(tr.won for tr in trajs) / len(trajs),
+        # a group is one task's rollouts; when its rewards are all equal, every turn-sample of it has advantage 0
+        # and no policy-gradient term reads it (TRL's frac_reward_zero_std): over every group rolled out this step
+        "groups/zero_std_frac": groups.flat / groups.rolled if groups.rolled else float("nan"),
+        "groups/rolled_out": float(groups.rolled),  # more than tasks_per_step only with rollout.filter_groups
+        "groups/zero_std_trained": float(groups.flat_trained),
         "episode_length": sum(tr.length for tr in trajs) / len(trajs),
         "invalid_action_rate": sum(not (t.valid and t.env_valid) for t in turns) / max(len(turns), 1),
         "format_error_rate": sum(not t.format_valid for t in turns) / max(len(turns), 1),
@@ -44,8 +50,8 @@ def step_metrics(cfg, b: StepBatch, u: UpdateResult, step_s: float, *, teacher, 
         # turn-samples at error sites (marked by the environment with a hint template), every arm
         "hint/error_sites": float(sites), "hint/error_site_rate": sites / max(n, 1),
     })
-    counts = {"trajectories": len(trajs), "turns": len(turns), "rows": n, "tokens": float(b.old.mask.sum()),
-              "free_tokens": float(choice.sum()), "teacher_turns": teacher.scored_turns}
+    counts = {"trajectories": len(trajs), "groups": groups.rolled, "turns": len(turns), "rows": n,
+              "tokens": float(b.old.mask.sum()), "free_tokens": float(choice.sum()), "teacher_turns": teacher.scored_turns}
     if replay is not None:  # what the replay this step took counted (its means are over these)
         out.update(replay.metrics())
         out["replay/pairs_in_loss"] = float(len(b.pairs) if b.pairs is not None else 0)

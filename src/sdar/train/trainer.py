@@ -26,7 +26,7 @@ from sdar.console import make_console
 from sdar.models.scored import pick
 from sdar.models.scoring import ScoredBatch, free_token_mask
 from sdar.train import distributed, loop
-from sdar.train.batch import Rollouts, StepBatch, StepResult, UpdateResult
+from sdar.train.batch import GroupCounts, Rollouts, StepBatch, StepResult, UpdateResult
 from sdar.train.channels import HintChannel, PairChannel
 from sdar.train.checkpoint import Checkpointer
 from sdar.train.guards import TrainingFailed, UpdateGuard  # noqa: F401 - TrainingFailed: sdar train's exit 3
@@ -93,22 +93,45 @@ class Trainer:
         return self.scorer.pad_id
 
     # ---- one RL step: rollout -> score -> update --------------------------------------------
-    def sample_tasks(self, step: int) -> tuple[list[str], list[int]]:
+    def sample_tasks(self, step: int, draw: int = 0) -> tuple[list[str], list[int]]:
+        """The step's tasks, each repeated group_size times, and each row's group. draw > 0: the tasks
+        rollout.filter_groups draws next, none of an earlier draw's while the pool has enough others (the same on
+        every rank: the draws do not depend on outcomes)."""
         rng = random.Random(step_seed(self.cfg.seed, step))
-        tasks = rng.sample(self.train_pool, self.cfg.tasks_per_step)
+        pool, n = self.train_pool, self.cfg.tasks_per_step
+        tasks = rng.sample(pool, n)
+        seen = set(tasks)
+        for _ in range(draw):
+            rest = [t for t in pool if t not in seen]
+            tasks = rng.sample(rest if len(rest) >= n else pool, n)
+            seen.update(tasks)
         ids = [t for t in tasks for _ in range(self.cfg.group_size)]
         groups = [g for g in range(len(tasks)) for _ in range(self.cfg.group_size)]
         return ids, groups
 
     def collect(self, step: int) -> list[Trajectory]:
-        """This rank's task groups (all of them alone), in lock-step, or one group at a time under
-        its own seed when cfg.rollout.group_seeded."""
-        ids, groups = self.sample_tasks(step)
-        mine = distributed.group_range(self.cfg.tasks_per_step, self.dist)
+        """This rank's task groups of the step (`collect_groups` without its counts)."""
+        return self.collect_groups(step)[0]
+
+    def collect_groups(self, step: int) -> tuple[list[Trajectory], GroupCounts]:
+        """This rank's task groups, and how many it rolled out and how many of those had equal rewards. With
+        rollout.filter_groups, the groups whose rewards differ from up to filter_max_draws draws (`_filtered`)."""
+        mine = list(distributed.group_range(self.cfg.tasks_per_step, self.dist))
+        trajs = self._play(step, 0, mine)
+        if not self.cfg.rollout.filter_groups:
+            flat = len(_flat_groups(trajs, self.rollout_cfg, self.cfg))
+            return trajs, GroupCounts(len(mine), flat, flat)
+        return self._filtered(step, trajs, mine)
+
+    def _play(self, step: int, draw: int, mine: list[int]) -> list[Trajectory]:
+        """Draw `draw`'s groups `mine` (this rank's), in lock-step, or one group at a time under its own seed when
+        cfg.rollout.group_seeded. Draw 0 is the step's (its seeds as before draws existed)."""
+        ids, groups = self.sample_tasks(step, draw)
+        shift = 1_000_003 * draw
         if self.cfg.rollout.group_seeded:
-            chunks = [(step_seed(self.cfg.seed * 7_919 + g + 1, step), [g]) for g in mine]
+            chunks = [(step_seed(self.cfg.seed * 7_919 + g + 1, step) + shift, [g]) for g in mine]
         else:  # rank 0 (and a single process) keeps the step's seed
-            chunks = [(step_seed(self.cfg.seed, step) + self.dist.rank, list(mine))]
+            chunks = [(step_seed(self.cfg.seed, step) + self.dist.rank + shift, list(mine))]
         trajs: list[Trajectory] = []
         for seed, chunk in chunks:
             seed_everything(seed)
@@ -121,6 +144,34 @@ class Trainer:
                 for e in envs:
                     e.close()
         return trajs
+
+    def _filtered(self, step: int, trajs: list[Trajectory], mine: list[int]) -> tuple[list[Trajectory], GroupCounts]:
+        """Dynamic sampling: the first len(mine) groups whose rewards differ, over draws of this rank's share of
+        tasks_per_step tasks until that many are found or rollout.filter_max_draws draws are done; short of them,
+        the first equal-reward groups fill the step (every rank trains the same number of groups). The kept groups
+        are renumbered as `mine`, in the order they were found."""
+        varied: list[list[Trajectory]] = []
+        flat: list[list[Trajectory]] = []
+        rolled = n_flat = 0
+        for draw in range(self.cfg.rollout.filter_max_draws):
+            if draw:
+                trajs = self._play(step, draw, mine)
+            equal = _flat_groups(trajs, self.rollout_cfg, self.cfg)
+            by_group: dict[int, list[Trajectory]] = {}
+            for tr in trajs:
+                by_group.setdefault(tr.group, []).append(tr)
+            for g, members in by_group.items():
+                (flat if g in equal else varied).append(members)
+            rolled, n_flat = rolled + len(by_group), n_flat + len(equal)
+            if len(varied) >= len(mine):
+                break
+        kept = (varied + flat)[:len(mine)]
+        out = []
+        for g, members in zip(mine, kept):
+            for tr in members:
+                tr.group = g
+                out.append(tr)
+        return out, GroupCounts(rolled, n_flat, len(kept) - min(len(varied), len(kept)))
 
     def train_step(self, step: int) -> StepResult:
         """One RL step: the rollout phase, the score phase (old, reference and teacher log-probs, no gradient),
@@ -142,13 +193,13 @@ class Trainer:
     def rollout_phase(self, step: int) -> Rollouts:
         """This rank's episodes of the step, their turn-samples, and GRPO's advantage of each."""
         t0 = time.perf_counter()
-        trajs = self.collect(step)
+        trajs, counts = self.collect_groups(step)
         if self.replay is not None:  # the teacher pool replays these frozen trajectories in the background
             self.replay.submit(trajs)
         rc, cfg = self.rollout_cfg, self.cfg
         batch = TurnBatch.of(trajs)
         rewards = [r for _, _, r in turn_rewards(trajs, rc.invalid_penalty, rc.penalize, cfg.env.family, cfg.reward)]
-        return Rollouts(trajs, batch, grpo_advantages(rewards, batch.groups), time.perf_counter() - t0)
+        return Rollouts(trajs, batch, grpo_advantages(rewards, batch.groups), time.perf_counter() - t0, counts)
 
     def score_phase(self, step: int, r: Rollouts) -> StepBatch:
         """Every score the update reads, taken before any weight moves: old_logp (except the rows the update's own
@@ -258,3 +309,14 @@ class Trainer:
 def train(cfg: TrainConfig, policy=None, env_factory=None, console=None) -> dict[str, Any]:
     """Build a Trainer and run it to cfg.steps (resuming from the latest checkpoint)."""
     return Trainer(cfg, policy=policy, env_factory=env_factory, console=console).run()
+
+
+def _flat_groups(trajs: list[Trajectory], rollout_cfg, cfg: TrainConfig) -> set[int]:
+    """The groups of `trajs` whose turn-samples all get GRPO advantage 0: their rewards (as the rollout phase
+    computes them, invalid-action penalties included) are all equal, or they have no turn-samples."""
+    turns = turn_rewards(trajs, rollout_cfg.invalid_penalty, rollout_cfg.penalize, cfg.env.family, cfg.reward)
+    groups = [trajs[ti].group for ti, _, _ in turns]
+    moved = dict.fromkeys((tr.group for tr in trajs), False)
+    for g, a in zip(groups, grpo_advantages([r for _, _, r in turns], groups).tolist() if turns else []):
+        moved[g] = moved[g] or a != 0.0
+    return {g for g, m in moved.items() if not m}
