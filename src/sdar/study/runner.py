@@ -39,7 +39,7 @@ from sdar.tracking import PIPELINE_JOB_TAG, Tracker, default_tracking_uri, prepa
 HISTORY_KEYS = (
     "step", "success", "reward", "invalid_action_rate", "loss/entropy", "loss/kl", "sdar/gap_mean",
     "teacher/gap_free_tokens", "teacher/gap_all_tokens", "sdar/gate_mean", "sdar/pos_gap_frac",
-    "tokens/forced_frac", "hint/error_site_rate", "time/step_s",
+    "tokens/forced_frac", "hint/error_site_rate", "groups/zero_std_frac", "groups/rolled_out", "time/step_s",
 )
 RESULT_VERSION = 1
 # settings that do not change what a run computes: a result made under other values is still valid
