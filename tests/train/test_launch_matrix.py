@@ -271,6 +271,23 @@ def test_a_bfloat16_model_under_fsdp_at_two_ranks_trains_as_one_process(tiny_ckp
         assert json.loads((d / "final" / "sdar_policy.json").read_text())["spec"]["dtype"] == "bfloat16", d
 
 
+@pytest.mark.slow
+def test_dynamic_sampling_at_two_ranks_draws_on_each_rank_and_counts_every_group(tiny_ckpt, tmp_path):
+    """rollout.filter_groups under torchrun (the TrainJob's pod command, 2 ranks, ddp): each rank draws until its own
+    share of the groups moved, so the ranks may roll out different numbers of draws; nothing collective runs between
+    draws (a rank left waiting would fail the launch at SDAR_DIST_TIMEOUT_S). Each step trains, and its group counts
+    combine over the ranks: 3 groups a draw between them (rank 0 two, rank 1 one), at most 3 draws."""
+    out = tmp_path / "run"
+    launch("trainjob", {**_overrides("grpo", True, 2, out, "ddp", None), "rollout.filter_groups": True,
+                        "rollout.filter_max_draws": 3}, 2)
+    hist = json.loads((out / "history.json").read_text())
+    assert [h["step"] for h in hist] == [0, 1]
+    for h in hist:
+        assert h["updates"] >= 1 and 3 <= h["groups/rolled_out"] <= 9, h
+        flat = h["groups/zero_std_frac"] * h["groups/rolled_out"]
+        assert flat == pytest.approx(round(flat)) and h["groups/zero_std_trained"] <= round(flat), h
+
+
 def _children(pid: int) -> list[int]:
     out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
     return [int(p) for p in out.split()]
