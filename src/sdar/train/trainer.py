@@ -110,7 +110,8 @@ class Trainer:
         return ids, groups
 
     def collect(self, step: int) -> list[Trajectory]:
-        """This rank's task groups of the step (`collect_groups` without its counts)."""
+        """This rank's task groups of the step (`collect_groups` without its counts): what the rollout phase trains
+        on unless rollout.filter_groups (a subclass or a test may replace it)."""
         return self.collect_groups(step)[0]
 
     def collect_groups(self, step: int) -> tuple[list[Trajectory], GroupCounts]:
@@ -119,9 +120,13 @@ class Trainer:
         mine = list(distributed.group_range(self.cfg.tasks_per_step, self.dist))
         trajs = self._play(step, 0, mine)
         if not self.cfg.rollout.filter_groups:
-            flat = len(_flat_groups(trajs, self.rollout_cfg, self.cfg))
-            return trajs, GroupCounts(len(mine), flat, flat)
+            return trajs, self._counts(trajs)
         return self._filtered(step, trajs, mine)
+
+    def _counts(self, trajs: list[Trajectory]) -> GroupCounts:
+        """The counts of groups rolled out and trained on alike (no filter)."""
+        flat = len(_flat_groups(trajs, self.rollout_cfg, self.cfg))
+        return GroupCounts(len({tr.group for tr in trajs}), flat, flat)
 
     def _play(self, step: int, draw: int, mine: list[int]) -> list[Trajectory]:
         """Draw `draw`'s groups `mine` (this rank's), in lock-step, or one group at a time under its own seed when
@@ -193,7 +198,11 @@ class Trainer:
     def rollout_phase(self, step: int) -> Rollouts:
         """This rank's episodes of the step, their turn-samples, and GRPO's advantage of each."""
         t0 = time.perf_counter()
-        trajs, counts = self.collect_groups(step)
+        if self.cfg.rollout.filter_groups:
+            trajs, counts = self.collect_groups(step)
+        else:
+            trajs = self.collect(step)
+            counts = self._counts(trajs)
         if self.replay is not None:  # the teacher pool replays these frozen trajectories in the background
             self.replay.submit(trajs)
         rc, cfg = self.rollout_cfg, self.cfg
