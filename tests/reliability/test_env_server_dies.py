@@ -17,7 +17,9 @@ import pytest
 
 from tests.reliability.train_runs import ROOT, TrainProcess, history_rows, max_diff, small_overrides
 
-STEPS = 2
+# the kill comes after step 1 is printed: with steps of about 0.3 s, two more steps (not one) must outrun the poll and
+# the kill for the run to end before the server dies (it did once under CI's load at 0c2054c with 2 steps)
+STEPS = 3
 
 
 class EnvServer:
