@@ -30,7 +30,8 @@ def test_a_group_is_flat_when_every_turn_sample_gets_advantage_zero(tiny_ckpt, t
     trajs = (_group(0, [True, True]) + _group(1, [False, True]) + _group(2, [False, False])
              + _group(3, [False, False], bad_format=1) + [Trajectory("t4", "x", 4, "")])
     # 0 and 2: equal rewards; 3 lost twice but one rollout paid the format penalty; 4 has no turn-samples
-    assert _flat_groups(trajs, trainer.rollout_cfg, trainer.cfg) == {0, 2, 4}
+    batch, advantages = trainer._grpo(trajs)
+    assert _flat_groups(trajs, batch.groups, advantages) == {0, 2, 4}
 
 
 def test_every_run_counts_the_groups_that_carry_no_advantage(tiny_ckpt, tmp_path):
@@ -38,7 +39,8 @@ def test_every_run_counts_the_groups_that_carry_no_advantage(tiny_ckpt, tmp_path
     trainer = make_trainer(cfg)
     trajs, counts = trainer.collect_groups(0)
     assert counts.rolled == 3 and counts.flat == counts.flat_trained
-    assert counts.flat == len(_flat_groups(trajs, trainer.rollout_cfg, cfg))
+    batch, advantages = trainer._grpo(trajs)
+    assert counts.flat == len(_flat_groups(trajs, batch.groups, advantages))
     assert [tr.task_id for tr in trajs] == trainer.sample_tasks(0)[0]  # unfiltered: the step's tasks, in order
     hist = trainer.run()["history"]
     for h in hist:

@@ -120,13 +120,17 @@ class Trainer:
         mine = list(distributed.group_range(self.cfg.tasks_per_step, self.dist))
         trajs = self._play(step, 0, mine)
         if not self.cfg.rollout.filter_groups:
-            return trajs, self._counts(trajs)
+            batch, advantages = self._grpo(trajs)
+            return trajs, _unfiltered_counts(trajs, batch.groups, advantages)
         return self._filtered(step, trajs, mine)
 
-    def _counts(self, trajs: list[Trajectory]) -> GroupCounts:
-        """The counts of groups rolled out and trained on alike (no filter)."""
-        flat = len(_flat_groups(trajs, self.rollout_cfg, self.cfg))
-        return GroupCounts(len({tr.group for tr in trajs}), flat, flat)
+    def _grpo(self, trajs: list[Trajectory]) -> tuple[TurnBatch, torch.Tensor]:
+        """The turn-samples of `trajs` and GRPO's advantage of each (their episode's reward, less the invalid-action
+        penalty on the turns that pay it)."""
+        rc, cfg = self.rollout_cfg, self.cfg
+        batch = TurnBatch.of(trajs)
+        rewards = [r for _, _, r in turn_rewards(trajs, rc.invalid_penalty, rc.penalize, cfg.env.family, cfg.reward)]
+        return batch, grpo_advantages(rewards, batch.groups)
 
     def _play(self, step: int, draw: int, mine: list[int]) -> list[Trajectory]:
         """Draw `draw`'s groups `mine` (this rank's), in lock-step, or one group at a time under its own seed when
@@ -161,7 +165,8 @@ class Trainer:
         for draw in range(self.cfg.rollout.filter_max_draws):
             if draw:
                 trajs = self._play(step, draw, mine)
-            equal = _flat_groups(trajs, self.rollout_cfg, self.cfg)
+            batch, advantages = self._grpo(trajs)
+            equal = _flat_groups(trajs, batch.groups, advantages)
             by_group: dict[int, list[Trajectory]] = {}
             for tr in trajs:
                 by_group.setdefault(tr.group, []).append(tr)
@@ -198,17 +203,13 @@ class Trainer:
     def rollout_phase(self, step: int) -> Rollouts:
         """This rank's episodes of the step, their turn-samples, and GRPO's advantage of each."""
         t0 = time.perf_counter()
-        if self.cfg.rollout.filter_groups:
-            trajs, counts = self.collect_groups(step)
-        else:
-            trajs = self.collect(step)
-            counts = self._counts(trajs)
+        trajs, counts = self.collect_groups(step) if self.cfg.rollout.filter_groups else (self.collect(step), None)
         if self.replay is not None:  # the teacher pool replays these frozen trajectories in the background
             self.replay.submit(trajs)
-        rc, cfg = self.rollout_cfg, self.cfg
-        batch = TurnBatch.of(trajs)
-        rewards = [r for _, _, r in turn_rewards(trajs, rc.invalid_penalty, rc.penalize, cfg.env.family, cfg.reward)]
-        return Rollouts(trajs, batch, grpo_advantages(rewards, batch.groups), time.perf_counter() - t0, counts)
+        batch, advantages = self._grpo(trajs)
+        if counts is None:
+            counts = _unfiltered_counts(trajs, batch.groups, advantages)
+        return Rollouts(trajs, batch, advantages, time.perf_counter() - t0, counts)
 
     def score_phase(self, step: int, r: Rollouts) -> StepBatch:
         """Every score the update reads, taken before any weight moves: old_logp (except the rows the update's own
@@ -320,12 +321,16 @@ def train(cfg: TrainConfig, policy=None, env_factory=None, console=None) -> dict
     return Trainer(cfg, policy=policy, env_factory=env_factory, console=console).run()
 
 
-def _flat_groups(trajs: list[Trajectory], rollout_cfg, cfg: TrainConfig) -> set[int]:
-    """The groups of `trajs` whose turn-samples all get GRPO advantage 0: their rewards (as the rollout phase
-    computes them, invalid-action penalties included) are all equal, or they have no turn-samples."""
-    turns = turn_rewards(trajs, rollout_cfg.invalid_penalty, rollout_cfg.penalize, cfg.env.family, cfg.reward)
-    groups = [trajs[ti].group for ti, _, _ in turns]
+def _flat_groups(trajs: list[Trajectory], groups: list[int], advantages: torch.Tensor) -> set[int]:
+    """The groups of `trajs` whose turn-samples (row i of group groups[i]) all got GRPO advantage 0: their rewards
+    were all equal, or they have no turn-samples."""
     moved = dict.fromkeys((tr.group for tr in trajs), False)
-    for g, a in zip(groups, grpo_advantages([r for _, _, r in turns], groups).tolist() if turns else []):
+    for g, a in zip(groups, advantages.tolist()):
         moved[g] = moved[g] or a != 0.0
     return {g for g, m in moved.items() if not m}
+
+
+def _unfiltered_counts(trajs: list[Trajectory], groups: list[int], advantages: torch.Tensor) -> GroupCounts:
+    """The group counts of a step that trains on every group it rolled out."""
+    flat = len(_flat_groups(trajs, groups, advantages))
+    return GroupCounts(len({tr.group for tr in trajs}), flat, flat)
