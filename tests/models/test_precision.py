@@ -1,5 +1,5 @@
 """sdar.models.precision: a bfloat16 model's mixed precision on a CPU (the LoRA adapter's matmuls in bfloat16 under
-autocast, its float32 weights and gradients kept; the math attention kernel for small grad forwards), against the
+autocast, its float32 weights and gradients kept; transformers' eager attention for small grad forwards), against the
 same policy with the contexts switched off; float32 models untouched; every switch restored after each forward."""
 
 from __future__ import annotations
@@ -121,24 +121,52 @@ def test_bfloat16_runs_the_adapter_in_bfloat16_and_keeps_float32_weights_and_gra
     assert (flat - flat_off).norm() / flat_off.norm() < 0.05
 
 
-def test_a_grad_forward_takes_the_math_attention_only_while_its_matrix_is_small(tok_dir):
+def test_a_grad_forward_takes_eager_attention_only_while_its_matrix_is_small(tok_dir):
     pol = policy(tok_dir, "bfloat16")
     (decoder,) = precision.decoders(pol.model)
-    heads = decoder.config.num_attention_heads
+    config = decoder.config
+    assert config._attn_implementation == "sdpa"
+    heads = config.num_attention_heads
     small = torch.zeros(4, 32, dtype=torch.long)
-    side = int((precision.MATH_ATTENTION_ELEMENTS / heads) ** 0.5) + 1  # one row whose matrix is just over the limit
+    side = int((precision.EAGER_ATTENTION_ELEMENTS / heads) ** 0.5) + 1  # one row whose matrix is just over the limit
     large = torch.zeros(1, side, dtype=torch.long)
     flash = torch.backends.cuda.flash_sdp_enabled  # the global switch sdpa_kernel sets, whatever the device
     assert flash()
     with precision.contexts(decoder, small):
-        assert torch.is_autocast_enabled("cpu") and not flash()
+        assert torch.is_autocast_enabled("cpu") and config._attn_implementation == "eager" and flash()
+    with precision.contexts(decoder, small, 0, torch.ones(4, 32)):  # the padding mask transformers expands itself
+        assert config._attn_implementation == "eager"
+    with precision.contexts(decoder, small, 0, torch.ones(4, 1, 32, 32, dtype=torch.bool)):  # a mask built for sdpa
+        assert config._attn_implementation == "sdpa" and not flash()  # the math kernel reads that form
     with precision.contexts(decoder, large):
-        assert torch.is_autocast_enabled("cpu") and flash()
+        assert torch.is_autocast_enabled("cpu") and config._attn_implementation == "sdpa" and flash()
     with precision.contexts(decoder, torch.zeros(1, side // 2, dtype=torch.long), past=2 * side):  # cached keys count
-        assert flash()
+        assert config._attn_implementation == "sdpa" and flash()
     with torch.no_grad(), precision.contexts(decoder, small):
-        assert torch.is_autocast_enabled("cpu") and flash()
-    assert not torch.is_autocast_enabled("cpu") and flash()
+        assert torch.is_autocast_enabled("cpu") and config._attn_implementation == "sdpa" and flash()
+    assert not torch.is_autocast_enabled("cpu") and config._attn_implementation == "sdpa" and flash()
+    config._attn_implementation = "eager"  # a user's own choice is kept, and restored as it was
+    with precision.contexts(decoder, small):
+        assert config._attn_implementation == "eager" and flash()
+    assert config._attn_implementation == "eager"
+
+
+def test_the_eager_attention_is_what_a_grad_forward_runs_and_reads_the_padding(tok_dir, batch, monkeypatch):
+    """A real forward with gradients calls no sdpa kernel, one without calls it in every layer; the eager forward's
+    log-probs are the sdpa forward's up to bfloat16 rounding, the left-padded row's included."""
+    pol = policy(tok_dir, "bfloat16")
+    calls = []
+    real = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    logp = token_logprobs(pol.model, *batch)[0]
+    assert logp.requires_grad and calls == []
+    with torch.no_grad():
+        logp_sdpa = token_logprobs(pol.model, *batch)[0]
+    assert len(calls) == pol.model.config.num_hidden_layers
+    real_tokens = batch[1][:, 1:].bool()
+    assert (logp.detach() - logp_sdpa)[real_tokens].abs().max() < 5e-2
+    assert (logp.detach() - logp_sdpa)[real_tokens].abs().max() > 0  # two ways of rounding, not one path twice
 
 
 def test_every_switch_is_restored_after_a_forward_and_after_one_that_fails(tok_dir, batch):
@@ -147,6 +175,7 @@ def test_every_switch_is_restored_after_a_forward_and_after_one_that_fails(tok_d
 
     def restored():
         return (not torch.is_autocast_enabled("cpu") and torch.backends.cuda.flash_sdp_enabled()
+                and pol.model.config._attn_implementation == "sdpa"
                 and all(m.cast_input_dtype_enabled for m in layers))
 
     logp_and_grads(pol, batch)
@@ -181,8 +210,8 @@ def test_a_forward_after_cached_keys_counts_them(tok_dir, monkeypatch):
     pol = policy(tok_dir, "bfloat16")
     calls = []
     real = precision.contexts
-    monkeypatch.setattr(precision, "contexts", lambda dec, tokens, past=0: calls.append((tuple(tokens.shape), past))
-                        or real(dec, tokens, past))
+    monkeypatch.setattr(precision, "contexts", lambda dec, tokens, past=0, mask=None: calls.append((tuple(tokens.shape), past))
+                        or real(dec, tokens, past, mask))
     ids = torch.randint(5, 100, (1, 7))
     with torch.no_grad():
         cache = cache_of(pol.model(input_ids=ids, use_cache=True))

@@ -20,11 +20,21 @@ autocast), and peft's own switch (`peft.helpers.disable_input_dtype_casting`) le
 rather than casting it to float32 for autocast to cast back; the gradients still land on the float32 adapter. Nothing else in the decoder changes dtype: the base
 weights are bfloat16 already, and the norms, the rotary embedding and the softmax keep their own float32 casts.
 
-With gradients on, the attention runs on PyTorch's math kernel rather than its CPU flash kernel, whose backward
-in bfloat16 is about 2x slower than the math kernel's at the update's shapes (SmolLM2: 18 rows x 9 heads x 139
-queries over 195 keys). The math kernel holds the attention matrix for the backward, so it is taken only while
-that matrix stays small (`MATH_ATTENTION_ELEMENTS` per layer); longer forwards keep the flash kernel. No-grad
-forwards (sampling, scoring) keep flash: there the two are equally fast and flash holds less. Under activation
+With gradients on, the attention is transformers' eager attention (`eager_attention`: the model's
+`_attn_implementation` for that forward): the scores a bfloat16 matmul, their softmax in float32, the probabilities
+bfloat16, as Hugging Face models compute it in bfloat16 without a fused kernel. Until 2026-12-01 it was PyTorch's
+math kernel, which on a CPU casts a bfloat16 attention to float32 whole: its batched matmuls ran at the float32 rate
+(2.6 s of issue 46's 13 s update against 0.8 s now). On the same trajectories (benchmarks/bench_precision.py,
+SmolLM2's warm start, 2 tasks x 2 rollouts) the eager update is the closer to float32's in both batches measured:
+arm sdar seed 0, its change of the policy's log-probs at a cosine of 0.9995 with float32's (the math kernel 0.9976)
+and of the adapter's weights 0.990 (0.975); arm grpo seed 1, 0.768 (0.550) and 0.856 (0.809). The CPU flash kernel's
+bfloat16 backward is both slower and further off (a first mini-batch's gradient at a cosine of 0.64 with float32's).
+Eager attention holds the attention matrix for the backward, so it is taken only while that matrix stays small
+(`EAGER_ATTENTION_ELEMENTS` per layer) and the mask is the one transformers builds (2-D or none; a packed row's
+tree mask, built for the sdpa kernels, takes the math kernel); longer forwards keep the flash kernel. No-grad
+forwards (sampling, scoring) keep flash: tried eager there (2 tasks x 2 rollouts, sdar seed 0), the score phase
+took 7.5 s against 8.1-8.5, but single tokens' old log-probs moved further from float32's (0.17 nats at the largest
+against 0.06), and those are what the gate and the ratio read. Under activation
 checkpointing only autocast applies (the recomputation in the backward must match the forward, and torch restores
 autocast alone there).
 
@@ -40,9 +50,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from sdar.models.kv_cache import CACHE_KEY
 
-# the largest attention matrix (rows x heads x queries x keys) a grad forward computes on the math kernel: 16M
-# elements, 32 MB a layer in bfloat16 (SmolLM2's update: 4.4M)
-MATH_ATTENTION_ELEMENTS = 16 * 2**20
+# the largest attention matrix (rows x heads x queries x keys) a grad forward computes in eager form: 16M elements,
+# about 128 MB a layer for the backward (the bfloat16 scores and probabilities, the float32 softmax; SmolLM2's update: 4.4M)
+EAGER_ATTENTION_ELEMENTS = 16 * 2**20
 
 _HOOKED = "_sdar_precision_contexts"
 
@@ -72,9 +82,11 @@ def decoders(model: torch.nn.Module) -> list[torch.nn.Module]:
             and isinstance(getattr(m, "layers", None), torch.nn.ModuleList) and hasattr(m, "embed_tokens")]
 
 
-def contexts(decoder: torch.nn.Module, tokens: torch.Tensor | None, past: int = 0) -> contextlib.ExitStack:
+def contexts(decoder: torch.nn.Module, tokens: torch.Tensor | None, past: int = 0,
+             mask: torch.Tensor | None = None) -> contextlib.ExitStack:
     """The contexts one forward of `decoder` over `tokens` ([rows, queries] ids or [rows, queries, width] embeddings,
-    after `past` cached positions) runs under: none unless the decoder is bfloat16 on a CPU and installed enabled."""
+    after `past` cached positions, with the attention `mask` it is given) runs under: none unless the decoder is
+    bfloat16 on a CPU and installed enabled."""
     stack = contextlib.ExitStack()
     if not getattr(decoder, "_sdar_precision", True):
         return stack
@@ -93,9 +105,29 @@ def contexts(decoder: torch.nn.Module, tokens: torch.Tensor | None, past: int = 
     if torch.is_grad_enabled() and tokens is not None:
         rows, queries = tokens.shape[0], tokens.shape[1]
         heads = int(getattr(decoder.config, "num_attention_heads", 1))
-        if rows * heads * queries * (queries + past) <= MATH_ATTENTION_ELEMENTS:
-            stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
+        if rows * heads * queries * (queries + past) <= EAGER_ATTENTION_ELEMENTS:
+            if mask is None or mask.dim() == 2:  # transformers builds the mask for the attention that runs
+                stack.enter_context(eager_attention(decoder.config))
+            else:  # a mask built for the sdpa kernels (a packed row's tree): math, which reads the same form
+                stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
     return stack
+
+
+@contextlib.contextmanager
+def eager_attention(config):
+    """transformers' eager attention for the forwards inside (the config's `_attn_implementation`, which the
+    decoder reads at each forward, for its mask and its layers' attention): the scores a bfloat16 matmul, their
+    softmax in float32, the probabilities bfloat16. Left alone unless the model runs sdpa (a user's choice of
+    another implementation is kept)."""
+    before = getattr(config, "_attn_implementation", None)
+    if before != "sdpa":
+        yield
+        return
+    config._attn_implementation = "eager"
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
 
 
 def _past_length(cache) -> int:
@@ -112,7 +144,9 @@ def _enter(module, args, kwargs):
         tokens = kwargs.get("inputs_embeds")
     if tokens is None and args:
         tokens = args[0]
-    getattr(module, _HOOKED).append(contexts(module, tokens, _past_length(kwargs.get(CACHE_KEY))))
+    mask = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
+    getattr(module, _HOOKED).append(contexts(module, tokens, _past_length(kwargs.get(CACHE_KEY)),
+                                             mask if torch.is_tensor(mask) else None))
 
 
 def _leave(module, args, kwargs, output):
