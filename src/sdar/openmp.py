@@ -42,7 +42,8 @@ def at_once(processes: int) -> dict[str, str | None]:
     """The variables for child processes that train `processes` at once on these cores (the local pipeline's arms):
     asleep at once (PASSIVE, and sdar's spin count removed: libgomp lets GOMP_SPINCOUNT override the policy) when
     more than one runs and the user chose nothing; else none. None: remove the variable. Two SmolLM2 trainings at
-    once ran 1.12x slower each with the short spin than asleep (docs/benchmarks.md)."""
+    once ran 1.28x slower each with the short spin than asleep at b0deec7 (1.12x before; docs/benchmarks.md,
+    omp-wait)."""
     if processes <= 1 or USER_CHOSE:
         return {}
     return {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": None}

@@ -49,6 +49,16 @@ def test_every_run_counts_the_groups_that_carry_no_advantage(tiny_ckpt, tmp_path
     assert hist[0]["groups/zero_std_trained"] == counts.flat  # the same draw: the step's seed
 
 
+def test_an_unfiltered_rollout_phase_computes_the_advantages_once(tiny_ckpt, tmp_path):
+    trainer = make_trainer(small_config(tmp_path, tracking=False, tasks_per_step=2, group_size=2))
+    calls, grpo = [], trainer._grpo
+    trainer._grpo = lambda trajs: calls.append(len(trajs)) or grpo(trajs)
+    r = trainer.rollout_phase(0)
+    assert calls == [4]  # once, over the step's 2 x 2 rollouts (collect returns them uncounted)
+    assert r.groups.rolled == 2
+    assert r.groups.flat == len(_flat_groups(r.trajs, r.batch.groups, r.advantages))
+
+
 def test_later_draws_take_tasks_no_earlier_draw_took(tiny_ckpt, tmp_path):
     trainer = make_trainer(small_config(tmp_path, tracking=False, tasks_per_step=3))
     draws = [trainer.sample_tasks(5, d)[0][::trainer.cfg.group_size] for d in range(4)]

@@ -4,16 +4,15 @@ store, and a SIGTERM that lets the launcher stop the job before the step ends.""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
 import signal
-import threading
 from dataclasses import dataclass
 from typing import Any
 
 from sdar import storage  # storage.open_store read at call time (tests serve S3 through a stand-in)
 from sdar.kube import api_message, pod_namespace
+from sdar.lifecycle import ending_on_signals
 from sdar.storage import RESULT_PREFIX
 
 
@@ -57,22 +56,10 @@ def collect_result(cfg, **extra: Any) -> dict[str, Any]:
     return summary
 
 
-@contextlib.contextmanager
 def sigterm_raises():
-    """SIGTERM (what Kubernetes sends a pod it stops) raises SystemExit here, so cleanup runs;
-    only the main thread can set a handler, elsewhere nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def _raise(signum, frame):
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, _raise)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    """SIGTERM (what Kubernetes sends a pod it stops) raises SystemExit (`sdar.lifecycle.Terminated`, status 143)
+    here, so cleanup runs; only the main thread can set a handler, elsewhere nothing changes."""
+    return ending_on_signals((signal.SIGTERM,))
 
 
 # ---- what teardown deletes -------------------------------------------------------------------------

@@ -51,7 +51,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from sdar.models.kv_cache import CACHE_KEY
 
 # the largest attention matrix (rows x heads x queries x keys) a grad forward computes in eager form: 16M elements,
-# about 128 MB a layer for the backward (the bfloat16 scores and probabilities, the float32 softmax; SmolLM2's update: 4.4M)
+# about 96 MB a layer held for the backward (the softmax's float32 output and the bfloat16 probabilities; SmolLM2's
+# update: 4.4M)
 EAGER_ATTENTION_ELEMENTS = 16 * 2**20
 
 _HOOKED = "_sdar_precision_contexts"

@@ -171,7 +171,7 @@ def _reordered(model, prompts, responses, allowed, kw: dict) -> ScoredBatch | No
     """`response_logprobs` (its keyword arguments `kw`) with the rows forwarded in another grouping and returned in
     the caller's order: each distinct row once (dedup), groups of similar length (length_buckets); None when
     neither applies and the rows go through as they are."""
-    n, grad, batch_size = len(prompts), kw["grad"], kw["batch_size"]
+    n, batch_size = len(prompts), kw["batch_size"]
     if kw["dedup"] and not kw["prompt_lm"] and n > 1:
         once = _scored_once(lambda rows: response_logprobs(
             model, pick(prompts, rows), pick(responses, rows), allowed=pick(allowed, rows),

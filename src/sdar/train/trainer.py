@@ -111,18 +111,25 @@ class Trainer:
 
     def collect(self, step: int) -> list[Trajectory]:
         """This rank's task groups of the step (`collect_groups` without its counts): what the rollout phase trains
-        on unless rollout.filter_groups (a subclass or a test may replace it)."""
-        return self.collect_groups(step)[0]
+        on unless rollout.filter_groups (a subclass or a test may replace it). Unfiltered, the groups as played:
+        the rollout phase counts them itself, from the advantages it computes once."""
+        if self.cfg.rollout.filter_groups:
+            return self.collect_groups(step)[0]
+        return self._play(step, 0, self._mine())
 
     def collect_groups(self, step: int) -> tuple[list[Trajectory], GroupCounts]:
         """This rank's task groups, and how many it rolled out and how many of those had equal rewards. With
         rollout.filter_groups, the groups whose rewards differ from up to filter_max_draws draws (`_filtered`)."""
-        mine = list(distributed.group_range(self.cfg.tasks_per_step, self.dist))
+        mine = self._mine()
         trajs = self._play(step, 0, mine)
         if not self.cfg.rollout.filter_groups:
             batch, advantages = self._grpo(trajs)
             return trajs, _unfiltered_counts(trajs, batch.groups, advantages)
         return self._filtered(step, trajs, mine)
+
+    def _mine(self) -> list[int]:
+        """The task groups of a step this rank plays (alone: every one)."""
+        return list(distributed.group_range(self.cfg.tasks_per_step, self.dist))
 
     def _grpo(self, trajs: list[Trajectory]) -> tuple[TurnBatch, torch.Tensor]:
         """The turn-samples of `trajs` and GRPO's advantage of each (their episode's reward, less the invalid-action
