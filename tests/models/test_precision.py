@@ -1,6 +1,7 @@
 """sdar.models.precision: a bfloat16 model's mixed precision on a CPU (the LoRA adapter's matmuls in bfloat16 under
-autocast, its float32 weights and gradients kept; transformers' eager attention for small grad forwards), against the
-same policy with the contexts switched off; float32 models untouched; every switch restored after each forward."""
+autocast, its float32 weights and gradients kept; transformers' eager attention for small grad forwards, float32
+scores for small no-grad ones), against the same policy with the contexts switched off; float32 models untouched;
+every switch restored after each forward."""
 
 from __future__ import annotations
 
@@ -121,7 +122,7 @@ def test_bfloat16_runs_the_adapter_in_bfloat16_and_keeps_float32_weights_and_gra
     assert (flat - flat_off).norm() / flat_off.norm() < 0.05
 
 
-def test_a_grad_forward_takes_eager_attention_only_while_its_matrix_is_small(tok_dir):
+def test_a_forward_takes_sdars_attention_only_while_its_matrix_is_small(tok_dir):
     pol = policy(tok_dir, "bfloat16")
     (decoder,) = precision.decoders(pol.model)
     config = decoder.config
@@ -142,18 +143,28 @@ def test_a_grad_forward_takes_eager_attention_only_while_its_matrix_is_small(tok
         assert torch.is_autocast_enabled("cpu") and config._attn_implementation == "sdpa" and flash()
     with precision.contexts(decoder, torch.zeros(1, side // 2, dtype=torch.long), past=2 * side):  # cached keys count
         assert config._attn_implementation == "sdpa" and flash()
-    with torch.no_grad(), precision.contexts(decoder, small):
-        assert torch.is_autocast_enabled("cpu") and config._attn_implementation == "sdpa" and flash()
+    no_grad = precision.NO_GRAD_ATTENTION
+    with torch.no_grad():
+        with precision.contexts(decoder, small):
+            assert torch.is_autocast_enabled("cpu") and config._attn_implementation == no_grad and flash()
+        with precision.contexts(decoder, small, 0, torch.ones(4, 32)):
+            assert config._attn_implementation == no_grad
+        with precision.contexts(decoder, small, 0, torch.ones(4, 1, 32, 32, dtype=torch.bool)):
+            assert config._attn_implementation == "sdpa" and flash()  # a mask built for sdpa: its own kernels
+        with precision.contexts(decoder, large):
+            assert config._attn_implementation == "sdpa" and flash()
     assert not torch.is_autocast_enabled("cpu") and config._attn_implementation == "sdpa" and flash()
     config._attn_implementation = "eager"  # a user's own choice is kept, and restored as it was
     with precision.contexts(decoder, small):
         assert config._attn_implementation == "eager" and flash()
+    with torch.no_grad(), precision.contexts(decoder, small):
+        assert config._attn_implementation == "eager"
     assert config._attn_implementation == "eager"
 
 
 def test_the_eager_attention_is_what_a_grad_forward_runs_and_reads_the_padding(tok_dir, batch, monkeypatch):
-    """A real forward with gradients calls no sdpa kernel, one without calls it in every layer; the eager forward's
-    log-probs are the sdpa forward's up to bfloat16 rounding, the left-padded row's included."""
+    """A real forward with gradients calls no sdpa kernel, one without over the size limit calls it in every layer;
+    the eager forward's log-probs are the sdpa forward's up to bfloat16 rounding, the left-padded row's included."""
     pol = policy(tok_dir, "bfloat16")
     calls = []
     real = torch.nn.functional.scaled_dot_product_attention
@@ -161,12 +172,67 @@ def test_the_eager_attention_is_what_a_grad_forward_runs_and_reads_the_padding(t
                         lambda *a, **k: calls.append(1) or real(*a, **k))
     logp = token_logprobs(pol.model, *batch)[0]
     assert logp.requires_grad and calls == []
+    monkeypatch.setattr(precision, "EAGER_ATTENTION_ELEMENTS", 0)  # every forward over the limit: flash
     with torch.no_grad():
         logp_sdpa = token_logprobs(pol.model, *batch)[0]
     assert len(calls) == pol.model.config.num_hidden_layers
     real_tokens = batch[1][:, 1:].bool()
     assert (logp.detach() - logp_sdpa)[real_tokens].abs().max() < 5e-2
     assert (logp.detach() - logp_sdpa)[real_tokens].abs().max() > 0  # two ways of rounding, not one path twice
+
+
+@pytest.mark.parametrize("past", [0, 37])
+def test_the_no_grad_attention_computes_what_the_flash_kernel_computes(past):
+    """A no-grad forward's attention, on grouped query heads (3 per key/value head, as SmolLM2's) with an attention
+    sink (every query's largest weight on the first key, as trained models put it), a left-padded row whose first
+    queries attend to nothing, after `past` cached keys: as close to float32's attention on the same bfloat16 values
+    as the CPU flash kernel, on average and at the largest, finite where every key is masked, and not the kernel's
+    own output (its own computation)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    class Layer(torch.nn.Module):
+        num_key_value_groups, is_causal = 3, True
+
+    gen = torch.Generator().manual_seed(0)
+    rows, queries, keys = 3, 48, 48 + past
+    q, k, v = (torch.randn(rows, heads, n, 64, generator=gen) for heads, n in ((9, queries), (3, keys), (3, keys)))
+    q[..., 0], k[:, :, 0, 0] = 6.0, 6.0  # the sink
+    q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    mask = torch.ones(queries, keys, dtype=torch.bool).tril(past)[None, None].repeat(rows, 1, 1, 1)
+    mask[0, :, :, : past + 5] = False  # row 0: 5 left pads after its cache (none before: its queries see nothing)
+    layer = Layer().eval()
+    with torch.no_grad():
+        ours, weights = precision.no_grad_attention(layer, q, k, v, mask, scaling=0.125)
+        flash, _ = sdpa_attention_forward(layer, q, k, v, mask, scaling=0.125)
+        exact, _ = sdpa_attention_forward(layer, q.float(), k.float(), v.float(), mask, scaling=0.125)
+    assert weights is None and ours.dtype == torch.bfloat16 and torch.isfinite(ours).all()
+    seen = mask[:, 0].any(-1)  # [rows, queries]: the query rows with a key to attend to
+    err, err_flash = ((x.float() - exact)[seen].abs() for x in (ours, flash))
+    assert err.mean() <= 1.05 * err_flash.mean() and err.max() <= 1.05 * err_flash.max()
+    assert not torch.equal(ours, flash)
+    with torch.no_grad():  # no mask (nothing padded): the plain causal one after the cache
+        ours, _ = precision.no_grad_attention(layer, q, k, v, None, scaling=0.125)
+        exact, _ = sdpa_attention_forward(layer, q.float(), k.float(), v.float(), mask[1:2], scaling=0.125)
+    assert (ours.float() - exact).abs().max() <= 1.05 * err_flash.max()
+
+
+def test_the_no_grad_forward_runs_sdars_attention_within_bfloat16_rounding_of_flash(tok_dir, batch, monkeypatch):
+    """A real no-grad forward calls no sdpa kernel, and its log-probs are the flash kernel's (the same forward over
+    the size limit) up to bfloat16 rounding, the left-padded row's included."""
+    pol = policy(tok_dir, "bfloat16")
+    calls = []
+    real = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    with torch.no_grad():
+        logp = token_logprobs(pol.model, *batch)[0]
+        assert calls == []
+        monkeypatch.setattr(precision, "EAGER_ATTENTION_ELEMENTS", 0)  # every forward over the limit: flash
+        logp_sdpa = token_logprobs(pol.model, *batch)[0]
+    assert len(calls) == pol.model.config.num_hidden_layers
+    real_tokens = batch[1][:, 1:].bool()
+    assert (logp - logp_sdpa)[real_tokens].abs().max() < 5e-2
+    assert (logp - logp_sdpa)[real_tokens].abs().max() > 0  # two ways of rounding, not one path twice
 
 
 def test_every_switch_is_restored_after_a_forward_and_after_one_that_fails(tok_dir, batch):

@@ -114,7 +114,7 @@ def test_a_killed_smollm2_warm_start_leaves_no_entry_and_the_next_build_finishes
 def _the_loaded_policy_is_the_warm_start(cfg, target: Path) -> None:
     import torch
 
-    from sdar.models import Policy
+    from sdar.models import Policy, precision
     from sdar.models.scoring import response_logprobs
     from sdar.train.warmstart import load_warm_policy
 
@@ -141,7 +141,9 @@ def _the_loaded_policy_is_the_warm_start(cfg, target: Path) -> None:
 
     ours = logp(policy.model)
     truth = logp(exact.model)  # float32 base + float32 adapter, unmerged
-    once = logp(exact.model.merge_and_unload().to(torch.bfloat16))  # merged in float32, cast once
+    cast = exact.model.merge_and_unload().to(torch.bfloat16)  # merged in float32, cast once
+    # run as the loaded policy runs (the config's cpu_mixed_precision; the warm start recorded its SFT's, off)
+    once = logp(precision.install(cast, enabled=policy.spec.cpu_mixed_precision))
     torch.testing.assert_close(ours, once, rtol=0, atol=1e-6)
     # bfloat16's rounding only: no worse than the unmerged bfloat16 forward by more than a few hundredths of a nat
     assert (ours - truth).abs().mean() <= (logp(warm.model) - truth).abs().mean() + 0.05

@@ -132,8 +132,9 @@ class ModelConfig:
         "help": "Recompute activations in the backward pass: less memory, slower updates."})
     cpu_mixed_precision: bool = field(default=True, metadata={
         "added": True, "before": False, "inert_when": _not_bfloat16_on_a_cpu,
-        "help": "bfloat16 on a CPU: the LoRA adapter's matmuls under autocast and transformers' eager attention in "
-                "grad forwards (sdar.models.precision): its update the closer to float32's of the two bfloat16 paths in "
+        "help": "bfloat16 on a CPU: the LoRA adapter's matmuls under autocast, transformers' eager attention in "
+                "grad forwards and the flash kernel's attention as bfloat16-rate matmuls in no-grad ones "
+                "(sdar.models.precision): its update the closer to float32's of the two bfloat16 paths in "
                 "every batch measured (benchmarks/bench_precision.py, docs/training.md); its speed against plain "
                 "bfloat16 varies by run (docs/benchmarks.md). false: peft's own path. No effect on float32 or off "
                 "the CPU."})

@@ -389,7 +389,7 @@ class Policy:
         if missing:
             raise RuntimeError(f"could not recover base weights {missing[:3]} from the LoRA model; report this")
         plain.requires_grad_(False)
-        return plain
+        return precision.install(plain, enabled=self.spec.cpu_mixed_precision)  # run as the policy's forwards run
 
     # -- checkpoints -------------------------------------------------------------------------
     def _initial_weights(self) -> PreTrainedModel:

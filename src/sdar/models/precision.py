@@ -31,10 +31,19 @@ and of the adapter's weights 0.990 (0.975); arm grpo seed 1, 0.768 (0.550) and 0
 bfloat16 backward is both slower and further off (a first mini-batch's gradient at a cosine of 0.64 with float32's).
 Eager attention holds the attention matrix for the backward, so it is taken only while that matrix stays small
 (`EAGER_ATTENTION_ELEMENTS` per layer) and the mask is the one transformers builds (2-D or none; a packed row's
-tree mask, built for the sdpa kernels, takes the math kernel); longer forwards keep the flash kernel. No-grad
-forwards (sampling, scoring) keep flash: tried eager there (2 tasks x 2 rollouts, sdar seed 0), the score phase
-took 7.5 s against 8.1-8.5, but single tokens' old log-probs moved further from float32's (0.17 nats at the largest
-against 0.06), and those are what the gate and the ratio read. Under activation
+tree mask, built for the sdpa kernels, takes the math kernel); longer forwards keep the flash kernel.
+
+No-grad forwards (sampling, scoring, the merged inference module's and the plain reference's too) take
+`no_grad_attention` under the same conditions: what the CPU flash kernel computes (float32 scores, exact products of
+the bfloat16 values; their softmax in float32; the weights rounded to bfloat16 unnormalised, the largest exactly 1;
+a float32 sum; normalised and rounded once), as two matmuls that oneDNN runs at the bfloat16 rate, where the flash
+kernel runs its bfloat16 blocks at about 120 GFLOP/s on this CPU (no AMX). On issue 46's step (SmolLM2 untrained,
+2 tasks x 2 rollouts, the same batch, five rounds in turn in one process) the score phase took 7.33 s against 7.95
+(median); on that batch the teacher's and the reference's log-probs are as far from float32's as flash's (over the
+53 free tokens: the teacher a mean 0.025 nats against 0.023, the largest 0.117 against 0.123; the reference 0.020
+against 0.026, 0.091 against 0.091). Eager's bfloat16 scores were tried there and dropped: single tokens' old
+log-probs moved further from float32's (0.17 nats at the largest against flash's 0.06), and those are what the gate
+and the ratio read. Under activation
 checkpointing only autocast applies (the recomputation in the backward must match the forward, and torch restores
 autocast alone there).
 
@@ -103,32 +112,112 @@ def contexts(decoder: torch.nn.Module, tokens: torch.Tensor | None, past: int = 
         from peft.helpers import disable_input_dtype_casting
 
         stack.enter_context(disable_input_dtype_casting(decoder))
-    if torch.is_grad_enabled() and tokens is not None:
+    if tokens is not None:
         rows, queries = tokens.shape[0], tokens.shape[1]
         heads = int(getattr(decoder.config, "num_attention_heads", 1))
-        if rows * heads * queries * (queries + past) <= EAGER_ATTENTION_ELEMENTS:
-            if mask is None or mask.dim() == 2:  # transformers builds the mask for the attention that runs
+        small = rows * heads * queries * (queries + past) <= EAGER_ATTENTION_ELEMENTS
+        built = mask is None or mask.dim() == 2  # transformers builds the mask for the attention that runs
+        if torch.is_grad_enabled() and small:
+            if built:
                 stack.enter_context(eager_attention(decoder.config))
             else:  # a mask built for the sdpa kernels (a packed row's tree): math, which reads the same form
                 stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
+        elif not torch.is_grad_enabled() and small and built:
+            stack.enter_context(_attention(decoder.config, NO_GRAD_ATTENTION))
     return stack
 
 
-@contextlib.contextmanager
+# the no-grad forwards' attention, registered with transformers (`_register`) with sdpa's boolean masks
+NO_GRAD_ATTENTION = "sdar_cpu_no_grad"
+
+
 def eager_attention(config):
-    """transformers' eager attention for the forwards inside (the config's `_attn_implementation`, which the
-    decoder reads at each forward, for its mask and its layers' attention): the scores a bfloat16 matmul, their
-    softmax in float32, the probabilities bfloat16. Left alone unless the model runs sdpa (a user's choice of
-    another implementation is kept)."""
+    """transformers' eager attention for the forwards inside: the scores a bfloat16 matmul, their softmax in float32,
+    the probabilities bfloat16."""
+    return _attention(config, "eager")
+
+
+@contextlib.contextmanager
+def _attention(config, name: str):
+    """Attention implementation `name` for the forwards inside (the config's `_attn_implementation`, which the
+    decoder reads at each forward, for its mask and its layers' attention). Left alone unless the model runs sdpa
+    (a user's choice of another implementation is kept)."""
     before = getattr(config, "_attn_implementation", None)
     if before != "sdpa":
         yield
         return
-    config._attn_implementation = "eager"
+    if name == NO_GRAD_ATTENTION:
+        _register()
+    config._attn_implementation = name
     try:
         yield
     finally:
         config._attn_implementation = before
+
+
+def _causal(attention_mask, queries: int, keys: int, device) -> torch.Tensor:
+    """The boolean mask [rows or 1, 1, queries, keys] (True: attend) of a forward: transformers' own, or the plain
+    causal one it leaves out when nothing is padded (the queries are the last `queries` of the keys)."""
+    if attention_mask is not None:
+        return attention_mask.to(torch.bool)
+    return torch.ones(queries, keys, dtype=torch.bool, device=device).tril(keys - queries)[None, None]
+
+
+def _unsupported(kwargs) -> bool:
+    """Whether a layer asks for what these implementations do not compute (a sliding window, soft-capping,
+    attention sinks): it then runs transformers' own."""
+    return any(kwargs.get(k) is not None for k in ("sliding_window", "softcap", "s_aux"))
+
+
+def no_grad_attention(module, query, key, value, attention_mask, scaling=None, dropout: float = 0.0, **kwargs):
+    """A no-grad forward's attention for bfloat16 queries, keys and values, per key/value head, computed as the CPU
+    flash kernel computes it: the scores in float32 (exact products of the bfloat16 values), their softmax in float32,
+    the weights rounded to bfloat16 as exp(score - the row's largest), so that the largest is exactly 1, against the
+    values with a float32 sum, then normalised and rounded once. oneDNN runs both float32 matmuls at the bfloat16
+    rate (`torch.backends.mkldnn.matmul.fp32_precision`: their inputs rounded to bfloat16, which the scores' inputs
+    already are), where the flash kernel runs its blocks at about a sixth of that rate on this CPU (no AMX)."""
+    if _unsupported(kwargs) or dropout or query.dtype != torch.bfloat16:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                                      **kwargs)
+    b, h, q, d = query.shape
+    kv_heads, k = key.shape[1], key.shape[2]
+    g = h // kv_heads
+    scaling = d ** -0.5 if scaling is None else scaling
+    mkldnn = torch.backends.mkldnn.matmul
+    before = mkldnn.fp32_precision
+    mkldnn.fp32_precision = "bf16"
+    try:
+        with torch.autocast("cpu", enabled=False):  # autocast would run these matmuls in bfloat16
+            s = torch.matmul(query.reshape(b, kv_heads, g * q, d).float(), key.float().transpose(2, 3))
+            s = s.view(b, kv_heads, g, q, k).mul_(scaling)
+            # the lowest float32, not -inf: a query row with nothing to attend to (left padding) stays finite
+            s.masked_fill_(~_causal(attention_mask, q, k, query.device)[:, :, None], torch.finfo(torch.float32).min)
+            p = torch.softmax(s, dim=-1)
+            top = p.amax(dim=-1, keepdim=True)  # 1 / the row's sum of exp(score - its largest)
+            out = torch.matmul(p.div_(top).view(b, kv_heads, g * q, k), value.float())
+            out = out.view(b, kv_heads, g, q, d).mul_(top)
+    finally:
+        mkldnn.fp32_precision = before
+    return out.view(b, h, q, d).to(query.dtype).transpose(1, 2).contiguous(), None
+
+
+_REGISTERED = False
+
+
+def _register() -> None:
+    """`no_grad_attention` in transformers' attention and mask registries (once a process), with sdpa's boolean
+    masks."""
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(NO_GRAD_ATTENTION, no_grad_attention)
+    AttentionMaskInterface.register(NO_GRAD_ATTENTION, sdpa_mask)
+    _REGISTERED = True
 
 
 def _past_length(cache) -> int:
