@@ -301,3 +301,18 @@ def test_activation_checkpointing_recomputes_under_the_same_precision(tok_dir, b
     flat, flat_c = (torch.cat([g[n].flatten() for n in sorted(g)]) for g in (grads, grads_c))
     assert torch.isfinite(flat_c).all()
     assert (flat - flat_c).norm() / flat.norm() < 0.05
+
+
+def test_the_no_grad_attention_is_flash_where_torch_cannot_run_its_matmuls_at_the_bfloat16_rate(monkeypatch):
+    """Before torch 2.9 (no `torch.backends.mkldnn.matmul.fp32_precision`) a no-grad forward keeps sdpa's kernel."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    class Layer(torch.nn.Module):
+        num_key_value_groups, is_causal = 2, True
+
+    q, k, v = (torch.randn(1, h, 8, 16).bfloat16() for h in (4, 2, 2))
+    monkeypatch.setattr(precision, "_mkldnn_matmul", lambda: None)
+    with torch.no_grad():
+        ours, _ = precision.no_grad_attention(Layer().eval(), q, k, v, None, scaling=0.25)
+        flash, _ = sdpa_attention_forward(Layer().eval(), q, k, v, None, scaling=0.25, is_causal=True)
+    assert torch.equal(ours, flash)

@@ -176,7 +176,8 @@ def no_grad_attention(module, query, key, value, attention_mask, scaling=None, d
     values with a float32 sum, then normalised and rounded once. oneDNN runs both float32 matmuls at the bfloat16
     rate (`torch.backends.mkldnn.matmul.fp32_precision`: their inputs rounded to bfloat16, which the scores' inputs
     already are), where the flash kernel runs its blocks at about a sixth of that rate on this CPU (no AMX)."""
-    if _unsupported(kwargs) or dropout or query.dtype != torch.bfloat16:
+    mkldnn = _mkldnn_matmul()
+    if _unsupported(kwargs) or dropout or query.dtype != torch.bfloat16 or mkldnn is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
@@ -185,7 +186,6 @@ def no_grad_attention(module, query, key, value, attention_mask, scaling=None, d
     kv_heads, k = key.shape[1], key.shape[2]
     g = h // kv_heads
     scaling = d ** -0.5 if scaling is None else scaling
-    mkldnn = torch.backends.mkldnn.matmul
     before = mkldnn.fp32_precision
     mkldnn.fp32_precision = "bf16"
     try:
@@ -201,6 +201,13 @@ def no_grad_attention(module, query, key, value, attention_mask, scaling=None, d
     finally:
         mkldnn.fp32_precision = before
     return out.view(b, h, q, d).to(query.dtype).transpose(1, 2).contiguous(), None
+
+
+def _mkldnn_matmul():
+    """torch's oneDNN matmul settings, whose `fp32_precision` runs a float32 matmul at the bfloat16 rate (torch 2.9
+    and later), or None."""
+    matmul = getattr(torch.backends.mkldnn, "matmul", None)
+    return matmul if hasattr(matmul, "fp32_precision") else None
 
 
 _REGISTERED = False
