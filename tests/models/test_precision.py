@@ -316,3 +316,31 @@ def test_the_no_grad_attention_is_flash_where_torch_cannot_run_its_matmuls_at_th
         ours, _ = precision.no_grad_attention(Layer().eval(), q, k, v, None, scaling=0.25)
         flash, _ = sdpa_attention_forward(Layer().eval(), q, k, v, None, scaling=0.25, is_causal=True)
     assert torch.equal(ours, flash)
+
+
+def test_the_no_grad_attention_leaves_the_process_wide_setting_to_the_main_thread():
+    """oneDNN's fp32_precision is process-wide: off the main thread (a teacher pool's server thread) the attention is
+    sdpa's, bit for bit, and the setting is never changed there; on the main thread it is restored after."""
+    import threading
+
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    class Layer(torch.nn.Module):
+        num_key_value_groups, is_causal = 2, True
+
+    q, k, v = (torch.randn(1, h, 8, 16).bfloat16() for h in (4, 2, 2))
+    setting = torch.backends.mkldnn.matmul.fp32_precision
+    out = {}
+
+    def run():
+        with torch.no_grad():
+            out["thread"] = precision.no_grad_attention(Layer().eval(), q, k, v, None, scaling=0.25)[0]
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join()
+    with torch.no_grad():
+        flash, _ = sdpa_attention_forward(Layer().eval(), q, k, v, None, scaling=0.25, is_causal=True)
+        main, _ = precision.no_grad_attention(Layer().eval(), q, k, v, None, scaling=0.25)
+    assert torch.equal(out["thread"], flash) and not torch.equal(main, flash)
+    assert torch.backends.mkldnn.matmul.fp32_precision == setting

@@ -53,6 +53,7 @@ is measured on the CPU only: benchmarks/bench_train_step.py --model smollm2, doc
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -177,7 +178,10 @@ def no_grad_attention(module, query, key, value, attention_mask, scaling=None, d
     rate (`torch.backends.mkldnn.matmul.fp32_precision`: their inputs rounded to bfloat16, which the scores' inputs
     already are), where the flash kernel runs its blocks at about a sixth of that rate on this CPU (no AMX)."""
     mkldnn = _mkldnn_matmul()
-    if _unsupported(kwargs) or dropout or query.dtype != torch.bfloat16 or mkldnn is None:
+    # oneDNN's setting is process-wide: set and restored on the main thread only (no two sections interleave; a
+    # teacher pool's server threads keep sdpa). A float32 matmul another thread runs inside a section takes it too
+    if (_unsupported(kwargs) or dropout or query.dtype != torch.bfloat16 or mkldnn is None
+            or threading.current_thread() is not threading.main_thread()):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
