@@ -43,6 +43,22 @@ def policy(tok_dir, dtype: str):
     return pol
 
 
+def sdpa_calls(monkeypatch) -> list[int]:
+    """The calls to PyTorch's sdpa kernels from here on, one entry each."""
+    calls: list[int] = []
+    real = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
+def attention_layer(groups: int) -> torch.nn.Module:
+    """What an attention function reads of its layer: `groups` query heads per key/value head, causal, eval mode."""
+    layer = torch.nn.Module().eval()
+    layer.num_key_value_groups, layer.is_causal = groups, True
+    return layer
+
+
 def off(monkeypatch):
     monkeypatch.setattr(precision, "contexts", lambda *a, **k: contextlib.ExitStack())
 
@@ -166,10 +182,7 @@ def test_the_eager_attention_is_what_a_grad_forward_runs_and_reads_the_padding(t
     """A real forward with gradients calls no sdpa kernel, one without over the size limit calls it in every layer;
     the eager forward's log-probs are the sdpa forward's up to bfloat16 rounding, the left-padded row's included."""
     pol = policy(tok_dir, "bfloat16")
-    calls = []
-    real = torch.nn.functional.scaled_dot_product_attention
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
-                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    calls = sdpa_calls(monkeypatch)
     logp = token_logprobs(pol.model, *batch)[0]
     assert logp.requires_grad and calls == []
     monkeypatch.setattr(precision, "EAGER_ATTENTION_ELEMENTS", 0)  # every forward over the limit: flash
@@ -190,9 +203,6 @@ def test_the_no_grad_attention_computes_what_the_flash_kernel_computes(past):
     own output (its own computation)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    class Layer(torch.nn.Module):
-        num_key_value_groups, is_causal = 3, True
-
     gen = torch.Generator().manual_seed(0)
     rows, queries, keys = 3, 48, 48 + past
     q, k, v = (torch.randn(rows, heads, n, 64, generator=gen) for heads, n in ((9, queries), (3, keys), (3, keys)))
@@ -200,7 +210,7 @@ def test_the_no_grad_attention_computes_what_the_flash_kernel_computes(past):
     q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
     mask = torch.ones(queries, keys, dtype=torch.bool).tril(past)[None, None].repeat(rows, 1, 1, 1)
     mask[0, :, :, : past + 5] = False  # row 0: 5 left pads after its cache (none before: its queries see nothing)
-    layer = Layer().eval()
+    layer = attention_layer(3)
     with torch.no_grad():
         ours, weights = precision.no_grad_attention(layer, q, k, v, mask, scaling=0.125)
         flash, _ = sdpa_attention_forward(layer, q, k, v, mask, scaling=0.125)
@@ -220,10 +230,7 @@ def test_the_no_grad_forward_runs_sdars_attention_within_bfloat16_rounding_of_fl
     """A real no-grad forward calls no sdpa kernel, and its log-probs are the flash kernel's (the same forward over
     the size limit) up to bfloat16 rounding, the left-padded row's included."""
     pol = policy(tok_dir, "bfloat16")
-    calls = []
-    real = torch.nn.functional.scaled_dot_product_attention
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
-                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    calls = sdpa_calls(monkeypatch)
     with torch.no_grad():
         logp = token_logprobs(pol.model, *batch)[0]
         assert calls == []
@@ -307,14 +314,11 @@ def test_the_no_grad_attention_is_flash_where_torch_cannot_run_its_matmuls_at_th
     """Before torch 2.9 (no `torch.backends.mkldnn.matmul.fp32_precision`) a no-grad forward keeps sdpa's kernel."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    class Layer(torch.nn.Module):
-        num_key_value_groups, is_causal = 2, True
-
     q, k, v = (torch.randn(1, h, 8, 16).bfloat16() for h in (4, 2, 2))
     monkeypatch.setattr(precision, "_mkldnn_matmul", lambda: None)
     with torch.no_grad():
-        ours, _ = precision.no_grad_attention(Layer().eval(), q, k, v, None, scaling=0.25)
-        flash, _ = sdpa_attention_forward(Layer().eval(), q, k, v, None, scaling=0.25, is_causal=True)
+        ours, _ = precision.no_grad_attention(attention_layer(2), q, k, v, None, scaling=0.25)
+        flash, _ = sdpa_attention_forward(attention_layer(2), q, k, v, None, scaling=0.25, is_causal=True)
     assert torch.equal(ours, flash)
 
 
@@ -325,22 +329,32 @@ def test_the_no_grad_attention_leaves_the_process_wide_setting_to_the_main_threa
 
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    class Layer(torch.nn.Module):
-        num_key_value_groups, is_causal = 2, True
-
     q, k, v = (torch.randn(1, h, 8, 16).bfloat16() for h in (4, 2, 2))
     setting = torch.backends.mkldnn.matmul.fp32_precision
     out = {}
 
     def run():
         with torch.no_grad():
-            out["thread"] = precision.no_grad_attention(Layer().eval(), q, k, v, None, scaling=0.25)[0]
+            out["thread"] = precision.no_grad_attention(attention_layer(2), q, k, v, None, scaling=0.25)[0]
 
     worker = threading.Thread(target=run)
     worker.start()
     worker.join()
     with torch.no_grad():
-        flash, _ = sdpa_attention_forward(Layer().eval(), q, k, v, None, scaling=0.25, is_causal=True)
-        main, _ = precision.no_grad_attention(Layer().eval(), q, k, v, None, scaling=0.25)
+        flash, _ = sdpa_attention_forward(attention_layer(2), q, k, v, None, scaling=0.25, is_causal=True)
+        main, _ = precision.no_grad_attention(attention_layer(2), q, k, v, None, scaling=0.25)
     assert torch.equal(out["thread"], flash) and not torch.equal(main, flash)
     assert torch.backends.mkldnn.matmul.fp32_precision == setting
+
+
+def test_the_no_grad_attention_leaves_a_float_mask_to_sdpa():
+    """A mask other than sdpa's boolean one (an additive float mask passed by a caller) runs sdpa's own kernel."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    q, k, v = (torch.randn(1, h, 8, 16).bfloat16() for h in (4, 2, 2))
+    additive = torch.zeros(1, 1, 8, 8, dtype=torch.bfloat16).masked_fill(~torch.ones(8, 8, dtype=torch.bool).tril(),
+                                                                         float("-inf"))
+    with torch.no_grad():
+        ours, _ = precision.no_grad_attention(attention_layer(2), q, k, v, additive, scaling=0.25)
+        flash, _ = sdpa_attention_forward(attention_layer(2), q, k, v, additive, scaling=0.25)
+    assert torch.equal(ours, flash)

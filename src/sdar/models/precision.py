@@ -34,7 +34,8 @@ Eager attention holds the attention matrix for the backward, so it is taken only
 tree mask, built for the sdpa kernels, takes the math kernel); longer forwards keep the flash kernel.
 
 No-grad forwards (sampling, scoring, the merged inference module's and the plain reference's too) take
-`no_grad_attention` under the same conditions: what the CPU flash kernel computes (float32 scores, exact products of
+`no_grad_attention` under the same conditions, on the main thread (oneDNN's setting it changes is process-wide) and
+with torch 2.9 or later: what the CPU flash kernel computes (float32 scores, exact products of
 the bfloat16 values; their softmax in float32; the weights rounded to bfloat16 unnormalised, the largest exactly 1;
 a float32 sum; normalised and rounded once), as two matmuls that oneDNN runs at the bfloat16 rate, where the flash
 kernel runs its bfloat16 blocks at about 120 GFLOP/s on this CPU (no AMX). On issue 46's step (SmolLM2 untrained,
@@ -53,6 +54,7 @@ is measured on the CPU only: benchmarks/bench_train_step.py --model smollm2, doc
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 
 import torch
@@ -123,7 +125,7 @@ def contexts(decoder: torch.nn.Module, tokens: torch.Tensor | None, past: int = 
                 stack.enter_context(eager_attention(decoder.config))
             else:  # a mask built for the sdpa kernels (a packed row's tree): math, which reads the same form
                 stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
-        elif not torch.is_grad_enabled() and small and built:
+        elif small and built:
             stack.enter_context(_attention(decoder.config, NO_GRAD_ATTENTION))
     return stack
 
@@ -160,14 +162,15 @@ def _causal(attention_mask, queries: int, keys: int, device) -> torch.Tensor:
     """The boolean mask [rows or 1, 1, queries, keys] (True: attend) of a forward: transformers' own, or the plain
     causal one it leaves out when nothing is padded (the queries are the last `queries` of the keys)."""
     if attention_mask is not None:
-        return attention_mask.to(torch.bool)
+        return attention_mask
     return torch.ones(queries, keys, dtype=torch.bool, device=device).tril(keys - queries)[None, None]
 
 
-def _unsupported(kwargs) -> bool:
-    """Whether a layer asks for what these implementations do not compute (a sliding window, soft-capping,
-    attention sinks): it then runs transformers' own."""
-    return any(kwargs.get(k) is not None for k in ("sliding_window", "softcap", "s_aux"))
+def _unsupported(attention_mask, kwargs) -> bool:
+    """Whether a layer asks for what `no_grad_attention` does not compute (a mask other than sdpa's boolean one, a
+    sliding window, soft-capping, attention sinks): it then runs transformers' sdpa."""
+    return (attention_mask is not None and attention_mask.dtype != torch.bool) or \
+        any(kwargs.get(k) is not None for k in ("sliding_window", "softcap", "s_aux"))
 
 
 def no_grad_attention(module, query, key, value, attention_mask, scaling=None, dropout: float = 0.0, **kwargs):
@@ -180,7 +183,7 @@ def no_grad_attention(module, query, key, value, attention_mask, scaling=None, d
     mkldnn = _mkldnn_matmul()
     # oneDNN's setting is process-wide: set and restored on the main thread only (no two sections interleave; a
     # teacher pool's server threads keep sdpa). A float32 matmul another thread runs inside a section takes it too
-    if (_unsupported(kwargs) or dropout or query.dtype != torch.bfloat16 or mkldnn is None
+    if (_unsupported(attention_mask, kwargs) or dropout or query.dtype != torch.bfloat16 or mkldnn is None
             or threading.current_thread() is not threading.main_thread()):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -214,21 +217,15 @@ def _mkldnn_matmul():
     return matmul if hasattr(matmul, "fp32_precision") else None
 
 
-_REGISTERED = False
-
-
+@functools.cache
 def _register() -> None:
     """`no_grad_attention` in transformers' attention and mask registries (once a process), with sdpa's boolean
     masks."""
-    global _REGISTERED
-    if _REGISTERED:
-        return
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     AttentionInterface.register(NO_GRAD_ATTENTION, no_grad_attention)
     AttentionMaskInterface.register(NO_GRAD_ATTENTION, sdpa_mask)
-    _REGISTERED = True
 
 
 def _past_length(cache) -> int:
