@@ -5,13 +5,14 @@ forward; the log-probs are the trainer's scores of the same tokens."""
 from __future__ import annotations
 
 import os
+import random
 
 import pytest
 import torch
 
 from sdar.agent.backends import TransformersBackend
 from sdar.agent.constrained import action_trie
-from sdar.agent.decoding import DecodeStats, constrained_sample, prefix_groups
+from sdar.agent.decoding import DecodeStats, constrained_sample, forward_overhead, length_buckets, prefix_groups
 from sdar.models import TinyModelConfig, build_tiny_model, train_tokenizer
 from sdar.models.scoring import response_logprobs
 from tests.agent.row_oracle import processed_logprobs, sample_rows
@@ -135,6 +136,89 @@ def test_shared_prefix_prefill_gives_the_same_samples_and_logprobs(small, temper
     width = max(len(p) for p in prompts)
     assert st_off.prefill_tokens == len(prompts) * width
     assert st_on.prefill_tokens < 0.8 * st_off.prefill_tokens and st_on.forwards == st_off.forwards
+
+
+def _partitions(items):
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for part in _partitions(rest):
+        for k in range(len(part)):
+            yield part[:k] + [[first] + part[k]] + part[k + 1:]
+        yield [[first]] + part
+
+
+def test_length_buckets_cut_the_rows_where_a_forward_saves_more_positions_than_it_costs():
+    """The rows of a prefill cut into forwards by length: the fewest positions (each forward padded to its longest
+    row) plus `overhead` a forward, over every way of splitting the rows (brute force), and one forward in the
+    rows' own order unless a cut pays."""
+    assert length_buckets([5, 6, 5, 40], float("inf")) == [[0, 1, 2, 3]]
+    assert length_buckets([5, 6, 5, 40], 10) == [[0, 2, 1], [3]]  # 3 x 6 + 40 + 2 x 10 = 78 < 4 x 40 + 10 = 170
+    assert length_buckets([5, 6, 5, 40], 110) == [[0, 1, 2, 3]]  # 58 + 220 > 160 + 110
+    assert length_buckets([7], 0) == [[0]]
+    rng = random.Random(0)
+    for _ in range(300):
+        lengths = [rng.randint(1, 60) for _ in range(rng.randint(1, 7))]
+        overhead = rng.choice([0, 3, 20, 200])
+        runs = length_buckets(lengths, overhead)
+        assert sorted(i for r in runs for i in r) == list(range(len(lengths)))
+
+        def cost(runs):
+            return sum(len(r) * max(lengths[i] for i in r) + overhead for r in runs)
+
+        assert cost(runs) == min(cost(p) for p in _partitions(list(range(len(lengths)))))
+
+
+def test_forward_overhead_is_a_layers_fixed_cost_in_its_positions(small):
+    """On a CPU one more forward costs FORWARD_FLOPS_PER_LAYER over a position's FLOPs in a layer: about 85
+    positions of SmolLM2-135M (its layer's shape, built here without its weights), tens of thousands of a tiny model
+    (never worth a cut); off a CPU a prefill's rests stay one forward."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    smol = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=576, intermediate_size=1536, num_hidden_layers=1,
+                                        num_attention_heads=9, num_key_value_heads=3))
+    assert forward_overhead(smol, "cpu") == pytest.approx(6e8 / (2 * 3_540_096))
+    assert 80 < forward_overhead(smol, torch.device("cpu")) < 90
+    assert forward_overhead(small[1], "cpu") > 10_000
+    assert forward_overhead(smol, "cuda") == float("inf")
+
+
+@pytest.mark.parametrize("grouped", [True, False], ids=["shared-starts", "nothing-shared"])
+def test_a_long_prompt_gets_a_forward_of_its_own_with_the_same_samples_and_logprobs(small, monkeypatch, grouped):
+    """A turn whose prompts include one much longer than the rest: with the forward's cost set low enough to cut
+    (the tiny model's own never is), the long row goes in a forward of its own after the shared starts, the rest
+    together, and the cache is assembled as one padded prefill's: the same tokens and log-probs (1e-5) as every
+    prompt encoded whole, the same decode steps, fewer positions than the rests in one forward."""
+    import sdar.agent.decoding as decoding
+
+    tok, model = small
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    full = action_trie(tok, "household", ACTIONS, eos)
+    if grouped:
+        prompts = _grouped_prompts(tok)[:8]
+        prompts[5] = prompts[5] + prompts[5][-8:] * 12  # its group's rows still share their start
+    else:
+        prompts = _prompts(tok, 4)  # four texts that begin differently
+        prompts[3] = prompts[3] + prompts[1] * 10
+    assert (prefix_groups(prompts) is not None) == grouped
+    tries = ([full, None, full] * 3)[: len(prompts)]
+    runs = {}
+    for name, share, flops in [("whole", False, 6e8), ("one", True, 6e8), ("cut", True, 1.0)]:
+        monkeypatch.setattr(decoding, "FORWARD_FLOPS_PER_LAYER", flops)
+        torch.manual_seed(4)
+        st = DecodeStats()
+        rows = constrained_sample(model, prompts, tries, max_new_tokens=40, temperature=1.0, top_p=1.0,
+                                  eos_ids=[eos], pad_id=tok.pad_token_id, share_prefix=share, stats=st)
+        runs[name] = (rows, st)
+    (whole, st_whole), (one, st_one), (cut, st_cut) = runs["whole"], runs["one"], runs["cut"]
+    for other in (one, cut):
+        assert [r.token_ids for r in other] == [r.token_ids for r in whole]
+        for a, b in zip(other, whole):
+            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=0, atol=1e-5)
+            assert a.forced == b.forced and a.finished == b.finished
+    assert st_cut.forwards == st_one.forwards == st_whole.forwards
+    assert st_cut.prefill_tokens < 0.7 * st_one.prefill_tokens <= 0.7 * st_whole.prefill_tokens
 
 
 @pytest.mark.parametrize("jump, share", [(True, True), (True, False), (False, False)], ids=["jump+share", "jump", "step"])

@@ -12,8 +12,10 @@ distributions: jump-forward on and off give the same tokens and log-probs.
 
 The prefill can share prompt starts (`share_prefix`): the rows of a chunk that begin alike (a task's group
 of rollouts at the same turn: system prompt, task and step lines) encode that start once, and every row
-continues from its group's KV cache; only the last position's logits are computed. Same samples and
-log-probs as encoding every prompt whole, up to float rounding (another matrix shape sums in another order).
+continues from its group's KV cache; only the last position's logits are computed. The rows' rests go in forwards
+of rows of similar length (`length_buckets`: on a CPU, a much longer prompt gets a forward of its own when that
+saves more positions than a forward costs). Same samples and log-probs as encoding every prompt whole, up to float
+rounding (another matrix shape sums in another order).
 Log-probs are of the distribution sampled from (trie mask, temperature, top-p: `sdar.models.logits.process_logits`,
 the function the trainer scores with, at the rollout temperature and the same allowed sets; equal when top_p = 1).
 """
@@ -81,49 +83,119 @@ def prefix_groups(prompts: list[list[int]]) -> list[tuple[list[int], int]] | Non
     return best if best is not None and cost(best) < B * width else None
 
 
+# a forward's own cost on a CPU, whatever its length (its ops' dispatch, its weights read once), with the copies a
+# cut adds to the cache: about what 6e8 FLOPs of a decoder layer's matmuls cost. SmolLM2-135M in bfloat16 on 2
+# cores: 19.5 ms for a one-token forward against 0.48 ms a position at 256 (about 40 positions); 85 by this rule.
+FORWARD_FLOPS_PER_LAYER = 6e8
+
+
+def forward_overhead(model, device) -> float:
+    """What one more forward costs, in positions of `model`'s decoder: FORWARD_FLOPS_PER_LAYER over a position's
+    FLOPs in one layer (2 x its weights), so a small model's forward (overhead-bound) is rarely worth splitting. Off a
+    CPU, infinite: a GPU forward of a rollout's size pays little for its padding, and one forward keeps its layout."""
+    from sdar.models.precision import decoders
+
+    if torch.device(device).type != "cpu":
+        return float("inf")
+    stacks = decoders(model)
+    if not stacks or not len(stacks[0].layers):
+        return float("inf")
+    weights = sum(p.numel() for p in stacks[0].layers[0].parameters())
+    return FORWARD_FLOPS_PER_LAYER / (2 * max(weights, 1))
+
+
+def length_buckets(lengths: list[int], overhead: float) -> list[list[int]]:
+    """Rows cut into forwards by length: the rows sorted by length, cut into runs so that the positions they run
+    (each run padded to its longest row) plus `overhead` positions a forward are the fewest (exact, by dynamic
+    programming over the cuts). One run (all rows, in their own order) unless a cut saves more than a forward costs:
+    one long prompt among short ones (a turn whose observation lists a room) no longer pads every row to its length."""
+    B = len(lengths)
+    order = sorted(range(B), key=lambda i: (lengths[i], i))
+    L = [lengths[i] for i in order]
+    best, cut = [0.0] + [float("inf")] * B, [0] * (B + 1)
+    for j in range(1, B + 1):
+        for i in range(j):  # the run order[i:j], padded to L[j - 1]
+            c = best[i] + (j - i) * L[j - 1] + overhead
+            if c < best[j]:
+                best[j], cut[j] = c, i
+    runs, j = [], B
+    while j:
+        runs.append(order[cut[j]:j])
+        j = cut[j]
+    return [list(range(B))] if len(runs) <= 1 else runs[::-1]
+
+
 def _prefill(model, prompts: list[list[int]], pad_id: int, device, share_prefix: bool, decoder=None):
     """The prompts through the model: (KV cache, next-token logits [B, V] (with `decoder`, the model's decoder:
     its last hidden states [B, H] instead), attention mask so far [B, W], positions so far [B], padded positions
-    run). Left padding; with prefix groups the cache holds each row's group start, then its own rest: [pad,
-    start][pad, rest] (masked pads, positions from the real tokens)."""
+    run). Left padding; with share_prefix the starts rows share go through once per group (`prefix_groups`), and
+    the rest of each row in forwards of rows of similar length (`length_buckets`): the cache holds each row's group
+    start, then its own rest: [pad, start][pad, rest] (masked pads, positions from the real tokens)."""
     B = len(prompts)
-    groups = prefix_groups(prompts) if share_prefix else None
-    if groups is None:
+    if not share_prefix:  # the full output as before share_prefix existed: "off" reproduces earlier runs bit for bit
         ids, attn = padded(prompts, pad_id, left=True)
         ids, attn = ids.to(device), attn.to(device)
-        width = ids.shape[1]
         pos = position_ids_from_mask(attn)
         if decoder is not None:
             out = decoder(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
-            return cache_of(out), out.last_hidden_state[:, -1], attn, attn.sum(-1), B * width
-        # with share_prefix, only the last position's logits (the rest are never read); without, the full
-        # output as before this option existed, so that "off" reproduces earlier runs bit for bit
-        kw = {"logits_to_keep": 1} if share_prefix else {}
-        out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, **kw)
-        return cache_of(out), out.logits[:, -1, :], attn, attn.sum(-1), B * width
+            return cache_of(out), out.last_hidden_state[:, -1], attn, attn.sum(-1), B * ids.shape[1]
+        out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
+        return cache_of(out), out.logits[:, -1, :], attn, attn.sum(-1), B * ids.shape[1]
     from transformers import DynamicCache
 
-    group_of, shared = [0] * B, [0] * B
-    for g, (rows, s) in enumerate(groups):
-        for i in rows:
-            group_of[i], shared[i] = g, s
-    pids, pmask = padded([prompts[rows[0]][:s] for rows, s in groups], pad_id, left=True)
-    P = pids.shape[1]
-    pids, pmask = pids.to(device), pmask.to(device)
+    # only the last position's logits (the rest are never read)
     run, kw = (decoder, {}) if decoder is not None else (model, {"logits_to_keep": 1})
-    start = cache_of(run(input_ids=pids, attention_mask=pmask, position_ids=position_ids_from_mask(pmask),
-                         use_cache=True, **kw))
-    idx = torch.tensor(group_of, device=device)
-    cache = DynamicCache([(layer.keys.index_select(0, idx), layer.values.index_select(0, idx)) for layer in start.layers])
-    ids, smask = padded([p[shared[i]:] for i, p in enumerate(prompts)], pad_id, left=True)
+    groups = prefix_groups(prompts)
+    shared, start, encoded = [0] * B, None, 0
+    if groups is not None:
+        group_of = [0] * B
+        for g, (rows, s) in enumerate(groups):
+            for i in rows:
+                group_of[i], shared[i] = g, s
+        pids, pmask = padded([prompts[rows[0]][:s] for rows, s in groups], pad_id, left=True)
+        pids, pmask = pids.to(device), pmask.to(device)
+        start = cache_of(run(input_ids=pids, attention_mask=pmask, position_ids=position_ids_from_mask(pmask),
+                             use_cache=True, **kw))
+        idx = torch.tensor(group_of, device=device)
+        encoded = pids.numel()
+    rests = [p[shared[i]:] for i, p in enumerate(prompts)]
+    ids, smask = padded(rests, pad_id, left=True)
     W = ids.shape[1]
     ids, smask = ids.to(device), smask.to(device)
     base = torch.tensor(shared, device=device)
-    attn = torch.cat([pmask.index_select(0, idx), smask], dim=1)
+    attn = smask if start is None else torch.cat([pmask.index_select(0, idx), smask], dim=1)
     pos = base.unsqueeze(1) + position_ids_from_mask(smask)
-    out = run(input_ids=ids, attention_mask=attn, position_ids=pos, **with_cache(cache), use_cache=True, **kw)
-    last = out.last_hidden_state[:, -1] if decoder is not None else out.logits[:, -1, :]
-    return cache_of(out), last, attn, base + smask.sum(-1), len(groups) * P + B * W
+    buckets = length_buckets([len(r) for r in rests], forward_overhead(model, device))
+    keys = values = last = None
+    for rows in buckets:
+        r = torch.tensor(rows, device=device)
+        cols = W - max(len(rests[i]) for i in rows)  # the run's first column: its longest rest starts there
+        past = {}
+        if start is not None:
+            g = idx.index_select(0, r)
+            past = with_cache(DynamicCache([(layer.keys.index_select(0, g), layer.values.index_select(0, g))
+                                            for layer in start.layers]))
+        out = run(input_ids=ids[r, cols:], attention_mask=attn[r, cols:] if start is None else
+                  torch.cat([pmask.index_select(0, g), smask[r, cols:]], dim=1),
+                  position_ids=pos[r, cols:], **past, use_cache=True, **kw)
+        encoded += len(rows) * (W - cols)
+        here = out.last_hidden_state[:, -1] if decoder is not None else out.logits[:, -1, :]
+        if len(buckets) == 1:
+            return cache_of(out), here, attn, base + smask.sum(-1), encoded
+        if last is None:  # the whole batch's rests, each run's written into its rows' last columns
+            last = here.new_zeros(B, here.shape[-1])
+            keys = [layer.keys.new_zeros(B, layer.keys.shape[1], W, layer.keys.shape[3]) for layer in cache_of(out).layers]
+            values = [layer.values.new_zeros(B, layer.values.shape[1], W, layer.values.shape[3])
+                      for layer in cache_of(out).layers]
+        last[r] = here
+        P = 0 if start is None else pmask.shape[1]
+        for k, v, layer in zip(keys, values, cache_of(out).layers):
+            k[r, :, cols:] = layer.keys[:, :, P:]
+            v[r, :, cols:] = layer.values[:, :, P:]
+    if start is not None:
+        keys = [torch.cat([layer.keys.index_select(0, idx), k], dim=2) for layer, k in zip(start.layers, keys)]
+        values = [torch.cat([layer.values.index_select(0, idx), v], dim=2) for layer, v in zip(start.layers, values)]
+    return DynamicCache(list(zip(keys, values))), last, attn, base + smask.sum(-1), encoded
 
 
 def _decode_forward(model, chunks: list[list[int]], pad_id: int, past, attn: torch.Tensor, count: torch.Tensor,
