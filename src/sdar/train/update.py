@@ -172,8 +172,9 @@ class Updater:
         gn = self.strategy.clip(self.params, self.cfg.optim.grad_clip) if finite else None
         if gn is not None and not torch.isfinite(gn):
             why = "non-finite gradient, update skipped"
-        if why is None and not self.guard.step(self.optimizer, self.params,
-                                               lambda: self._healthy(b, b.split.local(rows)[:1])):
+        local = b.split.local(rows)  # the check scores the mini-batch's shortest sample: the cheapest forward
+        shortest = [min(local, key=lambda i: len(b.prompts[i]) + len(b.responses[i]))] if local else []
+        if why is None and not self.guard.step(self.optimizer, self.params, lambda: self._healthy(b, shortest)):
             why = "the update made the weights or the policy's log-probs non-finite; restored the weights of before it"
         if why is not None:
             self.guard.skip(self.optimizer)
