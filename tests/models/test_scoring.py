@@ -11,7 +11,7 @@ import torch
 
 from sdar.models import build_tiny_model
 from sdar.models.logprobs import head_where_needed, position_ids_from_mask
-from sdar.models.scorer import Scorer
+from sdar.models.scorer import Scorer, needed_lengths
 from sdar.models.scoring import allowed_mask, response_logprobs
 
 
@@ -75,3 +75,45 @@ def test_response_logits_give_the_scored_logprobs_with_gradients(model, tokenize
     model.zero_grad(set_to_none=True)
     with torch.no_grad():
         assert not Scorer().response_logits(model, prompts, responses, allowed)[0].requires_grad
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_trimmed_forced_tails_score_what_the_full_responses_score(model, tokenizer, packed):
+    """Scorer.trim_forced_tails: rows ending in forced tokens (one allowed token, the one sampled) forward only up to
+    their last free token; the log-probs, entropies and mask of every response token, and the gradient through them,
+    are the full pass's (forced tokens: log-prob 0, entropy 0), on every path (prefix groups, packed), and a
+    row that is forced throughout keeps its mask."""
+    g = torch.Generator().manual_seed(1)
+    V = model.get_output_embeddings().weight.shape[0]
+    prompts = [torch.randint(5, V, (n,), generator=g).tolist() for n in (9, 9, 6, 11)]
+    prompts[1][:4] = prompts[0][:4]  # rows 0 and 1 share a start (one group)
+    responses = [torch.randint(5, V, (n,), generator=g).tolist() for n in (6, 5, 4, 3)]
+
+    def forced_from(k, r):  # a free first k tokens (three allowed), then every token forced
+        return [[5, 6, r[i]] if i < k else [r[i]] for i in range(len(r))]
+
+    allowed = [forced_from(2, responses[0]), forced_from(1, responses[1]), None, forced_from(0, responses[3])]
+    assert needed_lengths(responses, allowed) == [2, 1, 4, 0]
+    groups = ["a", "a", "b", "c"]
+    out = {}
+    for trim in (True, False):
+        scorer = Scorer(pad_id=0, temperature=0.7, trim_forced_tails=trim, packed=packed, pack_tokens=64)
+        model.zero_grad()
+        with scorer.scope():
+            s = scorer.with_grad(model, prompts, responses, allowed, groups=groups)
+            (s.logp.sum() + s.entropy.sum()).backward()
+            n = scorer.score(model, prompts, responses, allowed, groups=groups)
+            sums = scorer.summed(model, prompts, responses, allowed)
+        grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        out[trim] = (s, n, sums, grads)
+    (s1, n1, u1, g1), (s0, n0, u0, g0) = out[True], out[False]
+    for a, b in ((s1, s0), (n1, n0)):
+        assert a.logp.shape == b.logp.shape == (4, 6)
+        torch.testing.assert_close(a.logp, b.logp, atol=1e-5, rtol=0)
+        torch.testing.assert_close(a.mask, b.mask, atol=0, rtol=0)
+    torch.testing.assert_close(s1.entropy, s0.entropy, atol=1e-5, rtol=0)
+    torch.testing.assert_close(u1, u0, atol=1e-5, rtol=0)
+    assert len(g1) == len(g0) > 0
+    for a, b in zip(g1, g0):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert float(s0.logp[3].detach().abs().sum()) == 0.0 and s1.mask[3].sum() == 3  # forced throughout: log-prob 0, masked in

@@ -13,6 +13,7 @@ import torch
 from sdar.agent.prompts import TurnView, chat_ids, prefix_ids
 from sdar.agent.rollout import Trajectory, Turn, episode_reward, penalized, turn_rewards
 from sdar.config import FAMILY_DEFAULTS, load_config
+from sdar.models.scorer import needed_lengths
 from sdar.models.scoring import free_token_mask
 from sdar.train.distributed import RowSplit
 from sdar.train.runtime import Shortcuts
@@ -612,6 +613,34 @@ def test_head_at_free_tokens_changes_no_step_and_switches_off(tiny_ckpt, tmp_pat
     assert m1["tokens/forced_frac"] > 0.3 and h1 < 0.7 * h0  # the forced tokens (and prompt positions) skipped
     for key in ("loss/pg", "loss/kl", "loss/sdar", "pg/ratio_mean", "sdar/gap_mean", "teacher/gap_free_tokens",
                 "loss/total", "loss/entropy"):
+        assert m1[key] == pytest.approx(m0[key], abs=1e-5), key
+    _assert_same_update(w1, w0, trainer.cfg.optim.lr)
+
+
+def test_trim_forced_tails_changes_no_step_and_forwards_fewer_positions(tiny_ckpt, tmp_path):
+    """Issue 46 (Shortcuts.trim_forced_tails): a step whose scoring passes and update forward each response only up
+    to its last token that is not forced makes the same update and statistics (forced tokens have log-prob 0,
+    entropy 0 and no gradient under every model) as forwarding every response token, with fewer positions."""
+    results = {}
+    for on in (True, False):
+        trainer = make_trainer(small_config(tmp_path / str(on), arm="sdar", steps=1, tracking=False),
+                               shortcuts=Shortcuts(trim_forced_tails=on))
+        positions = []  # every decoder forward's positions (the rollout's, the scoring passes', the update's)
+        decoders = {id(d): d for d in (trainer.model.get_decoder(), trainer.policy.inference_model().get_decoder())}
+        for d in decoders.values():
+            d.register_forward_pre_hook(lambda mod, args, kwargs: positions.append(kwargs["input_ids"].numel())
+                                        if kwargs.get("input_ids") is not None else None, with_kwargs=True)
+        collected = []
+        trainer.collect = lambda step, real=trainer.collect: collected.append(real(step)) or collected[-1]
+        m = trainer.train_step(0).metrics
+        results[on] = (m, sum(positions), _updated(trainer), collected)
+    (m1, n1, w1, c1), (m0, n0, w0, c0) = results[True], results[False]
+    turns = [t for batch in c0 for tr in batch for t in tr.turns]
+    tails = sum(len(t.response_ids) - k for t, k in zip(turns, needed_lengths(
+        [t.response_ids for t in turns], [t.allowed for t in turns])))
+    assert m1["tokens/forced_frac"] > 0.3 and tails > 0 and n1 < n0  # the rollouts end in forced tokens
+    for key in ("loss/pg", "loss/kl", "loss/sdar", "pg/ratio_mean", "sdar/gap_mean", "teacher/gap_free_tokens",
+                "loss/total", "loss/entropy", "tokens/free"):
         assert m1[key] == pytest.approx(m0[key], abs=1e-5), key
     _assert_same_update(w1, w0, trainer.cfg.optim.lr)
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from sdar.models.packing import packed_response_logits, packed_response_logprobs, packs
-from sdar.models.scored import ScoredBatch
+from sdar.models.scored import ScoredBatch, response_mask
 from sdar.models.scoring import grouped_prefix_logprobs, response_logits, response_logprobs
 
 
@@ -28,7 +28,8 @@ class Scorer:
     length_buckets: rows of similar length forwarded together. head_at_free_tokens: inside `scope()`, the output
     head runs only at the response tokens that are not forced. packed: a pass (an update micro-batch, the DPO
     pairs' sums, the hint channel's logits) is one forward of its rows' prefix trees, rows of pack_tokens positions
-    (`sdar.models.packing`); a model whose attention takes no tree mask keeps the paths above.
+    (`sdar.models.packing`); a model whose attention takes no tree mask keeps the paths above. trim_forced_tails: a
+    row's response goes through the forwards only up to its last token that is not forced (`needed_lengths`).
     """
 
     temperature: float = 1.0
@@ -40,6 +41,7 @@ class Scorer:
     head_at_free_tokens: bool = True
     packed: bool = False
     pack_tokens: int = 2048
+    trim_forced_tails: bool = True
 
     @classmethod
     def of(cls, cfg, pad_id: int, device=None, **shortcuts: bool) -> Scorer:
@@ -59,6 +61,9 @@ class Scorer:
               ) -> ScoredBatch:
         """No-grad log-probs [B, T] of every row's response. groups: a key per row whose rows share their prompt
         start (a task's turn-samples); with prefix_cache that start is encoded once per group."""
+        trimmed = self._trimmed(responses, allowed)
+        if trimmed is not None:
+            return _untrimmed(self.score(model, prompts, *trimmed, groups), responses)
         if self._packs(model, prompts):
             return packed_response_logprobs(model, prompts, responses, pad_id=self.pad_id, budget=self.pack_tokens,
                                             allowed=allowed, temperature=self.temperature)
@@ -72,6 +77,9 @@ class Scorer:
                   groups: list | None = None) -> ScoredBatch:
         """The update's forward: log-probs and entropies [B, T] with gradients (one micro-batch; groups as in
         `score`)."""
+        trimmed = self._trimmed(responses, allowed)
+        if trimmed is not None:
+            return _untrimmed(self.with_grad(model, prompts, *trimmed, groups), responses)
         if self._packs(model, prompts):
             return packed_response_logprobs(model, prompts, responses, pad_id=self.pad_id, budget=self.pack_tokens,
                                             allowed=allowed, temperature=self.temperature, grad=True, with_entropy=True)
@@ -81,6 +89,17 @@ class Scorer:
         return response_logprobs(model, prompts, responses, pad_id=self.pad_id, with_entropy=True, grad=True,
                                  allowed=allowed, temperature=self.temperature, length_buckets=self.length_buckets,
                                  dedup=self.dedup)
+
+    def _trimmed(self, responses, allowed):
+        """(responses, allowed) cut after each row's last token that is not forced, or None when this Scorer does not
+        trim or no row ends in forced tokens."""
+        if not self.trim_forced_tails or allowed is None:
+            return None
+        keep = needed_lengths(responses, allowed)
+        if all(k == len(r) for k, r in zip(keep, responses)):
+            return None
+        return ([r[:k] for r, k in zip(responses, keep)],
+                [a[:k] if a is not None else None for a, k in zip(allowed, keep)])
 
     def _packs(self, model, prompts) -> bool:
         """Whether this pass runs packed: the switch is on, there are rows, and the model takes a tree mask."""
@@ -111,6 +130,9 @@ class Scorer:
         chosen and rejected responses share their prompt, computed once)."""
         if not prompts:
             return torch.zeros(0)
+        trimmed = self._trimmed(responses, allowed)
+        if trimmed is not None:  # the tokens cut carry log-prob 0: the same sums
+            responses, allowed = trimmed
         if self._packs(model, prompts):
             s = packed_response_logprobs(model, prompts, responses, pad_id=self.pad_id, budget=self.pack_tokens,
                                          allowed=allowed, temperature=self.temperature, grad=grad)
@@ -118,3 +140,32 @@ class Scorer:
             s = response_logprobs(model, prompts, responses, pad_id=self.pad_id, grad=grad, allowed=allowed,
                                   batch_size=None if grad else self.batch_size, temperature=self.temperature)
         return (s.logp * s.mask).sum(dim=1)
+
+
+def needed_lengths(responses: list[list[int]], allowed) -> list[int]:
+    """Per row, the response tokens a forward needs: up to its last token that is not forced (a constrained step
+    whose only allowed token is the one sampled). The tokens after it (the rest of an action its first tokens chose,
+    the closing tags, end of turn) have log-prob 0 and entropy 0 under every model that scores them in the same
+    allowed sets (policy, reference, teacher), and no gradient, so no loss term or statistic reads a position for
+    them: a row of issue 46's SmolLM2 step ends in 5-7 such tokens, 3% of every pass's positions."""
+    keep = []
+    for j, r in enumerate(responses):
+        steps = allowed[j] if allowed is not None else None
+        n = len(r)
+        while steps is not None and 0 < n <= len(steps) and len(steps[n - 1]) == 1 and steps[n - 1][0] == r[n - 1]:
+            n -= 1
+        keep.append(n)
+    return keep
+
+
+def _untrimmed(scored: ScoredBatch, responses: list[list[int]]) -> ScoredBatch:
+    """A trimmed pass's scores on the full responses: log-probs and entropies 0 on the tokens cut (theirs exactly),
+    the mask of every response token, as the untrimmed pass returns them."""
+    T = max((len(r) for r in responses), default=0)
+    pad = T - scored.logp.shape[1]
+
+    def full(x):
+        return None if x is None else torch.nn.functional.pad(x, (0, pad))
+
+    return ScoredBatch(logp=full(scored.logp), entropy=full(scored.entropy),
+                       mask=response_mask(responses, T, scored.mask.device))

@@ -70,7 +70,8 @@ class Shortcuts:
     model, top_p 1). prefix_cache: the scoring passes and the update encode a group's prompt start once. dedup: a pass
     forwards each distinct row once (the update's too: equal rows' losses share one forward, its gradient the sum). merged_inference: with LoRA on a CPU, the no-grad forwards on plain modules
     with the adapter merged in. length_buckets: rows of similar length forwarded together. head_at_free_tokens: the
-    output head only at the response tokens that are not forced."""
+    output head only at the response tokens that are not forced. trim_forced_tails: no position forwarded for a
+    row's forced response tokens after its last free one (`sdar.models.scorer.needed_lengths`)."""
 
     jump_forward: bool = True
     share_prefix: bool = True
@@ -81,6 +82,7 @@ class Shortcuts:
     merged_inference: bool = True
     length_buckets: bool = True
     head_at_free_tokens: bool = True
+    trim_forced_tails: bool = True
 
     @classmethod
     def none(cls) -> Shortcuts:
@@ -177,7 +179,8 @@ def build_runtime(cfg: TrainConfig, *, policy=None, env_factory: Callable[[], An
     tok = policy.tokenizer
     scorer = Scorer.of(cfg, pad_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
                        device=device, prefix_cache=shortcuts.prefix_cache, dedup=shortcuts.dedup,
-                       length_buckets=shortcuts.length_buckets, head_at_free_tokens=shortcuts.head_at_free_tokens)
+                       length_buckets=shortcuts.length_buckets, head_at_free_tokens=shortcuts.head_at_free_tokens,
+                       trim_forced_tails=shortcuts.trim_forced_tails)
     teacher = TeacherScorer(builder, tok, scorer=scorer, max_prompt_tokens=cfg.teacher.max_prompt_tokens,
                             engine=select_teacher_engine(cfg.teacher.engine, backend), engine_topk=cfg.vllm.teacher_topk,
                             placement=rollout_cfg.privileged_placement, student_has_skills=rollout_cfg.skills_in_prompt)
