@@ -16,7 +16,7 @@ import torch
 
 from sdar.models.logits import keep_mask, process_logits
 from sdar.models.logprobs import decoder_and_head, head_where_needed_on, logp_and_entropy
-from sdar.models.scored import ScoredBatch, response_mask
+from sdar.models.scored import ScoredBatch, forced, response_mask
 
 # the attention implementations that take a 4D mask as it is (transformers' masking_utils returns a 4D mask
 # untouched): sdpa reads a bool mask (True = attend), eager adds a float one
@@ -184,7 +184,7 @@ def _picks(forest: Forest, prompts, responses, allowed):
         steps = allowed[j] if allowed is not None else None
         for k, tok in enumerate(r):
             toks = steps[k] if steps is not None and k < len(steps) else None
-            if skip_forced and toks and len(toks) == 1 and toks[0] == tok:
+            if skip_forced and forced(toks, tok):
                 continue  # log-prob 0, entropy 0, no gradient: no head
             at = (forest.row_of[j], forest.cols[j][len(p) - 1 + k])
             picks.append((j, k, tok, toks or None, node_of.setdefault(at, len(node_of))))

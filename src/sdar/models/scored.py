@@ -47,6 +47,12 @@ class ScoredBatch:
     prompt_tokens: int = 0
 
 
+def forced(toks: list[int] | None, tok: int) -> bool:
+    """Whether a constrained step allowed exactly `tok`: its log-prob is 0 and its entropy 0 under every model
+    scoring it in the same allowed set (None: an unconstrained step)."""
+    return bool(toks) and len(toks) == 1 and toks[0] == tok
+
+
 def pick(xs: list | None, rows: list[int]) -> list | None:
     """`xs` at `rows` (None stays None: a batch without allowed tokens): a batch's per-row lists cut to some rows."""
     return None if xs is None else [xs[i] for i in rows]

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from sdar.models.packing import packed_response_logits, packed_response_logprobs, packs
-from sdar.models.scored import ScoredBatch, response_mask
+from sdar.models.scored import ScoredBatch, forced, response_mask
 from sdar.models.scoring import grouped_prefix_logprobs, response_logits, response_logprobs
 
 
@@ -152,7 +152,7 @@ def needed_lengths(responses: list[list[int]], allowed) -> list[int]:
     for j, r in enumerate(responses):
         steps = allowed[j] if allowed is not None else None
         n = len(r)
-        while steps is not None and 0 < n <= len(steps) and len(steps[n - 1]) == 1 and steps[n - 1][0] == r[n - 1]:
+        while steps is not None and 0 < n <= len(steps) and forced(steps[n - 1], r[n - 1]):
             n -= 1
         keep.append(n)
     return keep

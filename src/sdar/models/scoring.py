@@ -18,7 +18,7 @@ from sdar.models.logprobs import (
     token_logprobs,
 )
 from sdar.models.padding import padded
-from sdar.models.scored import ScoredBatch, allowed_mask, pick, response_mask
+from sdar.models.scored import ScoredBatch, allowed_mask, forced, pick, response_mask
 
 
 def unique_rows(prompts: list[list[int]], responses: list[list[int]],
@@ -69,7 +69,7 @@ def _response_scores(model, forward: dict, prompt_lens: list[int], responses: li
         steps = allowed[j] if allowed is not None else None
         for k, tok in enumerate(r):
             toks = steps[k] if steps is not None and k < len(steps) else None
-            if not (skip_forced and toks and len(toks) == 1 and toks[0] == tok):
+            if not (skip_forced and forced(toks, tok)):
                 picked.append((j, n_prompt - 1 + k, k, tok, toks or None))
     rows, cols, ks, targets, sets = (list(c) for c in zip(*picked)) if picked else ([], [], [], [], [])
     b = len(prompt_lens)

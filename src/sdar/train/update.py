@@ -172,9 +172,8 @@ class Updater:
         gn = self.strategy.clip(self.params, self.cfg.optim.grad_clip) if finite else None
         if gn is not None and not torch.isfinite(gn):
             why = "non-finite gradient, update skipped"
-        local = b.split.local(rows)  # the check scores the mini-batch's shortest sample: the cheapest forward
-        shortest = [min(local, key=lambda i: len(b.prompts[i]) + len(b.responses[i]))] if local else []
-        if why is None and not self.guard.step(self.optimizer, self.params, lambda: self._healthy(b, shortest)):
+        if why is None and not self.guard.step(self.optimizer, self.params,
+                                               lambda: self._healthy(b, _shortest(b, b.split.local(rows)))):
             why = "the update made the weights or the policy's log-probs non-finite; restored the weights of before it"
         if why is not None:
             self.guard.skip(self.optimizer)
@@ -235,3 +234,9 @@ class Updater:
             # loss/total comes weighted term by term already; its presence counts as the policy's
             out[k] = (float(v) if k == "loss/total" else w * float(v), w)
         return total, out
+
+
+def _shortest(b: StepBatch, rows: list[int]) -> list[int]:
+    """The shortest of `rows` (prompt and response), as a list of one or none: the update guard's check scores it,
+    the cheapest forward."""
+    return [min(rows, key=lambda i: len(b.prompts[i]) + len(b.responses[i]))] if rows else []
