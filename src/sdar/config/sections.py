@@ -324,8 +324,9 @@ class OptimConfig:
     guard_updates: bool = field(default=True, metadata={
         "help": "After every optimizer step, check the trainable weights are finite and the policy still scores one "
                 "of the step's samples (the mini-batch's shortest) to finite log-probs; otherwise restore the "
-                "weights and optimizer state of before the step and count the update as skipped. Costs a copy of the trainable weights and their "
-                "optimizer state (small with LoRA); turn off for full fine-tuning of a model whose copy does not fit."})
+                "weights and optimizer state of before the step and count the update as skipped. Costs a copy of "
+                "the trainable weights and their optimizer state (small with LoRA); turn off for full fine-tuning "
+                "of a model whose copy does not fit."})
     max_skipped_update_frac: float = field(default=0.5, metadata={
         "help": "A run in which more than this share of its updates was skipped (non-finite loss, gradient or "
                 "weights) fails with a message at its end instead of reporting success; 1.0 never fails.",
