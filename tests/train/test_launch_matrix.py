@@ -141,11 +141,32 @@ def _env(pod_env: dict[str, str]) -> dict[str, str]:
     return env
 
 
+PORT_TRIES = 3
+
+
+def port_taken(log: str) -> bool:
+    """torchrun's rendezvous store could not listen on the port: another process took it between `_free_port`
+    closing its socket and torchrun binding it (the ranks of the tests running beside this one open their gloo
+    sockets on ports from the same ephemeral range). The agent fails before any rank starts, so nothing was written
+    and the same command on a fresh port is the same launch (a cluster's pod owns its port 29500)."""
+    return "EADDRINUSE" in log and "failed to listen" in log
+
+
+def run_pod(launcher: str, overrides: dict, ranks: int, timeout: float = 600, env: dict | None = None
+            ) -> tuple[list[str], subprocess.CompletedProcess]:
+    """The pod's command run to its end, on a fresh port when the port was taken before torchrun bound it."""
+    for _ in range(PORT_TRIES):
+        argv, pod_env = pod_command(launcher, overrides, ranks)
+        proc = subprocess.run(argv, cwd=REPO, env={**_env(pod_env), **(env or {})}, capture_output=True, text=True,
+                              timeout=timeout)
+        if not (proc.returncode and port_taken(proc.stderr + proc.stdout)):
+            break
+    return argv, proc
+
+
 def launch(launcher: str, overrides: dict, ranks: int, timeout: float = 600, env: dict | None = None
            ) -> subprocess.CompletedProcess:
-    argv, pod_env = pod_command(launcher, overrides, ranks)
-    proc = subprocess.run(argv, cwd=REPO, env={**_env(pod_env), **(env or {})}, capture_output=True, text=True,
-                          timeout=timeout)
+    argv, proc = run_pod(launcher, overrides, ranks, timeout, env)
     assert proc.returncode == 0, f"{' '.join(argv)[:400]}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return proc
 
@@ -311,20 +332,26 @@ def test_a_rank_killed_mid_step_ends_the_job_and_a_restart_resumes(references, t
     checkpoint and ends where the straight run does."""
     out = tmp_path / "run"
     overrides = _overrides("grpo", True, 2, out, "ddp", None)
-    argv, pod_env = pod_command("trainjob", overrides, 2)
-    proc = subprocess.Popen(argv, cwd=REPO, env=_env(pod_env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
     from sdar.train.checkpoint import LATEST_MARKER
 
     marker = out / LATEST_MARKER  # the default store, <output_dir> (its checkpoints/latest.json)
     killed, rank1, deadline = None, None, time.monotonic() + 300
-    try:
+    for _ in range(PORT_TRIES):
+        argv, pod_env = pod_command("trainjob", overrides, 2)
+        proc = subprocess.Popen(argv, cwd=REPO, env=_env(pod_env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
         # find rank 1 first (`ps` takes a while on a loaded machine), then kill it the moment step 0's checkpoint is
         # there: a kill that waited for `ps` could land after step 1, when the job has nothing left to lose
         while rank1 is None and time.monotonic() < deadline and proc.poll() is None:
             rank1 = next((w for agent in _children(proc.pid) for w in [agent, *_children(agent)]
                           if _rank_of(w) == 1), None)
             time.sleep(0.05)
+        if rank1 is not None or proc.poll() is None:
+            break
+        log = proc.communicate()[0]
+        if not port_taken(log):
+            raise AssertionError(f"rank 1 never started:\n{log[-3000:]}")
+    try:
         assert rank1 is not None, "rank 1 never started"
         assert not marker.is_file(), "step 0's checkpoint came before rank 1 was found: nothing tests a kill mid-step"
         while killed is None and time.monotonic() < deadline and proc.poll() is None:
@@ -351,16 +378,19 @@ def test_a_rank_killed_mid_step_ends_the_job_and_a_restart_resumes(references, t
 
 def test_a_rendezvous_that_cannot_complete_ends_naming_rank_backend_and_address(tiny_ckpt, tmp_path):
     """Rank 0 of a world of 2 whose rank 1 never comes: no silent wait, an error within SDAR_DIST_TIMEOUT_S."""
-    port = _free_port()
-    env = _env({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port)})
-    env["SDAR_DIST_TIMEOUT_S"] = "5"
     args = [sys.executable, "-m", "sdar.cli", "train", "--config", CONFIG]
     for key, value in _overrides("grpo", True, 1, tmp_path / "run", "ddp", None).items():
         args += ["--set", f"{key}={json.dumps(value)}"]
-    t0 = time.monotonic()
-    proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    took = time.monotonic() - t0
+    for _ in range(PORT_TRIES):  # rank 0 listens on MASTER_PORT itself: a port taken meanwhile is tried afresh
+        port = _free_port()
+        env = _env({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(port)})
+        env["SDAR_DIST_TIMEOUT_S"] = "5"
+        t0 = time.monotonic()
+        proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        took = time.monotonic() - t0
+        if "EADDRINUSE" not in proc.stderr:
+            break
     assert proc.returncode != 0
     text = " ".join(proc.stderr.split())
     assert f"rank 0 of 2 (gloo) could not join the process group at 127.0.0.1:{port} within 5 s" in text, text[-2000:]
@@ -368,11 +398,23 @@ def test_a_rendezvous_that_cannot_complete_ends_naming_rank_backend_and_address(
     assert took < 60, took
 
 
-def test_a_batch_that_cannot_be_split_over_the_ranks_is_refused_at_start(tiny_ckpt, tmp_path):
-    """2 task groups over 3 ranks: refused before any rollout, naming both numbers."""
+def test_a_batch_that_cannot_be_split_over_the_ranks_is_refused_at_start(tiny_ckpt, tmp_path, monkeypatch):
+    """2 task groups over 3 ranks: refused before any rollout, naming both numbers. The first port offered is one
+    another process holds (what a parallel test's gloo socket does to a port between `_free_port` and torchrun):
+    torchrun's rendezvous fails to listen, `port_taken` reads that, and the launch goes again on a fresh port."""
     overrides = {**_overrides("grpo", True, 1, tmp_path / "run", "ddp", None), "tasks_per_step": 2}
-    argv, pod_env = pod_command("trainjob", overrides, 3)
-    proc = subprocess.run(argv, cwd=REPO, env=_env(pod_env), capture_output=True, text=True, timeout=300)
+    offered, fresh = [], _free_port
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+
+        def offer() -> int:
+            offered.append(fresh() if offered else held.getsockname()[1])
+            return offered[-1]
+
+        monkeypatch.setattr(sys.modules[__name__], "_free_port", offer)
+        _, proc = run_pod("trainjob", overrides, 3, timeout=300)
+    assert len(offered) == 2, offered  # the held port failed to listen, and the launch went again on a fresh one
     assert proc.returncode != 0
     text = " ".join((proc.stdout + proc.stderr).split())
     assert "tasks_per_step=2 task groups cannot be split over 3 ranks" in text, text[-3000:]
