@@ -56,7 +56,7 @@ def _ui(uri: str, port: int) -> tuple[subprocess.Popen, list[str]]:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_sdar_ui_ended_by_a_signal_stops_its_mlflow_server_and_frees_the_port(tmp_path, sig):
-    from sdar.tracking.ui import free_port
+    from sdar.ports import free_port
     from sdar.tracking import prepare_sqlite_store
 
     uri = prepare_sqlite_store(tmp_path / "mlflow.db")
@@ -79,7 +79,8 @@ def test_a_server_that_a_killed_sdar_ui_left_is_reused_for_its_store_and_stopped
     """SIGKILL runs no handler: `sdar ui`'s mlflow server (its own process group) outlives it, holding the port. The
     next `sdar ui` on that port takes it over when it serves the same store (and stops it when it ends), and stops it
     first when it serves another store; it never yields another store's server as its own (issue 43.1)."""
-    from sdar.tracking.ui import free_port, left_behind
+    from sdar.ports import free_port
+    from sdar.tracking.ui import left_behind
     from sdar.tracking import prepare_sqlite_store
 
     first = prepare_sqlite_store(tmp_path / "a" / "mlflow.db")

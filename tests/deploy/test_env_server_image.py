@@ -8,7 +8,6 @@ import fnmatch
 import json
 import re
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from sdar.ports import free_port as _free_port
 from tests.deploy.conftest import REPO
 
 IMAGE_DIR = REPO / "images" / "env-server"
@@ -203,12 +203,6 @@ def test_dockerignore_admits_only_what_the_build_copies(dockerfile):
 
 
 # ---- the HEALTHCHECK command, run against a real server ------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_healthcheck_command_passes_on_a_live_server_and_fails_without_one(dockerfile, tmp_path):
     _, (_, runtime) = dockerfile
     (health,) = runtime.all("HEALTHCHECK")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import pytest
 import yaml
 
 import sdar
+from sdar.ports import free_port as _free_port
 from sdar_envs.base import METADATA_KEYS
 from tests.deploy.conftest import CHART, FAMILIES, REPO, Rendered, run_helm
 from tests.deploy.test_env_server_image import DOCKERFILE, parse_dockerfile
@@ -87,12 +87,6 @@ def _blocker(path: Path) -> Path | None:
         if parent != Path("/") and not os.stat(parent).st_mode & stat.S_IXOTH:
             return parent
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 120) -> None:

@@ -65,16 +65,14 @@ def test_list_and_skills_commands(tmp_path, capsys):
 def test_serve_command_serves_until_terminated():
     """`sdar envs serve` (the Helm chart's entry point; run here through sdar_envs.cli's own main,
     which builds the same subcommand) answers /health and plays over /ws."""
-    import socket
     import subprocess
     import sys
 
+    from sdar.ports import free_port
     from sdar_envs.client import RemoteEnv
     from sdar_envs.launcher import ServerHandle, wait_healthy
 
-    with socket.socket() as s:  # a free port (released just before the server takes it)
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # free now, below the kernel's ephemeral range: released just before the server takes it
     proc = subprocess.Popen(
         [sys.executable, "-m", "sdar_envs.cli", "serve", "--env", GUESS_FACTORY, "--port", str(port), "--max-sessions", "3"],
         stdout=subprocess.PIPE,

@@ -6,25 +6,19 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from sdar.ports import free_port as _free_port
 from sdar_envs.client import RemoteEnv
 from sdar_envs.launcher import ServerHandle, wait_healthy
 
 REPO = Path(__file__).resolve().parents[2]
 # what sdar-envs must never bring along (the point of the separate distribution)
 HEAVY = ("torch", "transformers", "mlflow", "sdar")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

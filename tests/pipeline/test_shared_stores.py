@@ -11,7 +11,6 @@ import glob
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,13 +21,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sdar.ports import free_port as _free_port
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait(url: str, timeout_s: float, proc: subprocess.Popen) -> None:

@@ -51,7 +51,7 @@ class EnvServer:
 
 @pytest.mark.slow
 def test_a_server_killed_under_a_step_fails_the_run_at_once_and_the_rerun_resumes_to_the_same_end(tmp_path):
-    from sdar.tracking.ui import free_port
+    from sdar.ports import free_port
 
     port = free_port()
     server = EnvServer(port, tmp_path / "server.log")

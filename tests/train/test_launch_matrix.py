@@ -37,6 +37,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from sdar.ports import free_port as _free_port
+
 from .test_distributed import RUN
 
 REPO = Path(__file__).resolve().parents[2]
@@ -93,12 +95,6 @@ def test_the_cells_cover_every_pair_of_factors():
             assert (strategy, n1, strategy, n2) in resumes
     assert any(c.first[0] == "ddp" and c.then[0] == "fsdp" for c in CELLS)
     assert {c.store for c in CELLS} == {"local", "s3"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _overrides(cell_arm: str, lora: bool, steps: int, out: Path, strategy: str, uri: str | None) -> dict:

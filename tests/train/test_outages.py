@@ -3,7 +3,6 @@ back; a run stopped by a long outage resumes from the spool. A real S3 API (moto
 
 from __future__ import annotations
 
-import socket
 import threading
 
 import pytest
@@ -19,9 +18,9 @@ class Outage:
     process's moto backends, so it survives the restart)."""
 
     def __init__(self) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        from sdar.ports import free_port
+
+        self.port = free_port()
         self.server = None
         self.up()
 

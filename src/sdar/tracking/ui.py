@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ from typing import Any
 
 from sdar.browser import find_browser, install_hint
 from sdar.lifecycle import Terminated, ending_on_signals, group_members
+from sdar.ports import free_port
 from sdar.tags import PIPELINE_JOB_TAG
 from sdar.tracking.store import mlflow_client
 from sdar.tracking.view import publish_view, view_url
@@ -34,12 +34,6 @@ from sdar.tracking.view import publish_view, view_url
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--hide-scrollbars", "--remote-debugging-port=0")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url: str, timeout: float = 3.0) -> bytes:

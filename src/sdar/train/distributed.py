@@ -106,20 +106,16 @@ def _join(backend: str, me: int, world: int, address: str, **kw) -> None:
 
 def _group_of_one(device: torch.device | None) -> DistContext:
     """A process group of this process alone, outside any launcher (FSDP needs one to shard over, even at one rank):
-    on a free loopback port, gloo on the CPU, nccl on CUDA."""
-    import socket
-
+    gloo on the CPU, nccl on CUDA, meeting in an in-memory store. No port: a port found free and bound a moment later
+    can be taken in between (by another job's ranks on the same machine) and fail the run at start."""
     import torch.distributed as dist
 
     dev = torch.device(device) if device is not None else torch.device("cpu")
     backend = _backend(dev)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    address = f"tcp://127.0.0.1:{port}"
+    address = "an in-memory store (one process)"
     if dist.is_initialized():  # joined already (a second Trainer in this process)
-        return DistContext(backend=dist.get_backend(), device=dev, address="this process's group of one")
-    _join(backend, 0, 1, address, init_method=address, rank=0, world_size=1)
+        return DistContext(backend=dist.get_backend(), device=dev, address=address)
+    _join(backend, 0, 1, address, store=dist.HashStore(), rank=0, world_size=1)
     return DistContext(backend=backend, device=dev, address=address)
 
 
