@@ -141,10 +141,11 @@ PORT_TRIES = 3
 
 
 def port_taken(log: str) -> bool:
-    """torchrun's rendezvous store could not listen on the port: another process took it between `_free_port`
-    closing its socket and torchrun binding it (the ranks of the tests running beside this one open their gloo
-    sockets on ports from the same ephemeral range). The agent fails before any rank starts, so nothing was written
-    and the same command on a fresh port is the same launch (a cluster's pod owns its port 29500)."""
+    """torchrun's rendezvous store could not listen on the port: another process took it between `_free_port`'s
+    check and torchrun's bind (CI once saw a parallel test's gloo socket take a port drawn from the kernel's
+    ephemeral range; `free_port` now draws below it, where only a process asking for that number can). The agent
+    fails before any rank starts, so nothing was written and the same command on a fresh port is the same launch
+    (a cluster's pod owns its port 29500)."""
     return "EADDRINUSE" in log and "failed to listen" in log
 
 
@@ -396,7 +397,7 @@ def test_a_rendezvous_that_cannot_complete_ends_naming_rank_backend_and_address(
 
 def test_a_batch_that_cannot_be_split_over_the_ranks_is_refused_at_start(tiny_ckpt, tmp_path, monkeypatch):
     """2 task groups over 3 ranks: refused before any rollout, naming both numbers. The first port offered is one
-    another process holds (what a parallel test's gloo socket does to a port between `_free_port` and torchrun):
+    another process holds (what a parallel test's socket can do to a port between `_free_port` and torchrun):
     torchrun's rendezvous fails to listen, `port_taken` reads that, and the launch goes again on a fresh port."""
     overrides = {**_overrides("grpo", True, 1, tmp_path / "run", "ddp", None), "tasks_per_step": 2}
     offered, fresh = [], _free_port
