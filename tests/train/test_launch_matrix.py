@@ -386,7 +386,7 @@ def test_a_rendezvous_that_cannot_complete_ends_naming_rank_backend_and_address(
         t0 = time.monotonic()
         proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
         took = time.monotonic() - t0
-        if "EADDRINUSE" not in proc.stderr:
+        if not port_taken(proc.stderr):
             break
     assert proc.returncode != 0
     text = " ".join(proc.stderr.split())
