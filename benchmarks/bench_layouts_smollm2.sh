@@ -7,12 +7,20 @@
 # at once and held 24 GB on a 24 GB machine (killed for memory); one layout's two trainers fit. The layouts are not
 # interleaved step by step, so run it on a quiet machine. Extra arguments go to each run (e.g. --smoke, --steps 2).
 # PYTHON picks the interpreter (tools/bench_tables.py sets it to its own; default python3); each layout's figures go
-# to $OUT/layouts_smollm2_<layout>.json (OUT defaults to runs/bench).
+# to $OUT/layouts_smollm2_<layout>.json (OUT defaults to runs/bench). LAYOUTS picks some of the four (default: all, in
+# this order; the CI smoke runs two).
 set -euo pipefail
 PY=${PYTHON:-python3}
 OUT=${OUT:-runs/bench}
 CONFIG=${CONFIG:-configs/household-smollm2.yaml}
-for layout in on batched packed plain; do
+LAYOUTS=${LAYOUTS:-on batched packed plain}
+for layout in $LAYOUTS; do
+  case $layout in
+    on|batched|packed|plain) ;;
+    *) echo "bench_layouts_smollm2.sh: unknown layout '$layout' in LAYOUTS; pick from: on batched packed plain" >&2; exit 2 ;;
+  esac
+done
+for layout in $LAYOUTS; do
   mode=$layout; extra=()
   if [ "$layout" = plain ]; then  # the CPU's choice in peft's own bfloat16 path, sdar.models.precision switched off
     mode=on; extra=(--set model.cpu_mixed_precision=false)

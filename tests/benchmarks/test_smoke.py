@@ -312,20 +312,30 @@ def test_vs_trl_takes_sdar_steps_only_while_they_fit_in_trls_time():
 
 
 def test_bench_layouts_smollm2(tmp_path):
-    """benchmarks/bench_layouts_smollm2.sh: the three layouts (and the CPU's in plain bfloat16) at the SmolLM2-135M
-    shape, one process each, one after
-    another; each prints its phase table under its own heading and writes its own figures file. At smoke size on
-    household-tiny's task setting (SmolLM2's own config would build its warm start first)."""
+    """benchmarks/bench_layouts_smollm2.sh: the layouts LAYOUTS names at the SmolLM2-135M shape (here batched, a mode
+    of bench_train_step's own, and plain, the CPU's choice with sdar.models.precision off: both ways the script maps a
+    layout; the other two are modes as batched is), one process each, one after another, in the order asked; each
+    prints its phase table under its own heading and writes its own figures file. At smoke size on household-tiny's
+    task setting (SmolLM2's own config would build its warm start first). An unknown layout stops it before any run."""
+    env = {"PYTHON": sys.executable, "OUT": str(tmp_path), "CONFIG": "configs/household-tiny.yaml"}
     out = bench("bench_layouts_smollm2.sh", "--smoke", "--arms", "grpo", timeout_s=600,
-                env={"PYTHON": sys.executable, "OUT": str(tmp_path), "CONFIG": "configs/household-tiny.yaml"})
+                env={**env, "LAYOUTS": "plain batched"})
     sections = re.split(r"^layout (\w+) \(one process\):$", out, flags=re.MULTILINE)[1:]
-    assert [sections[i] for i in range(0, len(sections), 2)] == ["on", "batched", "packed", "plain"]
+    assert [sections[i] for i in range(0, len(sections), 2)] == ["plain", "batched"]
     for layout, text in zip(sections[::2], sections[1::2]):
         assert "model smollm2 (139.4M parameters" in text
         steps = [r for r in table_rows(text) if len(r) == 9 and r[2] == "**step**"]
         assert [r[:2] for r in steps] == [["grpo", "on" if layout == "plain" else layout]] and number(steps[0][3]) > 0
         figures = json.loads((tmp_path / f"layouts_smollm2_{layout}.json").read_text())
         assert figures, f"{layout}: an empty figures file"
+    assert sorted(p.name for p in tmp_path.glob("layouts_smollm2_*.json")) == [
+        "layouts_smollm2_batched.json", "layouts_smollm2_plain.json"]
+
+    refused = subprocess.run(["bash", str(BENCHMARKS / "bench_layouts_smollm2.sh"), "--smoke"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60,
+                             env={**os.environ, **env, "OUT": str(tmp_path / "refused"), "LAYOUTS": "on packd"})
+    assert refused.returncode == 2 and "unknown layout 'packd'" in refused.stderr and "on batched packed plain" in \
+        refused.stderr and refused.stdout == "" and not (tmp_path / "refused").exists()
 
 
 def test_bench_omp_wait():
