@@ -131,7 +131,8 @@ BENCHES: dict[str, Bench] = {
                       (*STEP_CODE, "benchmarks/bench_omp_wait.py", "src/sdar/openmp.py", "src/sdar/__init__.py"),
                       "#how-pytorchs-openmp-threads-wait", long=True),
     "vs-trl": Bench("TRL's GRPOTrainer and sdar's grpo on the same work, SmolLM2",
-                    "python benchmarks/bench_vs_trl.py --steps 3 --tasks-per-step 1 --group-size 4 --eval-tasks 24",
+                    "python benchmarks/bench_vs_trl.py --steps 3 --tasks-per-step 1 --group-size 4 --eval-tasks 24 "
+                    "--set optim.lr=3e-5",
                     ("benchmarks/bench_vs_trl.py", "src/sdar/integrations", *STEP_CODE[2:],
                      "configs/household-smollm2.yaml"), "#trls-grpotrainer-and-sdar-on-the-same-work", long=True),
 }
