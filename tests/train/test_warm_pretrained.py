@@ -290,7 +290,9 @@ def test_a_local_qwen2_checkpoint_warm_starts_with_lora_and_with_full_fine_tunin
     n_weights = sum(p.numel() for p in base.parameters())
     monkeypatch.setenv("SDAR_CACHE_DIR", str(tmp_path / "cache"))
     common = {k: v for k, v in MINI.items() if k not in ("model.name_or_path", "model.dtype")}
-    common.update({"model.name_or_path": str(ckpt), "tracking": False, "output_dir": str(tmp_path / "out")})
+    # one update: at 5e-3 Adam's first step changes a log-prob of the LoRA run by up to 1.4e-2 here (1.4e-3 at 5e-4)
+    common.update({"model.name_or_path": str(ckpt), "warmstart.lr": 5e-3, "tracking": False,
+                   "output_dir": str(tmp_path / "out")})
 
     prompt = tok.apply_chat_template([{"role": "user", "content": "Task: put a mug in cabinet."}],
                                      add_generation_prompt=True, tokenize=True)
