@@ -34,6 +34,27 @@ SHAPES = ("tiny", "smollm2", *QWEN25_SHAPES)  # tiny: the config's own model (it
 REAL = ("tiny", "smollm2")
 
 
+def model_arg(value: str) -> str:
+    """argparse's type for --model: one of SHAPES, or a local checkpoint directory (transformers' layout, its
+    config.json in it: the user's own model, real weights, warm-started when the config says so), made absolute."""
+    import argparse
+    from pathlib import Path
+
+    if value in SHAPES:
+        return value
+    path = Path(value).expanduser()
+    if (path / "config.json").is_file():
+        return str(path.resolve())
+    why = "a directory without config.json" if path.is_dir() else "neither a model name nor a directory"
+    raise argparse.ArgumentTypeError(f"{value!r} is {why}: give one of {', '.join(SHAPES)}, or a local checkpoint "
+                                     "directory as transformers saves one (config.json and the weights)")
+
+
+def is_checkpoint_dir(shape: str) -> bool:
+    """A --model that model_arg took as a local checkpoint directory."""
+    return shape not in SHAPES
+
+
 def random_policy(shape: str, model_cfg, *, layers: int | None = None, device: str = "cpu", seed: int = 0):
     """An `sdar.models.Policy` of a published shape with random weights, the Qwen2.5 tokenizer and `model_cfg`'s
     training settings (a TrainConfig's `model` section: dtype, LoRA or full fine-tuning). layers: keep only the

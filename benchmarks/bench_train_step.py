@@ -55,8 +55,10 @@ from _shared import (
     REAL,
     SHAPES,
     ForwardMeter,
+    is_checkpoint_dir,
     linear_flops_per_position,
     matmul_rate,
+    model_arg,
     op_attribution,
     random_policy,
 )
@@ -185,15 +187,15 @@ def limits(trainer, trajs) -> dict[str, float]:
 
 def build_trainer(cfg, shape: str, layers: int | None, console, shortcuts: bool = True):
     """The trainer of `cfg` on a model of `shape` (tiny: the config's warm-started model; smollm2: SmolLM2-135M-Instruct,
-    its real weights, warm-started when the config says so); shortcuts=False: without the shortcuts that keep the
-    numbers (Shortcuts.none())."""
+    its real weights, and a local checkpoint directory, warm-started when the config says so); shortcuts=False:
+    without the shortcuts that keep the numbers (Shortcuts.none())."""
     from dataclasses import replace
 
     from sdar.train import Trainer
     from sdar.train.runtime import Shortcuts
 
     taken = Shortcuts() if shortcuts else Shortcuts.none()
-    if shape in REAL:
+    if shape in REAL or is_checkpoint_dir(shape):
         from sdar.train.warmstart import ensure_warm_start
 
         if shape != cfg.model.name_or_path:
@@ -461,11 +463,13 @@ def report(rows: dict, args, shape: str, cfg_note: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="tiny", choices=SHAPES,
+    ap.add_argument("--model", default="tiny", type=model_arg, metavar="{" + ",".join(SHAPES) + "} or DIR",
                     help="the model: tiny (the config's warm start), smollm2 (SmolLM2-135M-Instruct's real weights, "
-                         "warm-started when the config says so) or a published shape with random weights")
+                         "warm-started when the config says so), a published shape with random weights, or a local "
+                         "checkpoint directory (your own model: its real weights, warm-started when the config says so)")
     ap.add_argument("--floor", action="store_true", help="also print each phase's arithmetic floor: its positions x "
-                    "the FLOPs per position at the matrix-multiply rate measured in this run (on by default for smollm2)")
+                    "the FLOPs per position at the matrix-multiply rate measured in this run (on by default for "
+                    "smollm2 and a directory)")
     ap.add_argument("--layers", type=int, default=None, help="keep the first N decoder layers of a published shape")
     ap.add_argument("--config", default="configs/household-tiny.yaml")
     ap.add_argument("--arms", default="grpo,sdar")
@@ -477,7 +481,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--limits", action="store_true", help="also time the phases' raw limits on the last step's batch")
     ap.add_argument("--ops", action="store_true", help="also run one more update on the last step's batch under "
                     "torch.profiler (CPU) and print where its seconds go: the linear layers', the adapter's and the "
-                    "head's matmuls, attention, everything else (on by default for smollm2)")
+                    "head's matmuls, attention, everything else (on by default for smollm2 and a directory)")
     ap.add_argument("--smoke", action="store_true", help="the smallest run (CI): the training tests' miniature config "
                     "with one task, one step (no warm-up); a published shape: 1 layer, episodes of 1 turn")
     ap.add_argument("--json", default="runs/bench/train_step.json", help="where the figures are written")
@@ -487,19 +491,22 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.layers is not None and args.model == "tiny":
         ap.error("--layers applies to the published shapes; size the tiny model with --set model.tiny_overrides=...")
+    if args.layers is not None and args.model not in QWEN25_SHAPES and not args.smoke:
+        ap.error(f"--layers applies to the published shapes ({', '.join(QWEN25_SHAPES)}); {args.model} runs whole")
     overrides = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.set)}
     if args.smoke:  # a published shape needs no warm start, so its episodes can be one turn long
         overrides = {**SMOKE, **({"rollout.max_turns": 1} if args.model != "tiny" else {}), **overrides}
         args.steps = 0
-        args.layers = args.layers or (1 if args.model != "tiny" else None)
+        args.layers = args.layers or (1 if args.model in QWEN25_SHAPES else None)
     console = Console(stderr=True)  # progress and the trainer's notes; the figures go to stdout
     names = list(dict.fromkeys(args.modes.split(",") + (["off"] if args.compare_off else [])))
     if set(names) - set(MODES):
         ap.error(f"--modes {args.modes}: choose among {', '.join(MODES)}")
     modes = {name: MODES[name] for name in names}
     arms = args.arms.split(",")
-    args.floor = args.floor or args.model == "smollm2"
-    args.ops = args.ops or args.model == "smollm2"
+    pretrained = args.model == "smollm2" or is_checkpoint_dir(args.model)  # real weights of a real model
+    args.floor = args.floor or pretrained
+    args.ops = args.ops or pretrained
     if args.floor:  # the rate of the precision that runs, measured before the arms (the same machine, the same run)
         import torch
 

