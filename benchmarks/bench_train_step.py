@@ -491,7 +491,7 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.layers is not None and args.model == "tiny":
         ap.error("--layers applies to the published shapes; size the tiny model with --set model.tiny_overrides=...")
-    if args.layers is not None and args.model not in QWEN25_SHAPES and not args.smoke:
+    if args.layers is not None and args.model not in QWEN25_SHAPES:
         ap.error(f"--layers applies to the published shapes ({', '.join(QWEN25_SHAPES)}); {args.model} runs whole")
     overrides = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.set)}
     if args.smoke:  # a published shape needs no warm start, so its episodes can be one turn long
