@@ -111,11 +111,30 @@ def test_a_killed_smollm2_warm_start_leaves_no_entry_and_the_next_build_finishes
     _the_loaded_policy_is_the_warm_start(cfg, target)
 
 
+def _action_logp(tok):
+    """`logp(model)`: the log-probs `model` gives the tokens of one household action after one chat-templated turn
+    (the same prompt and response every time, so two models' results compare token by token)."""
+    import torch
+
+    from sdar.agent.prompts import chat_ids
+    from sdar.models.scoring import response_logprobs
+
+    prompt = chat_ids(tok, [{"role": "user", "content": "Task: put a mug in cabinet."}])
+    resp = tok("<action>go to cabinet 1</action>", add_special_tokens=False)["input_ids"]
+
+    def logp(model):
+        model.eval()
+        with torch.no_grad():
+            s = response_logprobs(model, [prompt], [resp], pad_id=tok.pad_token_id)
+        return s.logp[s.mask.bool()]
+
+    return logp
+
+
 def _the_loaded_policy_is_the_warm_start(cfg, target: Path) -> None:
     import torch
 
     from sdar.models import Policy, precision
-    from sdar.models.scoring import response_logprobs
     from sdar.train.warmstart import load_warm_policy
 
     import dataclasses
@@ -126,19 +145,7 @@ def _the_loaded_policy_is_the_warm_start(cfg, target: Path) -> None:
     spec = ModelSpec.from_dict(json.loads((target / "sdar_policy.json").read_text())["spec"])
     exact = Policy.load(target, base=dataclasses.replace(spec, name_or_path="smollm2", dtype="float32"))
     policy = load_warm_policy(cfg)  # the config's model.dtype, bfloat16: the warm start's own
-    tok = policy.tokenizer
-    prompt = tok.apply_chat_template([{"role": "user", "content": "Task: put a mug in cabinet."}],
-                                     add_generation_prompt=True)
-    prompt = prompt if isinstance(prompt, list) else prompt["input_ids"]
-    resp = tok("<action>go to cabinet 1</action>", add_special_tokens=False)["input_ids"]
-    pad = tok.pad_token_id
-
-    def logp(model):
-        model.eval()
-        with torch.no_grad():
-            s = response_logprobs(model, [prompt], [resp], pad_id=pad)
-        return s.logp[s.mask.bool()]
-
+    logp = _action_logp(policy.tokenizer)
     ours = logp(policy.model)
     truth = logp(exact.model)  # float32 base + float32 adapter, unmerged
     cast = exact.model.merge_and_unload().to(torch.bfloat16)  # merged in float32, cast once
@@ -274,7 +281,6 @@ def test_a_local_qwen2_checkpoint_warm_starts_with_lora_and_with_full_fine_tunin
     from transformers import AutoTokenizer, Qwen2ForCausalLM
 
     from sdar.cli import main
-    from sdar.models.scoring import response_logprobs
     from sdar.train.warmstart import load_warm_policy, warm_start_path
 
     ckpt = qwen2_checkpoint
@@ -286,17 +292,7 @@ def test_a_local_qwen2_checkpoint_warm_starts_with_lora_and_with_full_fine_tunin
     common.update({"model.name_or_path": str(ckpt), "warmstart.lr": 5e-3, "tracking": False,
                    "output_dir": str(tmp_path / "out")})
 
-    prompt = tok.apply_chat_template([{"role": "user", "content": "Task: put a mug in cabinet."}],
-                                     add_generation_prompt=True, tokenize=True)
-    prompt = list(prompt["input_ids"] if hasattr(prompt, "input_ids") else prompt)
-    resp = tok("<action>go to cabinet 1</action>", add_special_tokens=False)["input_ids"]
-
-    def logp(model):
-        model.eval()
-        with torch.no_grad():
-            s = response_logprobs(model, [prompt], [resp], pad_id=tok.pad_token_id)
-        return s.logp[s.mask.bool()]
-
+    logp = _action_logp(tok)
     untrained = logp(base)
     for lora in (True, False):
         overrides = {**common, "warmstart.lora": lora}
@@ -314,14 +310,12 @@ def test_a_local_qwen2_checkpoint_warm_starts_with_lora_and_with_full_fine_tunin
         if lora:  # the adapter alone, on the directory's weights
             assert (target / "adapter_config.json").is_file() and not (target / "model.safetensors").exists()
             assert 0 < info["trainable_parameters"] < n_weights // 10
+            warm = logp(PeftModel.from_pretrained(Qwen2ForCausalLM.from_pretrained(ckpt), target).merge_and_unload())
         else:  # every weight trained and saved
             assert (target / "model.safetensors").is_file() and not (target / "adapter_config.json").exists()
             assert info["trainable_parameters"] == n_weights
-        # RL starts from the warm start (the adapter merged, a fresh one on it), not from the directory's weights
-        if lora:
-            warm = logp(PeftModel.from_pretrained(Qwen2ForCausalLM.from_pretrained(ckpt), target).merge_and_unload())
-        else:
             warm = logp(Qwen2ForCausalLM.from_pretrained(target))
+        # RL starts from the warm start (the adapter merged, a fresh one on it), not from the directory's weights
         policy = load_warm_policy(cfg)
         ours = logp(policy.model)
         torch.testing.assert_close(ours, warm, rtol=0, atol=1e-4)
