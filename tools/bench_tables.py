@@ -135,6 +135,9 @@ BENCHES: dict[str, Bench] = {
                     "--set optim.lr=3e-5",
                     ("benchmarks/bench_vs_trl.py", "src/sdar/integrations", *STEP_CODE[2:],
                      "configs/household-smollm2.yaml"), "#trls-grpotrainer-and-sdar-on-the-same-work", long=True),
+    "exit": Bench("how long an sdar command takes to end once done, the interpreter's final collections kept and skipped",
+                  "python benchmarks/bench_exit.py", ("benchmarks/bench_exit.py", "src/sdar/lifecycle.py", "src/sdar/cli.py"),
+                  "#how-long-a-command-takes-to-end"),
 }
 NOT_MEASURED = {  # benchmarks with no table yet: listed in the index with why
     "vllm": ("vLLM against transformers (tokens/s, log-prob agreement)",

@@ -9,6 +9,7 @@ import os
 import sys
 
 from sdar.failures import env_server_error
+from sdar.lifecycle import skip_the_final_collection
 from sdar.storage import DiskFull
 
 # modules that contribute subcommands; a module that does not exist yet is skipped
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    skip_the_final_collection()  # a command's process exits as soon as it is done (sdar.lifecycle)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.version:

@@ -90,6 +90,18 @@ def test_bench_loss():
     assert re.search(r"SDAR/GRPO overhead ratio of the loss computation alone: \d+\.\d\dx", out)
 
 
+def test_bench_exit():
+    """benchmarks/bench_exit.py: the real `sdar train` with the interpreter's final collections kept and skipped, a
+    row each with the seconds from the last output to the exit and of the whole process, and the two ratios."""
+    out = bench("bench_exit.py", "--repeats", "1", "--set", "rollout.max_turns=2")
+    assert "--set rollout.max_turns=2" in out
+    rows = {r[0]: r[1:] for r in table_rows(out)}
+    assert set(rows) == {"kept", "skipped"}
+    for cells in rows.values():
+        assert len(cells) == 2 and 0 < number(cells[0]) < number(cells[1])
+    assert re.search(r"^kept / skipped: last output to exit [\d.]+x, whole process [\d.]+x$", out, re.M)
+
+
 def test_bench_model_update():
     out = bench("bench_model_update.py", "--batch", "2", "--seq", "32", "--repeats", "1", "--vocab", "300")
     figure = r"(lora|full)\s+params [\d.]+M \(trainable [\d.]+M\): min [\d.]+ s, median [\d.]+ s per update, " \

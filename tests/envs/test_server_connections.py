@@ -298,28 +298,48 @@ def _parser(add):
     return parser
 
 
-def test_a_client_whose_event_loop_stalls_past_uvicorns_ping_timeout_keeps_its_session():
-    """A trainer on a loaded CPU can leave the server's keepalive pings unanswered for tens of seconds (its WebSocket's
-    event-loop thread starved); the session must survive that (the server drops a client after WS_PING_TIMEOUT_S of
-    silence, 300 s, not uvicorn's 20 s, which closed the sessions of SmolLM2 pipeline runs on 2 cores)."""
-    import time
-
+def _stalled_session(monkeypatch, *, interval_s: float, timeout_s: float, stall_s: float) -> str:
+    """A household session whose client's event-loop thread is blocked for `stall_s` (it answers no ping meanwhile)
+    against a server pinging every `interval_s` that drops a client after `timeout_s` without an answer; then one
+    step on the same session. Returns its observation, or the error it raised."""
     from sdar_envs.client import RemoteEnv
     from sdar_envs.launcher import serve_in_background
-    from sdar_envs.server.process import WS_PING_TIMEOUT_S
+    from sdar_envs.server import process
 
-    assert WS_PING_TIMEOUT_S >= 120
-    url, handle = serve_in_background("household", backend="sim")
+    monkeypatch.setattr(process, "WS_PING_INTERVAL_S", interval_s)
+    monkeypatch.setattr(process, "WS_PING_TIMEOUT_S", timeout_s)
+    url, handle = serve_in_background("household", backend="sim", in_process=True)
     try:
         env = RemoteEnv(url, "household")
-        first = env.reset(task_id=None, seed=1)
-        assert first.observation
-        loop = env._client._loop  # the sync client's event-loop thread: blocked, it answers no ping
-        # 45 s: past uvicorn's defaults (a ping after 20 s, dropped 20 s later), which this test fails under
-        loop.call_soon_threadsafe(time.sleep, 45)
-        time.sleep(46)
-        result = env.step("look")  # the same session, still open
-        assert result.observation
-        env.close()
+        assert env.reset(task_id=None, seed=1).observation
+        env._client._loop.call_soon_threadsafe(time.sleep, stall_s)  # the sync client's event-loop thread
+        time.sleep(stall_s + 0.5)
+        try:
+            return env.step("look").observation
+        except Exception as exc:  # noqa: BLE001 - what the client raises for a dropped session is the finding
+            return f"error: {exc!r}"
+        finally:
+            with contextlib.suppress(Exception):
+                env.close()
     finally:
         handle.stop()
+
+
+def test_a_client_whose_event_loop_stalls_past_uvicorns_ping_timeout_keeps_its_session(monkeypatch):
+    """A trainer on a loaded CPU can leave the server's keepalive pings unanswered for tens of seconds (its WebSocket's
+    event-loop thread starved); the session must survive that: the server drops a client after WS_PING_TIMEOUT_S of
+    silence, 300 s, not uvicorn's 20 s, which closed the sessions of SmolLM2 pipeline runs on 2 cores. Run at a
+    twentieth of the time scale (a ping every 1 s): a stall of 6 s keeps the session when the timeout is 15 s (300 s
+    scaled) and loses it at 1 s (uvicorn's 20 s scaled), so the stall is long enough to be dropped."""
+    from sdar_envs.server.app import create_env_app
+    from sdar_envs.server.config import ServerOptions
+    from sdar_envs.server.process import WS_PING_INTERVAL_S, WS_PING_TIMEOUT_S, uvicorn_config
+
+    assert WS_PING_TIMEOUT_S >= 120
+    options = ServerOptions(family="household", env_kwargs={"backend": "sim"})
+    config = uvicorn_config(create_env_app(options), options)  # what a server is started with
+    assert (config.ws_ping_interval, config.ws_ping_timeout) == (WS_PING_INTERVAL_S, WS_PING_TIMEOUT_S) == (30.0, 300.0)
+    kept = _stalled_session(monkeypatch, interval_s=1.0, timeout_s=WS_PING_TIMEOUT_S / 20, stall_s=6.0)
+    assert not kept.startswith("error:"), kept
+    dropped = _stalled_session(monkeypatch, interval_s=1.0, timeout_s=1.0, stall_s=6.0)
+    assert dropped.startswith("error:"), f"a stall past the ping timeout kept its session, so the test shows nothing: {dropped}"

@@ -48,6 +48,8 @@ def cache(tmp_path, _sdar_cache_dir, monkeypatch):
 
 
 def test_a_killed_smollm2_warm_start_leaves_no_entry_and_the_next_build_finishes_it(tmp_path, cache, mlflow_uri):
+    """Killed mid-SFT, a build leaves nothing taken for a warm start; then two commands that need it at once build it
+    once (the second waits for the first, issue 43.7), and training loads it."""
     from sdar.models.cache import leftovers
     from sdar.train.warmstart import WarmStartMissing, load_warm_policy, warm_start_path
 
@@ -74,10 +76,18 @@ def test_a_killed_smollm2_warm_start_leaves_no_entry_and_the_next_build_finishes
     with pytest.raises(WarmStartMissing, match="has no warm start yet"):
         load_warm_policy(cfg)
 
-    done = subprocess.run(_warmstart_cmd(tmp_path / "out", overrides), capture_output=True, text=True, env=env,
-                          check=False, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip().splitlines()[-1] == str(target)
+    # two commands that need it at once (issue 43.7): one removes what the killed build left and builds it, the
+    # other waits, told which process builds it, then finds the entry
+    procs = [subprocess.Popen(_warmstart_cmd(tmp_path / f"out{i}", overrides), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for i in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert all(p.returncode == 0 for p in procs), "".join(err[-3000:] for _, err in outs)
+    assert {out.strip().splitlines()[-1] for out, _ in outs} == {str(target)}
+    built = [i for i, (_, err) in enumerate(outs) if "warm start: SFT" in err]
+    assert len(built) == 1, "built once"
+    stderr, waited = outs[built[0]][1], outs[1 - built[0]][1]
+    assert f"waiting for pid {procs[built[0]].pid}" in waited and "to finish building" in waited
+    assert sorted(p.name for p in target.parent.iterdir()) == sorted([target.name, f".{target.name}.lock"])
     assert not leftovers(target)
     info = json.loads((target / "warmstart.json").read_text())
     assert info["lora"] is True and info["dtype"] == "bfloat16" and info["sft_updates"] >= 1
@@ -89,7 +99,7 @@ def test_a_killed_smollm2_warm_start_leaves_no_entry_and_the_next_build_finishes
     # constrained decoding only writes admissible actions (24 response tokens: room for every action block)
     assert info["before"]["constrained"]["admissible_rate"] == 1.0
     # the table of before and after, with the free-sampling well-formed rate
-    assert "held-out success on 1 tasks" in done.stderr and "well-formed (free)" in done.stderr
+    assert "held-out success on 1 tasks" in stderr and "well-formed (free)" in stderr
     # the adapter is kept (a few MB), its base named
     meta = json.loads((target / "sdar_policy.json").read_text())
     assert meta["lora"] is True and meta["base"] == "smollm2" and (target / "adapter_config.json").is_file()
@@ -200,29 +210,6 @@ def test_warmstart_refuses_a_pretrained_config_without_the_switch_naming_it(tmp_
     assert out.returncode == 2
     assert "warmstart.pretrained is false" in out.stderr and "--set warmstart.pretrained=true" in out.stderr
     assert "Traceback" not in out.stderr
-
-
-def test_two_commands_that_need_one_warm_start_build_it_once(tmp_path, monkeypatch):
-    """Issue 43.7: the second waits, told which process builds it, then finds the entry."""
-    from tests.train.conftest import SMALL
-
-    cache = tmp_path / "cache"
-    env = {**os.environ, "SDAR_CACHE_DIR": str(cache)}
-    # a build long enough (about 20 s) that the second command reaches the lock while the first holds it
-    sets = {**SMALL, "warmstart.episodes": 400}
-    cmds = [[sys.executable, "-m", "sdar.cli", "warmstart", "--config", CONFIG,
-             *_sets({**sets, "output_dir": str(tmp_path / f"out{i}")})] for i in range(2)]
-    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for c in cmds]
-    outs = [p.communicate(timeout=600) for p in procs]
-    assert all(p.returncode == 0 for p in procs), "".join(e[-2000:] for _, e in outs)
-    paths = {o.strip().splitlines()[-1] for o, _ in outs}
-    assert len(paths) == 1
-    built = [i for i, (_, err) in enumerate(outs) if "warm start: SFT" in err]
-    assert len(built) == 1, "built once"
-    waited = 1 - built[0]
-    assert f"waiting for pid {procs[built[0]].pid}" in outs[waited][1] and "to finish building" in outs[waited][1]
-    target = Path(paths.pop())
-    assert sorted(p.name for p in target.parent.iterdir()) == sorted([target.name, f".{target.name}.lock"])
 
 
 def test_build_once_removes_dead_builds_and_a_target_without_its_marker(tmp_path):

@@ -19,9 +19,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from sdar.lifecycle import skip_the_final_collection
 from sdar.pipeline.jobs import once_per_job
 from sdar.tracking import default_tracking_uri
 from sdar.tracking.comparison import log_comparison
+
+# the KFP task processes that run these steps (and sdar.pipeline.services's) exit as soon as they are done
+skip_the_final_collection()
 
 
 # ---- the config of a step ------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from sdar_envs.server.app import create_env_app
 from sdar_envs.server.config import ServerOptions, add_serve_arguments, options_from_args
 from sdar_envs.server.limits import ProbeListener, guarded_protocols
 
+WS_PING_INTERVAL_S = 30.0  # seconds between the server's keepalive pings on each WebSocket
 WS_PING_TIMEOUT_S = 300.0  # seconds a WebSocket client may leave a keepalive ping unanswered before it is dropped
 
 
@@ -52,7 +53,7 @@ def uvicorn_config(app: FastAPI, options: ServerOptions) -> Any:
         # keepalive: a client that answers no ping for 5 minutes is gone (uvicorn's 20 s closed the sessions of
         # live trainers whose event-loop thread a loaded CPU starved for longer: SmolLM2 pipeline runs on 2 cores
         # lost an arm's rollout so); idle sessions are reclaimed by --session-ttl all the same
-        ws_ping_interval=30.0,
+        ws_ping_interval=WS_PING_INTERVAL_S,
         ws_ping_timeout=WS_PING_TIMEOUT_S,
         timeout_graceful_shutdown=3,
         access_log=options.log_level == "debug",
