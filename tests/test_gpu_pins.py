@@ -9,6 +9,8 @@ import re
 from pathlib import Path
 
 import tomllib
+
+import pytest
 from packaging.requirements import Requirement
 
 from tests.test_check_pins import _check_pins  # tools/check_pins.py, imported as that test does
@@ -36,5 +38,6 @@ def test_the_image_and_the_package_ranges_agree_with_the_gpu_set():
     assert "TORCH_SPEC ?= $(shell grep -m1 '^torch==' constraints/gpu.txt)" in makefile  # one torch for CPU and GPU
 
 
+@pytest.mark.slow
 def test_the_gpu_set_resolves_against_the_index_to_its_pins():
     assert _check_pins().check_gpu_set() == []

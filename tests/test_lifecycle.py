@@ -54,6 +54,7 @@ def _ui(uri: str, port: int) -> tuple[subprocess.Popen, list[str]]:
     return proc, lines
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_sdar_ui_ended_by_a_signal_stops_its_mlflow_server_and_frees_the_port(tmp_path, sig):
     from sdar.ports import free_port
@@ -75,6 +76,7 @@ def test_sdar_ui_ended_by_a_signal_stops_its_mlflow_server_and_frees_the_port(tm
     assert not _port_taken(port)
 
 
+@pytest.mark.slow
 def test_a_server_that_a_killed_sdar_ui_left_is_reused_for_its_store_and_stopped_for_another(tmp_path):
     """SIGKILL runs no handler: `sdar ui`'s mlflow server (its own process group) outlives it, holding the port. The
     next `sdar ui` on that port takes it over when it serves the same store (and stops it when it ends), and stops it

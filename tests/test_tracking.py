@@ -269,6 +269,7 @@ def _stop(proc) -> None:
         pass
 
 
+@pytest.mark.slow
 def test_an_mlflow_outage_is_buffered_and_flushed_never_fatal(tmp_path, monkeypatch):
     """A real MLflow tracking server on loopback, stopped mid-run and started again: nothing raised,
     nothing lost, nothing logged twice."""

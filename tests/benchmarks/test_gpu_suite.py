@@ -12,6 +12,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import pytest
+
 from tests.benchmarks.test_smoke import check_train_step_figures, number, table_rows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,6 +35,7 @@ def bare_python(where: Path) -> Path:
     return python
 
 
+@pytest.mark.slow
 def test_gpu_suite_dry_run_without_the_extras(tmp_path):
     python = bare_python(tmp_path / "venv")
     for module in ABSENT:  # the rehearsal's interpreter really lacks them

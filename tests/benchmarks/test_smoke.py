@@ -90,6 +90,7 @@ def test_bench_loss():
     assert re.search(r"SDAR/GRPO overhead ratio of the loss computation alone: \d+\.\d\dx", out)
 
 
+@pytest.mark.slow
 def test_bench_exit():
     """benchmarks/bench_exit.py: the real `sdar train` with the interpreter's final collections kept and skipped, a
     row each with the seconds from the last output to the exit and of the whole process, and the two ratios."""
@@ -271,6 +272,7 @@ def test_bench_train_step_on_a_local_checkpoint_directory(tmp_path, qwen2_checkp
     assert "or a local checkpoint directory as transformers saves one" in proc.stderr
 
 
+@pytest.mark.slow
 def test_bench_vs_trl(tmp_path):
     """TRL's GRPOTrainer and sdar's grpo interleaved on the tests' miniature: the same tasks at every step (what each
     side's rollout played), both sides' step figures, the settings table side by side, and held-out success of the
@@ -350,6 +352,7 @@ def test_vs_trl_takes_sdar_steps_only_while_they_fit_in_trls_time():
     assert equal_time_steps(Trainer([1.0]), slow, 2, cap=8, console=quiet, clock=lambda: now[0]) == []
 
 
+@pytest.mark.slow
 def test_bench_layouts_smollm2(tmp_path):
     """benchmarks/bench_layouts_smollm2.sh: the layouts LAYOUTS names at the SmolLM2-135M shape (here batched, a mode
     of bench_train_step's own, and plain, the CPU's choice with sdar.models.precision off: both ways the script maps a
@@ -377,6 +380,7 @@ def test_bench_layouts_smollm2(tmp_path):
         refused.stderr and refused.stdout == "" and not (tmp_path / "refused").exists()
 
 
+@pytest.mark.slow
 def test_bench_omp_wait():
     """Every run of this tree, whatever its OpenMP wait, alone or two at once, plays the same trajectories (the same
     gaps); the before run (HEAD exported from git) runs too; the seconds are figures and the ratios print."""

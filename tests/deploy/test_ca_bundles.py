@@ -153,6 +153,7 @@ def test_public_bundles_are_the_files_their_packages_shipped(tmp_path, cas, leak
     assert private == {_der(cas["proxy-ca"])} | ({_der(cas["dropped-root"])} if leak == "appended" else set())
 
 
+@pytest.mark.slow
 def test_this_venvs_packaged_bundles_match_their_records():
     """Real pip installs: certifi's and botocore's bundles (what the trainer image carries) are public as shipped."""
     import botocore

@@ -491,6 +491,7 @@ def test_a_sim_config_runs_on_the_alfworld_backend_with_one_note(root, monkeypat
         HouseholdEnv(backend="sim", data_dir=str(root), workers=2).close()
 
 
+@pytest.mark.slow
 @needs_data
 def test_target_only_skills_name_only_the_goal_object_on_the_engine(root):
     # the tiny config's skills {top_k: 2, compact: true, target_only: true}: on the engine the teacher

@@ -325,6 +325,7 @@ def _stalled_session(monkeypatch, *, interval_s: float, timeout_s: float, stall_
         handle.stop()
 
 
+@pytest.mark.slow
 def test_a_client_whose_event_loop_stalls_past_uvicorns_ping_timeout_keeps_its_session(monkeypatch):
     """A trainer on a loaded CPU can leave the server's keepalive pings unanswered for tens of seconds (its WebSocket's
     event-loop thread starved); the session must survive that: the server drops a client after WS_PING_TIMEOUT_S of

@@ -8,12 +8,15 @@ from __future__ import annotations
 import os
 import shutil
 
+import pytest
+
 from tests.comparison_store import build_comparison_store
 
 ARMS = ["grpo", "grpo_opsd", "sdar"]
 GENAI_ONLY = ("Token Usage", "Detect Issues", "Tool calls")  # the GenAI overview's panels
 
 
+@pytest.mark.slow
 def test_the_printed_url_opens_the_arms_side_by_side_in_a_fresh_browser(tmp_path, mlflow_uri):
     from sdar.tracking.ui import comparison_url, render, serve
 
@@ -39,6 +42,7 @@ def test_the_printed_url_opens_the_arms_side_by_side_in_a_fresh_browser(tmp_path
     assert len(page.png) > 20_000 and page.png[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 def test_a_tracking_servers_comparison_url_is_on_that_server(tmp_path, mlflow_uri):
     """With MLFLOW_TRACKING_URI an `mlflow server`, the pipeline's summary sends the user to that server's own UI (the
     URL opens the job's view there) rather than to a `sdar ui` on port 5000, where nothing listens."""

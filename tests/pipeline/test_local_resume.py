@@ -16,6 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_without_redoing_finished_tasks_and_logs_each_run_once(tmp_path):
     from mlflow.tracking import MlflowClient
     from reliability_faults import pipeline_section  # benchmarks/reliability_faults.py: the fault as the benchmark injects it

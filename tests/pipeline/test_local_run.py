@@ -27,6 +27,7 @@ def _registries(root: Path) -> list[Path]:
     return sorted((root / "outputs" / "envs").glob("*.json"))
 
 
+@pytest.mark.slow
 def test_a_failing_step_still_runs_the_exit_handler(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
@@ -51,6 +52,7 @@ def test_a_failing_step_still_runs_the_exit_handler(tmp_path, monkeypatch):
     assert parent.data.tags["sdar.pipeline_state"] == "FAILED"
 
 
+@pytest.mark.slow
 def test_quick_pipeline_produces_the_comparison_and_mlflow_runs(tmp_path, monkeypatch, capsys):
     from mlflow.tracking import MlflowClient
 

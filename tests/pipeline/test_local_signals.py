@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -23,6 +25,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_sigterm_stops_the_runs_tasks_and_env_server_and_marks_its_runs_killed(tmp_path):
     from mlflow.tracking import MlflowClient
 

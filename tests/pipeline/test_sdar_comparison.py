@@ -139,6 +139,7 @@ def test_cluster_target_adds_gpu_scheduling_and_secrets(cluster):
     assert not [p for p in params if "secret" in p or "password" in p or "key" in p.lower()]
 
 
+@pytest.mark.slow
 def test_cluster_target_deploys_the_env_server_image_into_the_sdar_namespace(cluster, local, tmp_path, monkeypatch):
     spec, _ = cluster
     # the image `make images` tags beside the trainer, not a hard-coded one
@@ -340,6 +341,7 @@ def test_bad_target_and_unreachable_host_are_clear_errors(tmp_path):
         submit("127.0.0.1:8080", "exp")
 
 
+@pytest.mark.slow
 def test_cli_compile_writes_the_yaml(tmp_path, capsys):
     from sdar.cli import main
 

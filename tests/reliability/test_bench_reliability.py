@@ -59,6 +59,7 @@ def test_kill_section_prints_zeros(tmp_path):
     assert kill["final_weights_max_abs_diff"] == pytest.approx(0.0, abs=1e-5)
 
 
+@pytest.mark.slow
 def test_flood_section_prints_zeros(tmp_path):
     report = bench(tmp_path, "--only", "flood", "--flood", "500")
     flood = report["sections"]["flood"]

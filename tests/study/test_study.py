@@ -258,6 +258,7 @@ def test_failure_modes_place_each_failed_episode_at_its_furthest_stage():
     assert failure_modes([])["failed"] == 0 and failure_modes([])["refused_turn_share"] == 0.0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not __import__("os").environ.get("SDAR_ALFWORLD_DATA"), reason="needs SDAR_ALFWORLD_DATA")
 def test_transfer_plays_the_real_engine_and_lands_in_the_report(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")

@@ -55,6 +55,7 @@ def _fill(disk: Path, leave: int) -> Path:
     return filler
 
 
+@pytest.mark.slow
 def test_a_full_disk_stops_at_the_checkpoint_with_one_line_and_the_rerun_resumes(tiny_ckpt, small_disk, tmp_path):
     from mlflow.tracking import MlflowClient
 
@@ -106,6 +107,7 @@ def test_a_write_that_finds_the_disk_full_part_way_leaves_no_file_and_says_how_m
     assert store.read_text("small.json") == "{}"
 
 
+@pytest.mark.slow
 def test_a_warm_start_that_does_not_fit_the_cache_stops_with_one_line_and_leaves_no_entry(small_disk, monkeypatch):
     """The model cache (SDAR_CACHE_DIR) on a full disk: `sdar warmstart` ends with one line naming the entry and the
     room left, exit 5, no traceback; no folder is left under the entry's name or as a temporary build, and once there
@@ -136,6 +138,7 @@ def test_a_warm_start_that_does_not_fit_the_cache_stops_with_one_line_and_leaves
     assert (target / "warmstart.json").is_file()
 
 
+@pytest.mark.slow
 def test_an_mlflow_store_on_a_full_disk_stops_the_run_with_one_line_and_the_rerun_logs_the_rest(tiny_ckpt, tmp_path):
     """The MLflow store (SQLite and its artifacts) on a disk that fills while training runs: `sdar train` ends with one
     line naming the store, exit 5, no traceback (a tracking server's outage is waited out instead: it comes back; a

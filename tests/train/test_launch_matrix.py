@@ -395,6 +395,7 @@ def test_a_rendezvous_that_cannot_complete_ends_naming_rank_backend_and_address(
     assert took < 60, took
 
 
+@pytest.mark.slow
 def test_a_batch_that_cannot_be_split_over_the_ranks_is_refused_at_start(tiny_ckpt, tmp_path, monkeypatch):
     """2 task groups over 3 ranks: refused before any rollout, naming both numbers. The first port offered is one
     another process holds (what a parallel test's socket can do to a port between `_free_port` and torchrun):

@@ -47,6 +47,7 @@ def cache(tmp_path, _sdar_cache_dir, monkeypatch):
     return own
 
 
+@pytest.mark.slow
 def test_a_killed_smollm2_warm_start_leaves_no_entry_and_the_next_build_finishes_it(tmp_path, cache, mlflow_uri):
     """Killed mid-SFT, a build leaves nothing taken for a warm start; then two commands that need it at once build it
     once (the second waits for the first, issue 43.7), and training loads it."""
