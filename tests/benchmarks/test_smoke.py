@@ -216,11 +216,18 @@ def test_bench_precision(tmp_path):
 
 
 @pytest.mark.serial  # its ratio to a matmul rate measured in the same run needs the cores to itself
-def test_bench_train_step_on_smollm2_prints_each_phases_arithmetic_floor(tmp_path):
-    """`--model smollm2`: SmolLM2-135M-Instruct's real weights (no warm start in household-tiny), one step of one task;
-    the floor table: positions, floor seconds and the multiple of it per phase."""
-    out = bench("bench_train_step.py", "--model", "smollm2", "--smoke", "--arms", "grpo",
-                "--json", str(tmp_path / "step.json"), timeout_s=600)
+def test_bench_layouts_smollm2(tmp_path):
+    """`bench_train_step.py --model smollm2`: SmolLM2-135M-Instruct's real weights (no warm start in household-tiny),
+    one step of 2 tasks; the floor table: positions, floor seconds and the multiple of it per phase. Run as
+    benchmarks/bench_layouts_smollm2.sh runs it (one process per layout in LAYOUTS, each under its own heading with
+    its own figures file), with the one layout the script maps itself: plain, mode on with sdar.models.precision off."""
+    env = {"PYTHON": sys.executable, "OUT": str(tmp_path), "CONFIG": "configs/household-tiny.yaml", "LAYOUTS": "plain"}
+    out = bench("bench_layouts_smollm2.sh", "--smoke", "--arms", "grpo", timeout_s=600, env=env)
+    sections = re.split(r"^layout (\w+) \(one process\):$", out, flags=re.MULTILINE)[1:]
+    assert sections[::2] == ["plain"]
+    assert [p.name for p in tmp_path.glob("layouts_smollm2_*.json")] == ["layouts_smollm2_plain.json"]
+    figures = json.loads((tmp_path / "layouts_smollm2_plain.json").read_text())
+    assert figures["overrides"]["model.cpu_mixed_precision"] is False and set(figures["rows"]) == {"grpo/on"}
     assert re.search(r"model smollm2 \(139\.4M parameters, [\d.]+M trainable, float32 on cpu\)", out), out[:400]
     assert re.search(r"N = 10[0-9]\.\dM weights\) at the matrix-multiply rate of the row's dtype measured in this run "
                      r"\([\d,]+ GFLOP/s in float32; 2048 x 2048\)", out)
@@ -238,7 +245,7 @@ def test_bench_train_step_on_smollm2_prints_each_phases_arithmetic_floor(tmp_pat
     # the linear layers' FLOPs, read off the profiled shapes, are the floor's: the update's positions with gradients
     # x 4N and its no-grad ones (the finite check after each optimizer step) x 2N, to the first layer's backward (its
     # input, the embeddings, needs no gradient: 1 of 30 layers' 2N)
-    row = json.loads((tmp_path / "step.json").read_text())["rows"]["grpo/on"]
+    row = figures["rows"]["grpo/on"]
     u, fl = row["phases"]["update"], row["flops_per_position"]
     assert 0 < u["grad_positions"] < u["positions"]
     expected = u["grad_positions"] * fl["train"] + (u["positions"] - u["grad_positions"]) * fl["forward"]
@@ -352,27 +359,9 @@ def test_vs_trl_takes_sdar_steps_only_while_they_fit_in_trls_time():
     assert equal_time_steps(Trainer([1.0]), slow, 2, cap=8, console=quiet, clock=lambda: now[0]) == []
 
 
-@pytest.mark.slow
-def test_bench_layouts_smollm2(tmp_path):
-    """benchmarks/bench_layouts_smollm2.sh: the layouts LAYOUTS names at the SmolLM2-135M shape (here batched, a mode
-    of bench_train_step's own, and plain, the CPU's choice with sdar.models.precision off: both ways the script maps a
-    layout; the other two are modes as batched is), one process each, one after another, in the order asked; each
-    prints its phase table under its own heading and writes its own figures file. At smoke size on household-tiny's
-    task setting (SmolLM2's own config would build its warm start first). An unknown layout stops it before any run."""
-    env = {"PYTHON": sys.executable, "OUT": str(tmp_path), "CONFIG": "configs/household-tiny.yaml"}
-    out = bench("bench_layouts_smollm2.sh", "--smoke", "--arms", "grpo", timeout_s=600,
-                env={**env, "LAYOUTS": "plain batched"})
-    sections = re.split(r"^layout (\w+) \(one process\):$", out, flags=re.MULTILINE)[1:]
-    assert [sections[i] for i in range(0, len(sections), 2)] == ["plain", "batched"]
-    for layout, text in zip(sections[::2], sections[1::2]):
-        assert "model smollm2 (139.4M parameters" in text
-        steps = [r for r in table_rows(text) if len(r) == 9 and r[2] == "**step**"]
-        assert [r[:2] for r in steps] == [["grpo", "on" if layout == "plain" else layout]] and number(steps[0][3]) > 0
-        figures = json.loads((tmp_path / f"layouts_smollm2_{layout}.json").read_text())
-        assert figures, f"{layout}: an empty figures file"
-    assert sorted(p.name for p in tmp_path.glob("layouts_smollm2_*.json")) == [
-        "layouts_smollm2_batched.json", "layouts_smollm2_plain.json"]
-
+def test_bench_layouts_smollm2_refuses_an_unknown_layout_before_any_run(tmp_path):
+    """(A run of one layout, SmolLM2 through bench_train_step.py: test_bench_layouts_smollm2.)"""
+    env = {"PYTHON": sys.executable, "CONFIG": "configs/household-tiny.yaml"}
     refused = subprocess.run(["bash", str(BENCHMARKS / "bench_layouts_smollm2.sh"), "--smoke"], cwd=ROOT,
                              capture_output=True, text=True, timeout=60,
                              env={**os.environ, **env, "OUT": str(tmp_path / "refused"), "LAYOUTS": "on packd"})

@@ -12,6 +12,7 @@ as the Makefile does).
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import json
 import math
@@ -305,6 +306,7 @@ def _run_logged(pipeline, args: dict[str, Any], log_dir: Path, console, *, quiet
     the full logs on the terminal instead). Returns (the error of a failed task or None, the TaskLog or None)."""
     error: str | None = None
     with warnings.catch_warnings(), contextlib.ExitStack() as stack:
+        stack.enter_context(_print_kept())
         # the tasks' output line by line, as it is written; and whose run an env server belongs to
         from sdar.env_service.local import RUNNER_PID_ENV
 
@@ -327,6 +329,20 @@ def _run_logged(pipeline, args: dict[str, Any], log_dir: Path, console, *, quiet
     if view is not None and error:
         view.report_failures()
     return error, view
+
+
+@contextlib.contextmanager
+def _print_kept():
+    """builtins.print as it was before, whatever the runner did to it. KFP's local runner indents a task's output by
+    replacing builtins.print for the task's duration (kfp.local.logging_utils.indented_print) and putting back the
+    function it found; two tasks of a ParallelFor overlap, so the one that ends last can put back the other's
+    indenting function, and every print of this process after the run (a test's, the caller's) began with four
+    spaces."""
+    kept = builtins.print
+    try:
+        yield
+    finally:
+        builtins.print = kept
 
 
 @contextlib.contextmanager
