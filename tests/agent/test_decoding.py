@@ -14,6 +14,7 @@ from sdar.agent.backends import TransformersBackend
 from sdar.agent.constrained import action_trie
 from sdar.agent.decoding import DecodeStats, constrained_sample, forward_overhead, length_buckets, prefix_groups
 from sdar.models import TinyModelConfig, build_tiny_model, train_tokenizer
+from sdar.models.logprobs import decoder_and_head
 from sdar.models.scoring import response_logprobs
 from tests.agent.row_oracle import processed_logprobs, sample_rows
 from tests.models.test_logits import old_sampling
@@ -340,6 +341,8 @@ def test_lookahead_samples_a_turn_of_constrained_rows_in_one_forward(small):
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     trie = action_trie(tok, "household", ACTIONS, eos)
     prompts = _grouped_prompts(tok)
+    # the once-per-model check that the head splits off (two probe forwards, made by whichever test asks first)
+    assert decoder_and_head(model) is not None
     calls = []
     hook = model.get_decoder().register_forward_pre_hook(lambda *a: calls.append(1))
     try:
