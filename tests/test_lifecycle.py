@@ -116,3 +116,27 @@ def test_a_server_that_a_killed_sdar_ui_left_is_reused_for_its_store_and_stopped
     finally:  # a failed check must not leave a server holding the port
         with contextlib.suppress(ProcessLookupError):
             os.killpg(server, signal.SIGKILL)
+
+
+def test_a_command_freezes_its_objects_at_exit_after_the_other_exit_handlers():
+    """sdar.lifecycle.skip_the_final_collection, as `sdar` registers it: at exit every object is frozen (the shutdown's
+    collections skip them) after the exit handlers registered later, and before those registered earlier, which
+    still run; the command's output and status are untouched. Twice registered, it runs once."""
+    child = (
+        "import atexit, gc, sys\n"
+        "atexit.register(lambda: print('earlier handler: frozen', gc.get_freeze_count() > 0, flush=True))\n"
+        "from sdar.cli import main\n"
+        "from sdar.lifecycle import skip_the_final_collection\n"
+        "code = main(['--version'])\n"
+        "n = atexit._ncallbacks()\n"
+        "skip_the_final_collection()  # registered by main already: nothing more\n"
+        "print('handlers added', atexit._ncallbacks() - n, flush=True)\n"
+        "atexit.register(lambda: print('later handler: frozen', gc.get_freeze_count() > 0, flush=True))\n"
+        "sys.exit(code)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    from sdar import __version__
+
+    assert lines == [__version__, "handlers added 0", "later handler: frozen False", "earlier handler: frozen True"], lines
