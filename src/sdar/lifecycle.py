@@ -18,9 +18,10 @@ _FROZEN_AT_EXIT = False
 
 
 def skip_the_final_collection() -> None:
-    """At this process's exit, skip the interpreter's last full garbage collections: after every other exit
-    handler (registered first, this runs last), every object is moved to the permanent generation (gc.freeze),
-    which the collections of interpreter shutdown do not traverse. With torch and transformers loaded those
+    """At this process's exit, skip the interpreter's last full garbage collections: after the exit handlers
+    registered later (registered as a command starts, that is nearly all of them; the few registered before it run
+    after it, unaffected), every object is moved to the permanent generation (gc.freeze), which the collections of
+    interpreter shutdown do not traverse. With torch and transformers loaded those
     collections take 1.2-1.5 s of CPU after a command has finished, on a 2-core machine (benchmarks/bench_exit.py);
     each `sdar` command, torchrun rank and pipeline task paid them. Nothing an exit needs is skipped: the other exit
     handlers and `weakref.finalize` callbacks run as before, the standard streams are flushed, and objects outside
