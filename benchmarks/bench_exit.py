@@ -2,8 +2,8 @@
 sdar.lifecycle.skip_the_final_collection (the interpreter's last garbage collections skipped at exit).
 
 Each run is the real `sdar train` of a config in its own process: household-tiny at the tests' miniature size by
-default (MINIATURE: a 2-layer model of width 64, one step of 2 tasks x 2 episodes, tracking off; its warm start is
-built by the first run and cached), `--set KEY=VALUE` on top. "kept" runs the same command with the collections
+default (bench_train_step.py's SMOKE: a 2-layer model of width 64, one task x 2 episodes; one step, tracking off;
+its warm start is built by the first run and cached), `--set KEY=VALUE` on top. "kept" runs the same command with the collections
 kept (the hook marked as registered before the command starts).
 The two alternate, `--repeats` times each. Printed per variant: the median seconds from the command's last line of
 output to its exit, and of the whole process; then kept / skipped for both.
@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_train_step import SMOKE
+
 ROOT = Path(__file__).resolve().parents[1]
 # the command as `sdar` runs it (sdar.cli.main), the hook registered or marked as already registered first
 CHILD = ("import sys, sdar.lifecycle as lifecycle\n"
@@ -29,12 +31,7 @@ CHILD = ("import sys, sdar.lifecycle as lifecycle\n"
          "sys.exit(main(sys.argv[2:]))\n")
 
 
-MINIATURE = {
-    "steps": 1, "tasks_per_step": 2, "group_size": 2, "eval.every": 0, "tracking": False, "rollout.max_turns": 3,
-    "rollout.max_response_tokens": 12, "warmstart.episodes": 24, "warmstart.tokenizer_episodes": 120,
-    "warmstart.epochs": 1, "model.tiny_overrides": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-                                                    "num_attention_heads": 2, "num_key_value_heads": 1},
-}
+MINIATURE = {**SMOKE, "steps": 1, "eval.every": 0, "tracking": False}
 
 
 def one_run(variant: str, config: str, sets: list[str], out: Path) -> tuple[float, float]:

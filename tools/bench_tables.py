@@ -136,7 +136,8 @@ BENCHES: dict[str, Bench] = {
                     ("benchmarks/bench_vs_trl.py", "src/sdar/integrations", *STEP_CODE[2:],
                      "configs/household-smollm2.yaml"), "#trls-grpotrainer-and-sdar-on-the-same-work", long=True),
     "exit": Bench("how long an sdar command takes to end once done, the interpreter's final collections kept and skipped",
-                  "python benchmarks/bench_exit.py", ("benchmarks/bench_exit.py", "src/sdar/lifecycle.py", "src/sdar/cli.py"),
+                  "python benchmarks/bench_exit.py",
+                  ("benchmarks/bench_exit.py", "benchmarks/bench_train_step.py", "src/sdar/lifecycle.py", "src/sdar/cli.py"),
                   "#how-long-a-command-takes-to-end"),
 }
 NOT_MEASURED = {  # benchmarks with no table yet: listed in the index with why
