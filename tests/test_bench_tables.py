@@ -130,6 +130,54 @@ def test_write_block_puts_a_printout_under_its_stamp(tmp_path):
     assert bt.table_of("plain text\n") == "```text\nplain text\n```"
 
 
+def test_the_hosts_share_of_the_cpu_reads_proc_stat():
+    # /proc/stat's first line: user nice system idle iowait irq softirq steal guest guest_nice, in clock ticks
+    before = bt.cpu_jiffies("cpu  100 0 50 800 10 0 5 35 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n")
+    after = bt.cpu_jiffies("cpu  300 0 100 1000 10 0 5 435 99 0\n")
+    assert before == (35, 1000) and after == (435, 1850)  # guest time is inside user's, not counted twice
+    assert bt.stolen(before, after) == ", 47% of the CPU time stolen by the host during the run"  # 400 of 850
+    assert bt.stolen(before, before) == bt.stolen(None, after) == bt.stolen(before, None) == ""
+    assert bt.cpu_jiffies("intr 1 2 3\n") is None and bt.cpu_jiffies("cpu 1 2\n") is None
+    if Path("/proc/stat").exists():  # this machine's own
+        stolen, total = bt.cpu_jiffies()
+        assert 0 <= stolen <= total
+
+
+def test_the_matmul_probe_measures_both_precisions():
+    import re
+
+    import torch
+
+    said = bt.matmul_rates(seconds=0.05)
+    if torch.cuda.is_available():
+        assert said == ""
+        return
+    m = re.fullmatch(r", matmul (\d+) / (\d+) GFLOP/s \(bfloat16 / float32\) at the start", said)
+    assert m and int(m[1]) > 0 and int(m[2]) > 0, said
+
+
+def test_a_rerun_is_stamped_with_the_machines_speed_and_the_hosts_share_of_its_run(tmp_path, monkeypatch):
+    """`run` writes a benchmark's printout under a stamp that names the machine and, on Linux, the share of CPU time
+    the host took while it ran (a figure measured on half a machine says so)."""
+    doc = tmp_path / "d.md"
+    doc.write_text(DOC)
+    (tmp_path / "fast.py").write_text("print('| a | b |')\nprint('|---|---|')\nprint('| 1 | 2 |')\n")
+    monkeypatch.setattr(bt, "BENCHES", {"fast": bt.Bench("a fast one", f"python {tmp_path / 'fast.py'}", ("fast.py",),
+                                                         "#fast")})
+    monkeypatch.setattr(bt, "doc_files", lambda: [doc])
+    monkeypatch.setattr(bt, "mark", lambda files=None: [])  # the repository's docs stay as they are
+    ticks = iter([(100, 1000), (400, 1600)])
+    monkeypatch.setattr(bt, "cpu_jiffies", lambda stat=None: next(ticks))
+    monkeypatch.setattr(bt, "matmul_rates", lambda: ", matmul 9 / 3 GFLOP/s (bfloat16 / float32) at the start")
+    assert bt.run(["fast"], None, console=lambda *_: None) == 0
+    lines = doc.read_text().split("\n")
+    (b,) = [b for b in bt.blocks(lines) if b.stamp.id == "fast"]
+    assert b.stamp.machine.startswith(bt.machine().split(", load")[0])
+    assert b.stamp.machine.endswith(", matmul 9 / 3 GFLOP/s (bfloat16 / float32) at the start"
+                                    ", 50% of the CPU time stolen by the host during the run")
+    assert lines[b.start + 3:b.end] == ["| a | b |", "|---|---|", "| 1 | 2 |"]
+
+
 def test_docs_have_no_unmarked_stale_table():
     """Each stamp line and docs/benchmarks.md's index is what `python tools/bench_tables.py mark` writes from the
     stamps and `git log`: a table whose benchmark's code changed since its stamp says so."""

@@ -313,6 +313,50 @@ def machine() -> str:
     return f"{where}, {lib}{load}{'' if gpu else openmp_wait()}".replace("|", "/")
 
 
+def cpu_jiffies(stat: str | None = None) -> tuple[int, int] | None:
+    """(stolen, total) clock ticks of every CPU since boot, from the first line of /proc/stat (or `stat`); None where
+    there is none. Stolen: the ticks a hypervisor gave this virtual machine's CPUs to other guests."""
+    try:
+        fields = (Path("/proc/stat").read_text() if stat is None else stat).split("\n", 1)[0].split()
+    except OSError:
+        return None
+    if len(fields) < 9 or fields[0] != "cpu":
+        return None
+    ticks = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal (guest is inside user)
+    return ticks[7], sum(ticks)
+
+
+def stolen(before: tuple[int, int] | None, after: tuple[int, int] | None) -> str:
+    """The share of this machine's CPU time a hypervisor took for other guests between two `cpu_jiffies`, as a stamp
+    says it ("" where either is unknown): a benchmark run while it took half ran on half the machine."""
+    if before is None or after is None or after[1] <= before[1]:
+        return ""
+    return f", {(after[0] - before[0]) / (after[1] - before[1]):.0%} of the CPU time stolen by the host during the run"
+
+
+def matmul_rates(seconds: float = 0.5) -> str:
+    """How fast this machine multiplies matrices now, as a stamp says it: 2048 x 2048 matmuls in bfloat16 and float32
+    on the CPU, each for about `seconds` ("" on a GPU or without torch). Two stamps of one machine on different days
+    compare through it: the same 2 cores have multiplied at 947 and at 315 GFLOP/s in bfloat16, with no CPU time
+    stolen that the guest could see."""
+    try:
+        import torch
+    except ImportError:
+        return ""
+    if torch.cuda.is_available():
+        return ""
+    rates = []
+    for dtype in (torch.bfloat16, torch.float32):
+        a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
+        a @ b  # the first call's one-time costs
+        n, t0 = 0, time.perf_counter()
+        while n < 2 or time.perf_counter() - t0 < seconds:
+            a @ b
+            n += 1
+        rates.append(2 * 2048 ** 3 * n / (time.perf_counter() - t0) / 1e9)
+    return f", matmul {rates[0]:.0f} / {rates[1]:.0f} GFLOP/s (bfloat16 / float32) at the start"
+
+
 def openmp_wait() -> str:
     """How a benchmark's OpenMP threads wait between ops (sdar.openmp), as a stamp says it; stamps before 2026-11-30
     name none, and ran passive (sdar's setting then)."""
@@ -400,18 +444,20 @@ def run(ids: list[str], at: str | None, console=print) -> int:
                 continue
             dirty = not at and bool(subprocess.run(["git", "status", "--porcelain", "--", *b.code], cwd=ROOT,
                                                    capture_output=True, text=True).stdout.strip())
-            stamp = Stamp(bench_id, head, machine(), b.command, dirty)
+            where, before = machine() + matmul_rates(), cpu_jiffies()
             argv = bench_argv(b.command)
             console(f"{bench_id}: {b.command} (in {tree})")
             t0 = time.perf_counter()
             done = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True)
+            stamp = Stamp(bench_id, head, where + stolen(before, cpu_jiffies()), b.command, dirty)
             if done.returncode != 0:
                 failed += 1
                 console(f"{bench_id}: failed (rc {done.returncode}), nothing written:\n{done.stderr[-2000:]}")
                 continue
             target = next((f for f in doc_files() if f"<!-- bench {bench_id}:" in f.read_text()), INDEX)
             write_block(target, stamp, table_of(done.stdout, b.table_from))
-            console(f"{bench_id}: {time.perf_counter() - t0:.0f} s, written to {target.relative_to(ROOT)}")
+            shown = target.relative_to(ROOT) if target.is_relative_to(ROOT) else target
+            console(f"{bench_id}: {time.perf_counter() - t0:.0f} s, written to {shown}")
     mark()
     return failed
 
