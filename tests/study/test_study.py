@@ -36,6 +36,8 @@ SPEC["set"].pop("steps")
     ({"matrices": [{"families": ["household"], "arms": ["grpo"]}]}, "exactly the keys"),
     ({"set": {"seed": 3}}, "'seed' is set by the study itself"),
     ({"study": "a/b"}, "plain directory name"),
+    ({"against": "t"}, "must name another study"),
+    ({"against": "../x"}, "must name another study"),
 ])
 def test_spec_errors_name_the_problem(change, message):
     with pytest.raises(ValueError, match=None) as exc:
@@ -425,6 +427,89 @@ def test_transfer_differences_pair_each_policy_with_its_own_warm_start():
     assert "| grpo | 2 | 4 | 0.500 [" in text and "| 0.750, 0.250 |" in text  # pooled student, per seed
     assert "| warm start | 3 | 4 | 0.250 [" in text and "| 0.250, 0.500, 0.000 |" in text
     assert "| grpo - warm start | 2 | 4 | +0.125 [" in text and "grpo_opsd - warm start" not in text
+
+
+def _eval(outcomes: list[int]) -> dict:
+    return {"success": sum(outcomes) / len(outcomes), "tasks": {f"t{i}": o for i, o in enumerate(outcomes)}}
+
+
+def _study_dir(root: Path, name: str, warm: dict, runs: dict, digest: str = "d0", against: str | None = None) -> Path:
+    """A study's results as the runner writes them: warm[seed] = outcomes, runs[(arm, seed)] = {step: outcomes}."""
+    d = root / name
+    (d / "household").mkdir(parents=True)
+    (d / "spec.json").write_text(json.dumps({"study": name, "steps": 16, "eval_steps": [8, 16],
+                                             **({"against": against} if against else {})}))
+    for seed, outcomes in warm.items():
+        (d / "household" / f"seed{seed}").mkdir(exist_ok=True)
+        (d / "household" / f"seed{seed}" / "warmstart.json").write_text(json.dumps(
+            {"family": "household", "seed": seed, "warm_start_digest": digest, "student": _eval(outcomes),
+             "teacher": _eval([1] * len(outcomes))}))
+    for (arm, seed), evals in runs.items():
+        (d / "household" / f"seed{seed}").mkdir(exist_ok=True)
+        (d / "household" / f"seed{seed}" / f"{arm}.json").write_text(json.dumps(
+            {"family": "household", "seed": seed, "arm": arm, "evals": {str(k): _eval(v) for k, v in evals.items()}}))
+    return d
+
+
+def test_a_study_against_the_one_it_varies_pairs_each_run_with_the_same_arm_and_seed(tmp_path):
+    """`against`: each run minus the same arm at the same seed in the other study, paired by seed and task (by hand
+    below), the warm starts first; a run the other study lacks gets no row; the report carries the table."""
+    from sdar.study.analysis import against_rows
+
+    base = _study_dir(tmp_path, "slow", warm={0: [1, 0, 0, 1], 1: [1, 1, 0, 0]},
+                      runs={("grpo", 0): {8: [1, 0, 0, 0], 16: [0, 0, 0, 0]}, ("grpo", 1): {8: [1, 1, 0, 0], 16: [1, 0, 0, 0]},
+                            ("sdar", 0): {8: [1, 0, 0, 1], 16: [1, 0, 0, 1]}})
+    here = _study_dir(tmp_path, "fast", warm={0: [1, 0, 0, 1], 1: [1, 1, 0, 0]}, against="slow",
+                      runs={("grpo", 0): {8: [1, 0, 0, 1], 16: [1, 1, 0, 1]}, ("grpo", 1): {8: [1, 1, 0, 0], 16: [1, 1, 0, 0]},
+                            ("sdar", 0): {8: [1, 0, 0, 1], 16: [0, 0, 0, 1]}, ("sdar", 1): {8: [0, 0, 0, 0], 16: [0, 0, 0, 0]}})
+    rows = {(x["a"], x["step"]): x for x in against_rows(load_results(here), load_results(base), "household")}
+    assert set(rows) == {("warm start (fast)", 0), ("grpo (fast)", 8), ("grpo (fast)", 16), ("sdar (fast)", 8),
+                         ("sdar (fast)", 16)}
+    assert rows[("warm start (fast)", 0)]["ci"] == (0.0, 0.0, 0.0) and rows[("warm start (fast)", 0)]["b"] == \
+        "warm start (slow)"
+    g16 = rows[("grpo (fast)", 16)]  # seed 0: 3 of 4 against 0 of 4; seed 1: 2 against 1
+    assert g16["b"] == "grpo (slow)" and g16["seeds"] == 2 and g16["tasks"] == 4
+    assert g16["ci"][0] == pytest.approx((3 + 1) / 8) and g16["per_seed"] == [0.75, 0.25]
+    assert g16["ci"][1] <= g16["ci"][0] <= g16["ci"][2]
+    s16 = rows[("sdar (fast)", 16)]  # seed 1 has no sdar run in "slow": seed 0 alone
+    assert s16["seeds"] == 1 and s16["ci"][0] == pytest.approx(-0.25) and s16["per_seed"] == [-0.25]
+
+    block = write_report(here, tmp_path / "results.md", figure_dir=tmp_path / "fig")  # the spec's `against`
+    assert "Against study `slow` (each run minus the same arm at the same seed there" in block
+    assert "the same warm start at every seed both evaluated (0, 1)" in block
+    assert "| grpo (fast) - grpo (slow) | 16 | 2 | 4 | +0.500 [" in block and "| +0.750, +0.250 |" in block
+    assert "| warm start (fast) - warm start (slow) | 0 | 2 | 4 | +0.000 [+0.000, +0.000] | +0.000, +0.000 |" in block
+    assert "Against study" not in write_report(base, tmp_path / "results.md", figure_dir=tmp_path / "fig")
+    # another warm start is said; a study that is not there is an error naming it and the way out
+    other = _study_dir(tmp_path, "other", warm={0: [1, 0, 0, 1]}, runs={("grpo", 0): {16: [0, 0, 0, 0]}}, digest="d1")
+    assert "different warm starts at seed(s) 0" in write_report(here, tmp_path / "r.md", tmp_path / "fig",
+                                                                against="other")
+    with pytest.raises(FileNotFoundError, match="compared against study gone, whose results are not in .*drop `against`"):
+        write_report(here, tmp_path / "r.md", tmp_path / "fig", against="gone")
+    # held-out tasks that differ cannot be paired
+    (other / "household" / "seed0" / "warmstart.json").write_text(json.dumps(
+        {"family": "household", "seed": 0, "warm_start_digest": "d0", "student": _eval([1, 0, 0]),
+         "teacher": _eval([1, 1, 1])}))
+    with pytest.raises(ValueError, match="studies fast and other evaluated household on different held-out tasks"):
+        against_rows(load_results(here), load_results(other), "household")
+
+
+def test_the_committed_lr_study_pairs_with_the_smollm2_study_run_for_run():
+    """configs/study/smollm2-lr3e-5.yaml names the study it varies; on the committed results each finished run's
+    paired mean is its success minus the same arm and seed's at 3e-4 (the same 48 tasks), the warm starts equal."""
+    from sdar.study.analysis import against_rows
+    from sdar.study.spec import load_spec
+
+    assert load_spec("configs/study/smollm2-lr3e-5.yaml").against == "smollm2"
+    here, base = load_results("docs/results/smollm2-lr3e-5"), load_results("docs/results/smollm2")
+    rows = against_rows(here, base, "household")
+    assert rows and rows[0]["a"] == "warm start (smollm2-lr3e-5)" and rows[0]["tasks"] == 48
+    for row in rows[1:]:
+        arm = row["a"].split(" (")[0]
+        seeds = here.seeds("household", arm)
+        want = [here.runs[("household", s, arm)]["evals"][str(row["step"])]["success"]
+                - base.runs[("household", s, arm)]["evals"][str(row["step"])]["success"] for s in seeds]
+        assert row["per_seed"] == pytest.approx(want) and row["ci"][0] == pytest.approx(np.mean(want))
 
 
 @pytest.mark.parametrize("path", sorted(Path("configs/study").glob("*.yaml")), ids=lambda p: p.name)

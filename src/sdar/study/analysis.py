@@ -158,6 +158,61 @@ def difference_rows(r: Runs, family: str, pairs: tuple[tuple[str, str], ...] = (
     return rows
 
 
+def against_rows(r: Runs, base: Runs, family: str) -> list[dict[str, Any]]:
+    """This study against `base`, the study it varies in one setting (the spec's `against`): first the warm starts'
+    students at step 0 (0 unless the warm starts or their evaluation differ), then each arm minus the same arm at the
+    same seed there, at every eval step both reached, paired by seed and task over the seeds both ran. Each row also
+    has the per-seed differences of success ("per_seed")."""
+    evals_of: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
+    for study in (r, base):
+        for (f, seed), rec in study.warm.items():
+            if f == family:
+                evals_of[(f"{WARM} ({study.name})", seed)] = {"0": rec["student"]}
+        for (f, seed, arm), rec in study.runs.items():
+            if f == family:
+                evals_of[(f"{arm} ({study.name})", seed)] = rec["evals"]
+
+    def evals(who: str, seed: int) -> dict[str, dict[str, Any]]:
+        return evals_of[(who, seed)]
+
+    pairs = [(WARM, sorted(s for f, s in r.warm if f == family and (family, s) in base.warm))]
+    pairs += [(arm, [s for s in r.seeds(family, arm) if (f"{arm} ({base.name})", s) in evals_of])
+              for arm in r.arms(family)]
+    rows = []
+    for who, seeds in pairs:
+        a, b = f"{who} ({r.name})", f"{who} ({base.name})"
+        try:
+            got = _paired_rows(a, b, seeds, evals)
+        except ValueError as exc:
+            raise ValueError(f"studies {r.name} and {base.name} evaluated {family} on different held-out tasks, so "
+                             f"their runs cannot be paired: `against` names a study with the same eval tasks, "
+                             f"eval split and seeds ({exc})") from None
+        for row in got:
+            step = str(row["step"])
+            row["per_seed"] = [evals(a, s)[step]["success"] - evals(b, s)[step]["success"] for s in seeds]
+        rows += got
+    return rows
+
+
+def against_lines(r: Runs, base: Runs, family: str) -> list[str]:
+    """`against_rows` as markdown, with whether the two studies' warm starts are the same weights."""
+    rows = against_rows(r, base, family)
+    if not rows:
+        return []
+    seeds = sorted(s for f, s in r.warm if f == family and (family, s) in base.warm)
+    differ = [s for s in seeds if r.warm[(family, s)].get("warm_start_digest")
+              != base.warm[(family, s)].get("warm_start_digest")]
+    same = (f"the same warm start at every seed both evaluated ({', '.join(map(str, seeds))})" if not differ
+            else f"different warm starts at seed(s) {', '.join(map(str, differ))}")
+    lines = ["", f"Against study `{base.name}` (each run minus the same arm at the same seed there, paired by seed "
+                 f"and held-out task; {same}):", "",
+             "| difference | step | seeds | tasks | mean [95% CI] | per seed |", "|---|---:|---:|---:|---|---|"]
+    for d in rows:
+        lines.append(f"| {d['a']} - {d['b']} | {d['step']} | {d['seeds']} | {d['tasks']} | {_ci(*d['ci'], sign=True)} "
+                     f"| " + ", ".join(f"{x:+.3f}" for x in d["per_seed"]) + " |")
+    return lines
+
+
 def gap_drift(r: Runs, family: str, arm: str = "grpo_opsd", window: int = 5) -> dict[str, Any] | None:
     """Mean free-token gap of the first and last `window` steps of `arm` (over seeds), with the paper's figure."""
     hists = [r.runs[(family, s, arm)].get("history", []) for s in r.seeds(family, arm)]
@@ -208,7 +263,8 @@ def plot_curves(r: Runs, family: str, path: str | Path) -> Path | None:
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    axes.flat[0].legend(fontsize=8)
+    if axes.flat[0].get_legend_handles_labels()[0]:  # no line where no run logged the panel's figure
+        axes.flat[0].legend(fontsize=8)
     fig.suptitle(f"{r.name}: {family} (mean over seeds, band = min..max)")
     fig.tight_layout()
     path = Path(path)
@@ -218,8 +274,9 @@ def plot_curves(r: Runs, family: str, path: str | Path) -> Path | None:
     return path
 
 
-def report_markdown(r: Runs, figures: dict[str, str] | None = None) -> str:
-    """The study's tables as markdown (what `sdar study report` writes into docs/results.md)."""
+def report_markdown(r: Runs, figures: dict[str, str] | None = None, base: Runs | None = None) -> str:
+    """The study's tables as markdown (what `sdar study report` writes into docs/results.md); with `base`, the study
+    it varies, also each run against the same arm and seed there (`against_lines`)."""
     intro = (f"Study `{r.name}`: {r.spec.get('steps')} RL steps per run, evaluated at steps "
              f"{', '.join(map(str, r.spec.get('eval_steps', [])))}. Intervals: bootstrap 95% over seeds and tasks "
              f"({BOOTSTRAP} resamples); differences paired by seed and task.")
@@ -236,6 +293,8 @@ def report_markdown(r: Runs, figures: dict[str, str] | None = None) -> str:
             for d in diffs:
                 lines.append(f"| {d['a']} - {d['b']} | {d['step']} | {d['seeds']} | {d['tasks']} | "
                              f"{_ci(*d['ci'], sign=True)} |")
+        if base is not None:
+            lines += against_lines(r, base, family)
         drift = gap_drift(r, family)
         if drift:
             text = (f"Naive arm's free-token gap, first 5 -> last 5 steps ({drift['seeds']} seeds): "
@@ -313,9 +372,20 @@ def transfer_difference_rows(r: Runs, family: str) -> list[dict[str, Any]]:
 BEGIN, END = "<!-- study:{name}:begin -->", "<!-- study:{name}:end -->"
 
 
-def write_report(results_dir: str | Path, doc: str | Path, figure_dir: str | Path | None = None) -> str:
-    """Regenerate the study's block in `doc` (between its markers, the rest kept) and its figures."""
+def write_report(results_dir: str | Path, doc: str | Path, figure_dir: str | Path | None = None,
+                 against: str | None = None) -> str:
+    """Regenerate the study's block in `doc` (between its markers, the rest kept) and its figures. against: the
+    study this one is compared with (default: its spec's `against`), read from beside `results_dir`."""
     r = load_results(results_dir)
+    against = against or r.spec.get("against")
+    base = None
+    if against:
+        there = Path(results_dir).parent / against
+        if not (there / "spec.json").is_file():
+            raise FileNotFoundError(f"study {r.name} is compared against study {against}, whose results are not in "
+                                    f"{there}: run that study first (or its results elsewhere: --results), or drop "
+                                    f"`against`")
+        base = load_results(there)
     doc = Path(doc)
     figure_dir = Path(figure_dir or Path(results_dir) / "figures")
     figures = {}
@@ -323,7 +393,7 @@ def write_report(results_dir: str | Path, doc: str | Path, figure_dir: str | Pat
         png = plot_curves(r, family, figure_dir / f"{family}.png")
         if png is not None:
             figures[family] = _relative(png, doc.parent)
-    block = report_markdown(r, figures)
+    block = report_markdown(r, figures, base)
     begin, end = BEGIN.format(name=r.name), END.format(name=r.name)
     text = doc.read_text() if doc.is_file() else f"# Results\n\n{begin}\n{end}\n"
     if begin not in text or end not in text:

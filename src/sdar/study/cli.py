@@ -111,7 +111,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from sdar.study.analysis import write_report
 
     results = Path(args.results) / args.study if args.study else Path(args.results)
-    block = write_report(results, args.doc)
+    block = write_report(results, args.doc, against=args.against)
     print(block)
     return 0
 
@@ -155,5 +155,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     rep.add_argument("--results", default=DEFAULT_RESULTS, help="results root, or a study's directory")
     rep.add_argument("--study", help="the study's name (its directory under --results)")
     rep.add_argument("--doc", default=DEFAULT_DOC, help="markdown file whose study block is regenerated")
+    rep.add_argument("--against", help="another study beside it (its name) to pair each run with the same arm and "
+                                       "seed there (default: the spec's `against`)")
     rep.set_defaults(func=_cmd_report)
     p.set_defaults(func=lambda args: p.print_help() or 0)

@@ -245,7 +245,8 @@ class StudyRunner:
         _write_json(self.results / "spec.json", {"study": self.spec.name, "spec_path": self.spec.path,
                                                  "steps": self.spec.steps, "eval_steps": self.spec.eval_steps,
                                                  "configs": self.spec.configs, "matrices": self.spec.matrices,
-                                                 "set": self.spec.overrides, "family_set": self.spec.family_overrides})
+                                                 "set": self.spec.overrides, "family_set": self.spec.family_overrides,
+                                                 **({"against": self.spec.against} if self.spec.against else {})})
         cells = [c for c in self.spec.cells() if only is None or only(c)]
         self._open_parent()
         trained: list[Cell] = []

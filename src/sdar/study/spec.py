@@ -17,7 +17,7 @@ import yaml
 
 from sdar.algos.arm_config import ARMS
 
-_TOP_KEYS = {"study", "steps", "eval_steps", "configs", "matrices", "set", "family_set"}
+_TOP_KEYS = {"study", "steps", "eval_steps", "configs", "matrices", "set", "family_set", "against"}
 _MATRIX_KEYS = {"families", "arms", "seeds"}
 
 
@@ -45,6 +45,8 @@ class StudySpec:
     matrices: [{families, arms, seeds}], their union is the study's cells.
     overrides: config overrides for every run (`--set` grammar: dotted keys).
     family_overrides: family -> overrides for that family's runs only.
+    against: another study (its name) that this one varies in one setting: the report adds each arm's paired
+        difference from the same arm, seed and held-out tasks there, and the warm starts' (which should be 0).
     """
 
     name: str
@@ -55,6 +57,7 @@ class StudySpec:
     overrides: dict[str, Any] = field(default_factory=dict)
     family_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
     path: str = ""
+    against: str | None = None
 
     def cells(self) -> list[Cell]:
         """Every run, family by family and seed by seed (the arms of one warm start together), no repeats."""
@@ -128,8 +131,13 @@ def parse_spec(data: Any, path: str = "<spec>") -> StudySpec:
     name = str(data["study"])
     if not name or "/" in name or name.startswith("."):
         raise _fail(path, f"study name {name!r} must be a plain directory name")
+    against = data.get("against")
+    if against is not None and (not isinstance(against, str) or not against or "/" in against
+                                or against.startswith(".") or against == name):
+        raise _fail(path, f"against={against!r} must name another study (its results directory, e.g. smollm2)")
     return StudySpec(name=name, steps=steps, eval_steps=eval_steps, configs={str(k): str(v) for k, v in configs.items()},
-                     matrices=matrices, overrides=dict(overrides), family_overrides=dict(family_overrides), path=path)
+                     matrices=matrices, overrides=dict(overrides), family_overrides=dict(family_overrides), path=path,
+                     against=against)
 
 
 def load_spec(path: str | Path) -> StudySpec:
