@@ -495,7 +495,8 @@ def test_a_study_against_the_one_it_varies_pairs_each_run_with_the_same_arm_and_
         against_rows(load_results(here), load_results(other), "household")
 
 
-@pytest.mark.parametrize("spec, base, tasks", [("smollm2-lr3e-5", "smollm2", 48), ("hint-alpha", "evidence", 120)])
+@pytest.mark.parametrize("spec, base, tasks", [("smollm2-lr3e-5", "smollm2", 48), ("smollm2-filtered", "smollm2", 48),
+                                              ("hint-alpha", "evidence", 120)])
 def test_the_committed_studies_pair_with_the_study_they_vary_run_for_run(spec, base, tasks):
     """The committed specs that vary another study name it; on the committed results each finished run's row is
     its success minus the same arm and seed's there (the same held-out tasks), its interval paired_difference's over
