@@ -485,6 +485,11 @@ def test_a_study_against_the_one_it_varies_pairs_each_run_with_the_same_arm_and_
     other = _study_dir(tmp_path, "other", warm={0: [1, 0, 0, 1]}, runs={("grpo", 0): {16: [0, 0, 0, 0]}}, digest="d1")
     assert "different warm starts at seed(s) 0" in write_report(here, tmp_path / "r.md", tmp_path / "fig",
                                                                 against="other")
+    nameless = json.loads((other / "household" / "seed0" / "warmstart.json").read_text())
+    del nameless["warm_start_digest"]
+    (other / "household" / "seed0" / "warmstart.json").write_text(json.dumps(nameless))
+    assert "whether the warm starts are the same weights is unknown" in write_report(here, tmp_path / "r.md",
+                                                                                     tmp_path / "fig", against="other")
     with pytest.raises(FileNotFoundError, match="compared against study gone, whose results are not in .*drop `against`"):
         write_report(here, tmp_path / "r.md", tmp_path / "fig", against="gone")
     # held-out tasks that differ cannot be paired

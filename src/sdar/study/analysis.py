@@ -200,10 +200,15 @@ def against_lines(r: Runs, base: Runs, family: str) -> list[str]:
     if not rows:
         return []
     seeds = sorted(s for f, s in r.warm if f == family and (family, s) in base.warm)
-    differ = [s for s in seeds if r.warm[(family, s)].get("warm_start_digest")
-              != base.warm[(family, s)].get("warm_start_digest")]
-    same = (f"the same warm start at every seed both evaluated ({', '.join(map(str, seeds))})" if not differ
-            else f"different warm starts at seed(s) {', '.join(map(str, differ))}")
+    digests = [(r.warm[(family, s)].get("warm_start_digest"), base.warm[(family, s)].get("warm_start_digest"))
+               for s in seeds]
+    differ = [s for s, (a, b) in zip(seeds, digests) if a != b]
+    if any(a is None or b is None for a, b in digests):
+        same = "whether the warm starts are the same weights is unknown: a record names no digest"
+    elif differ:
+        same = f"different warm starts at seed(s) {', '.join(map(str, differ))}"
+    else:
+        same = f"the same warm start at every seed both evaluated ({', '.join(map(str, seeds))})"
     lines = ["", f"Against study `{base.name}` (each run minus the same arm at the same seed there, paired by seed "
                  f"and held-out task; {same}):", "",
              "| difference | step | seeds | tasks | mean [95% CI] | per seed |", "|---|---:|---:|---:|---|---|"]
@@ -383,7 +388,7 @@ def write_report(results_dir: str | Path, doc: str | Path, figure_dir: str | Pat
         there = Path(results_dir).parent / against
         if not (there / "spec.json").is_file():
             raise FileNotFoundError(f"study {r.name} is compared against study {against}, whose results are not in "
-                                    f"{there}: run that study first (or its results elsewhere: --results), or drop "
+                                    f"{there}: run that study first (its results go beside this one's), or drop "
                                     f"`against`")
         base = load_results(there)
     doc = Path(doc)
