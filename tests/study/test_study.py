@@ -500,6 +500,29 @@ def test_a_study_against_the_one_it_varies_pairs_each_run_with_the_same_arm_and_
         against_rows(load_results(here), load_results(other), "household")
 
 
+def test_a_study_whose_against_is_not_there_is_said_at_once_and_reported_without_it(tmp_path, capsys):
+    """`sdar study run --report` warns before any training that the study it is compared against has no results
+    beside it, and writes the report without that table; `sdar study report` stops with one line naming it."""
+    from sdar.cli import main
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("study: s\nagainst: gone\nsteps: 4\neval_steps: [2, 4]\n"
+                    "configs: {household: configs/household-tiny.yaml}\n"
+                    "matrices: [{families: [household], arms: [grpo], seeds: [0]}]\n")
+    doc = tmp_path / "results.md"
+    assert main(["study", "run", "--spec", str(spec), "--results", str(tmp_path / "r"), "--work", str(tmp_path / "w"),
+                 "--max-runs", "0", "--report", str(doc)]) == 0
+    err = capsys.readouterr().err
+    assert "warning: study s is compared against study gone, whose results are not in" in " ".join(err.split())
+    assert err.index("warning") < err.index("run(s) trained now")
+    assert "Study `s`" in doc.read_text() and "Against study" not in doc.read_text()
+    assert json.loads((tmp_path / "r" / "s" / "spec.json").read_text())["against"] == "gone"
+    with pytest.raises(SystemExit, match=r"^error: study s is compared against study gone, .*drop `against`$"):
+        main(["study", "report", "--results", str(tmp_path / "r"), "--study", "s", "--doc", str(doc)])
+    with pytest.raises(SystemExit, match=r"^error: .*nothere holds no study results"):
+        main(["study", "report", "--results", str(tmp_path / "r"), "--study", "nothere", "--doc", str(doc)])
+
+
 @pytest.mark.parametrize("spec, base, tasks", [("smollm2-lr3e-5", "smollm2", 48), ("smollm2-filtered", "smollm2", 48),
                                               ("hint-alpha", "evidence", 120)])
 def test_the_committed_studies_pair_with_the_study_they_vary_run_for_run(spec, base, tasks):

@@ -377,20 +377,32 @@ def transfer_difference_rows(r: Runs, family: str) -> list[dict[str, Any]]:
 BEGIN, END = "<!-- study:{name}:begin -->", "<!-- study:{name}:end -->"
 
 
+def against_missing(results_dir: str | Path, against: str | None = None) -> str | None:
+    """Why the study at `results_dir` cannot be paired with the study it names (`against`, default its spec's), or
+    None: it names none, or that study's results are beside it."""
+    spec_file = Path(results_dir) / "spec.json"
+    spec = json.loads(spec_file.read_text()) if spec_file.is_file() else {}
+    against = against or spec.get("against")
+    there = Path(results_dir).parent / str(against)
+    if not against or (there / "spec.json").is_file():
+        return None
+    return (f"study {spec.get('study', Path(results_dir).name)} is compared against study {against}, whose results "
+            f"are not in {there}: run that study first (its results go beside this one's), or drop `against`")
+
+
 def write_report(results_dir: str | Path, doc: str | Path, figure_dir: str | Path | None = None,
-                 against: str | None = None) -> str:
+                 against: str | None = None, without_missing: bool = False) -> str:
     """Regenerate the study's block in `doc` (between its markers, the rest kept) and its figures. against: the
-    study this one is compared with (default: its spec's `against`), read from beside `results_dir`."""
+    study this one is compared with (default: its spec's `against`), read from beside `results_dir`; when its
+    results are not there, an error, or with `without_missing` the report without that table."""
     r = load_results(results_dir)
     against = against or r.spec.get("against")
     base = None
-    if against:
-        there = Path(results_dir).parent / against
-        if not (there / "spec.json").is_file():
-            raise FileNotFoundError(f"study {r.name} is compared against study {against}, whose results are not in "
-                                    f"{there}: run that study first (its results go beside this one's), or drop "
-                                    f"`against`")
-        base = load_results(there)
+    missing = against_missing(results_dir, against)
+    if missing and not without_missing:
+        raise FileNotFoundError(missing)
+    if against and not missing:
+        base = load_results(Path(results_dir).parent / against)
     doc = Path(doc)
     figure_dir = Path(figure_dir or Path(results_dir) / "figures")
     figures = {}

@@ -35,7 +35,7 @@ def _only(spec: str | None):
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from sdar.study.analysis import write_report
+    from sdar.study.analysis import against_missing, write_report
     from sdar.study.runner import StaleResult, StudyRunner
     from sdar.study.spec import load_spec
 
@@ -43,6 +43,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     runner = StudyRunner(spec, args.results, args.work or _default_work(), console=console, commit=args.commit,
                          redo_stale=args.redo_stale)
+    missing = against_missing(runner.results, spec.against) if args.report and spec.against else None
+    if missing:  # said before hours of training, not only at the report after them
+        console.print(f"[yellow]warning:[/yellow] {missing}; until then the report leaves that table out",
+                      soft_wrap=True)
     try:
         trained = runner.run(only=_only(args.only), max_runs=args.max_runs)
     except StaleResult as exc:
@@ -50,7 +54,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 2
     console.print(f"{len(trained)} run(s) trained now; results in {runner.results}")
     if args.report:
-        write_report(runner.results, args.report)
+        write_report(runner.results, args.report, without_missing=True)
         console.print(f"report written to {args.report}")
         runner.commit_files([Path(args.report), runner.results / "figures"], f"study {spec.name}: report")
     _print_view(runner, console)
@@ -111,7 +115,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from sdar.study.analysis import write_report
 
     results = Path(args.results) / args.study if args.study else Path(args.results)
-    block = write_report(results, args.doc, against=args.against)
+    try:
+        block = write_report(results, args.doc, against=args.against)
+    except FileNotFoundError as exc:  # no results there, or none of the study it is compared against: one line
+        raise SystemExit(f"error: {exc}") from None
+    except ValueError as exc:  # results that cannot be paired, named
+        raise SystemExit(f"error: {exc}") from None
     print(block)
     return 0
 
