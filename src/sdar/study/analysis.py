@@ -158,6 +158,11 @@ def difference_rows(r: Runs, family: str, pairs: tuple[tuple[str, str], ...] = (
     return rows
 
 
+def _warm_seeds(r: Runs, base: Runs, family: str) -> list[int]:
+    """The seeds at which both studies evaluated a warm start of `family`."""
+    return sorted(s for f, s in r.warm if f == family and (family, s) in base.warm)
+
+
 def against_rows(r: Runs, base: Runs, family: str) -> list[dict[str, Any]]:
     """This study against `base`, the study it varies in one setting (the spec's `against`): first the warm starts'
     students at step 0 (0 unless the warm starts or their evaluation differ), then each arm minus the same arm at the
@@ -175,7 +180,7 @@ def against_rows(r: Runs, base: Runs, family: str) -> list[dict[str, Any]]:
     def evals(who: str, seed: int) -> dict[str, dict[str, Any]]:
         return evals_of[(who, seed)]
 
-    pairs = [(WARM, sorted(s for f, s in r.warm if f == family and (family, s) in base.warm))]
+    pairs = [(WARM, _warm_seeds(r, base, family))]
     pairs += [(arm, [s for s in r.seeds(family, arm) if (f"{arm} ({base.name})", s) in evals_of])
               for arm in r.arms(family)]
     rows = []
@@ -199,7 +204,7 @@ def against_lines(r: Runs, base: Runs, family: str) -> list[str]:
     rows = against_rows(r, base, family)
     if not rows:
         return []
-    seeds = sorted(s for f, s in r.warm if f == family and (family, s) in base.warm)
+    seeds = _warm_seeds(r, base, family)
     digests = [(r.warm[(family, s)].get("warm_start_digest"), base.warm[(family, s)].get("warm_start_digest"))
                for s in seeds]
     differ = [s for s, (a, b) in zip(seeds, digests) if a != b]

@@ -117,10 +117,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
     results = Path(args.results) / args.study if args.study else Path(args.results)
     try:
         block = write_report(results, args.doc, against=args.against)
-    except FileNotFoundError as exc:  # no results there, or none of the study it is compared against: one line
-        raise SystemExit(f"error: {exc}") from None
-    except ValueError as exc:  # results that cannot be paired, named
-        raise SystemExit(f"error: {exc}") from None
+    except (FileNotFoundError, ValueError) as exc:  # no results (here or of the study it is compared against), or
+        raise SystemExit(f"error: {exc}") from None  # results that cannot be paired: one line, no traceback
     print(block)
     return 0
 
