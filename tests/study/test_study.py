@@ -454,7 +454,8 @@ def _study_dir(root: Path, name: str, warm: dict, runs: dict, digest: str = "d0"
 
 def test_a_study_against_the_one_it_varies_pairs_each_run_with_the_same_arm_and_seed(tmp_path):
     """`against`: each run minus the same arm at the same seed in the other study, paired by seed and task (by hand
-    below), the warm starts first; a run the other study lacks gets no row; the report carries the table."""
+    below), the warm starts first; a run the other study lacks gets no row; a study that ran no grpo is also paired
+    with the other's grpo; the report carries the table."""
     from sdar.study.analysis import against_rows
 
     base = _study_dir(tmp_path, "slow", warm={0: [1, 0, 0, 1], 1: [1, 1, 0, 0]},
@@ -481,6 +482,17 @@ def test_a_study_against_the_one_it_varies_pairs_each_run_with_the_same_arm_and_
     assert "| grpo (fast) - grpo (slow) | 16 | 2 | 4 | +0.500 [" in block and "| +0.750, +0.250 |" in block
     assert "| warm start (fast) - warm start (slow) | 0 | 2 | 4 | +0.000 [+0.000, +0.000] | +0.000, +0.000 |" in block
     assert "Against study" not in write_report(base, tmp_path / "results.md", figure_dir=tmp_path / "fig")
+    # a study without grpo of its own (one arm rerun) is also paired with the other study's grpo
+    alone = _study_dir(tmp_path, "alone", warm={0: [1, 0, 0, 1], 1: [1, 1, 0, 0]}, against="slow",
+                       runs={("sdar", 0): {16: [1, 1, 1, 1]}, ("sdar", 1): {16: [1, 1, 0, 0]}})
+    pairs = {(x["a"], x["b"], x["step"]): x for x in against_rows(load_results(alone), load_results(base), "household")}
+    assert set(pairs) == {("warm start (alone)", "warm start (slow)", 0), ("sdar (alone)", "sdar (slow)", 16),
+                          ("sdar (alone)", "grpo (slow)", 16)}  # "alone" evaluated step 16 only
+    vs_grpo = pairs[("sdar (alone)", "grpo (slow)", 16)]  # seed 0: 4 of 4 against 0; seed 1: 2 against 1
+    assert vs_grpo["seeds"] == 2 and vs_grpo["per_seed"] == [1.0, 0.25] and vs_grpo["ci"][0] == pytest.approx(5 / 8)
+    assert pairs[("sdar (alone)", "sdar (slow)", 16)]["seeds"] == 1  # seed 1 has no sdar in "slow"
+    assert "and minus slow's grpo, which this study did not run" in write_report(alone, tmp_path / "a.md",
+                                                                                  figure_dir=tmp_path / "fig")
     # another warm start is said; a study that is not there is an error naming it and the way out
     other = _study_dir(tmp_path, "other", warm={0: [1, 0, 0, 1]}, runs={("grpo", 0): {16: [0, 0, 0, 0]}}, digest="d1")
     assert "different warm starts at seed(s) 0" in write_report(here, tmp_path / "r.md", tmp_path / "fig",
@@ -540,16 +552,22 @@ def test_the_committed_studies_pair_with_the_study_they_vary_run_for_run(spec, b
     assert rows[0]["a"] == f"warm start ({s.name})" and rows[0]["tasks"] == tasks and rows[0]["ci"] == (0.0, 0.0, 0.0)
     assert len(rows) > 1
     for row in rows[1:]:
-        arm, step = row["a"].split(" (")[0], str(row["step"])
+        arm, other, step = row["a"].split(" (")[0], row["b"].split(" (")[0], str(row["step"])
+        assert row["a"] == f"{arm} ({s.name})" and row["b"] == f"{other} ({base})"
+        assert other == arm or (other == "grpo" and "grpo" not in here.arms("household"))
         seeds = here.seeds("household", arm)
         a = [here.runs[("household", x, arm)]["evals"][step] for x in seeds]
-        b = [there.runs[("household", x, arm)]["evals"][step] for x in seeds]
+        b = [there.runs[("household", x, other)]["evals"][step] for x in seeds]
         assert row["per_seed"] == pytest.approx([x["success"] - y["success"] for x, y in zip(a, b)])
         order = list(a[0]["tasks"])
         assert row["ci"] == pytest.approx(paired_difference(outcome_matrix(a, order), outcome_matrix(b, order)))
         assert row["ci"][0] == pytest.approx(np.mean(row["per_seed"]))
-    if spec == "hint-alpha":  # the figure docs/results.md quoted from a hand-written script before `against` existed
-        assert [f"{x:+.3f}" for x in rows[-1]["ci"]] == ["+0.308", "+0.142", "+0.492"]
+    at = {(r["a"], r["b"], r["step"]): [f"{x:+.3f}" for x in r["ci"]] for r in rows}
+    if spec == "hint-alpha":  # the figures docs/results.md quoted from a hand-written script before `against` existed
+        assert at[("grpo_hint (hint-alpha-0.01)", "grpo_hint (evidence)", 60)] == ["+0.308", "+0.142", "+0.492"]
+        assert at[("grpo_hint (hint-alpha-0.01)", "grpo (evidence)", 60)] == ["+0.054", "-0.042", "+0.142"]
+    else:  # a study that ran grpo itself is paired arm for arm only
+        assert all(r["a"].split(" (")[0] == r["b"].split(" (")[0] for r in rows)
 
 
 @pytest.mark.parametrize("path", sorted(Path("configs/study").glob("*.yaml")), ids=lambda p: p.name)

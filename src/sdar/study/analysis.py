@@ -166,8 +166,10 @@ def _warm_seeds(r: Runs, base: Runs, family: str) -> list[int]:
 def against_rows(r: Runs, base: Runs, family: str) -> list[dict[str, Any]]:
     """This study against `base`, the study it varies in one setting (the spec's `against`): first the warm starts'
     students at step 0 (0 unless the warm starts or their evaluation differ), then each arm minus the same arm at the
-    same seed there, at every eval step both reached, paired by seed and task over the seeds both ran. Each row also
-    has the per-seed differences of success ("per_seed")."""
+    same seed there, at every eval step both reached, paired by seed and task over the seeds both ran. A study without
+    a grpo run of its own (one arm rerun with another setting, e.g. hint-alpha's grpo_hint) also has each arm minus
+    `base`'s grpo, the baseline `difference_rows` would have paired it with. Each row also has the per-seed
+    differences of success ("per_seed")."""
     evals_of: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
     for study in (r, base):
         for (f, seed), rec in study.warm.items():
@@ -180,12 +182,16 @@ def against_rows(r: Runs, base: Runs, family: str) -> list[dict[str, Any]]:
     def evals(who: str, seed: int) -> dict[str, dict[str, Any]]:
         return evals_of[(who, seed)]
 
-    pairs = [(WARM, _warm_seeds(r, base, family))]
-    pairs += [(arm, [s for s in r.seeds(family, arm) if (f"{arm} ({base.name})", s) in evals_of])
-              for arm in r.arms(family)]
+    def there(mine: str, theirs: str) -> tuple[str, str, list[int]]:
+        a, b = f"{mine} ({r.name})", f"{theirs} ({base.name})"
+        return a, b, [s for s in r.seeds(family, mine) if (b, s) in evals_of]
+
+    pairs = [(f"{WARM} ({r.name})", f"{WARM} ({base.name})", _warm_seeds(r, base, family))]
+    pairs += [there(arm, arm) for arm in r.arms(family)]
+    if "grpo" not in r.arms(family):
+        pairs += [there(arm, "grpo") for arm in r.arms(family)]
     rows = []
-    for who, seeds in pairs:
-        a, b = f"{who} ({r.name})", f"{who} ({base.name})"
+    for a, b, seeds in pairs:
         try:
             got = _paired_rows(a, b, seeds, evals)
         except ValueError as exc:
@@ -214,8 +220,9 @@ def against_lines(r: Runs, base: Runs, family: str) -> list[str]:
         same = f"different warm starts at seed(s) {', '.join(map(str, differ))}"
     else:
         same = f"the same warm start at every seed both evaluated ({', '.join(map(str, seeds))})"
-    lines = ["", f"Against study `{base.name}` (each run minus the same arm at the same seed there, paired by seed "
-                 f"and held-out task; {same}):", "",
+    grpo = "" if "grpo" in r.arms(family) else f", and minus {base.name}'s grpo, which this study did not run"
+    lines = ["", f"Against study `{base.name}` (each run minus the same arm at the same seed there{grpo}, paired by "
+                 f"seed and held-out task; {same}):", "",
              "| difference | step | seeds | tasks | mean [95% CI] | per seed |", "|---|---:|---:|---:|---|---|"]
     for d in rows:
         lines.append(f"| {d['a']} - {d['b']} | {d['step']} | {d['seeds']} | {d['tasks']} | {_ci(*d['ci'], sign=True)} "

@@ -163,6 +163,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     rep.add_argument("--study", help="the study's name (its directory under --results)")
     rep.add_argument("--doc", default=DEFAULT_DOC, help="markdown file whose study block is regenerated")
     rep.add_argument("--against", help="another study beside it (its name) to pair each run with the same arm and "
-                                       "seed there (default: the spec's `against`)")
+                                       "seed there, and with its grpo when this study ran none (default: the "
+                                       "spec's `against`)")
     rep.set_defaults(func=_cmd_report)
     p.set_defaults(func=lambda args: p.print_help() or 0)

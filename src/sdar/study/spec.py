@@ -46,7 +46,8 @@ class StudySpec:
     overrides: config overrides for every run (`--set` grammar: dotted keys).
     family_overrides: family -> overrides for that family's runs only.
     against: another study (its name) that this one varies in one setting: the report adds each arm's paired
-        difference from the same arm, seed and held-out tasks there, and the warm starts' (which should be 0).
+        difference from the same arm, seed and held-out tasks there (and from its grpo when this study runs no
+        grpo), and the warm starts' (which should be 0).
     """
 
     name: str
