@@ -493,6 +493,13 @@ def test_a_study_against_the_one_it_varies_pairs_each_run_with_the_same_arm_and_
     assert pairs[("sdar (alone)", "sdar (slow)", 16)]["seeds"] == 1  # seed 1 has no sdar in "slow"
     assert "and minus slow's grpo, which this study did not run" in write_report(alone, tmp_path / "a.md",
                                                                                   figure_dir=tmp_path / "fig")
+    # ... unless that study ran no grpo either: the header then claims no such rows
+    no_grpo = _study_dir(tmp_path, "bare", warm={0: [1, 0, 0, 1]}, runs={("sdar", 0): {16: [0, 0, 0, 1]}})
+    lone_rows = against_rows(load_results(alone), load_results(no_grpo), "household")
+    assert {(x["a"], x["b"]) for x in lone_rows} == {("warm start (alone)", "warm start (bare)"),
+                                                    ("sdar (alone)", "sdar (bare)")}
+    lone = write_report(alone, tmp_path / "a.md", figure_dir=tmp_path / "fig", against="bare")
+    assert "| sdar (alone) - sdar (bare) | 16 | 1 | 4 | +0.750 [" in lone and "'s grpo" not in lone
     # another warm start is said; a study that is not there is an error naming it and the way out
     other = _study_dir(tmp_path, "other", warm={0: [1, 0, 0, 1]}, runs={("grpo", 0): {16: [0, 0, 0, 0]}}, digest="d1")
     assert "different warm starts at seed(s) 0" in write_report(here, tmp_path / "r.md", tmp_path / "fig",

@@ -169,7 +169,7 @@ def against_rows(r: Runs, base: Runs, family: str) -> list[dict[str, Any]]:
     same seed there, at every eval step both reached, paired by seed and task over the seeds both ran. A study without
     a grpo run of its own (one arm rerun with another setting, e.g. hint-alpha's grpo_hint) also has each arm minus
     `base`'s grpo, the baseline `difference_rows` would have paired it with. Each row also has the per-seed
-    differences of success ("per_seed")."""
+    differences of success ("per_seed") and whether it pairs two different arms ("cross_arm")."""
     evals_of: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
     for study in (r, base):
         for (f, seed), rec in study.warm.items():
@@ -182,16 +182,16 @@ def against_rows(r: Runs, base: Runs, family: str) -> list[dict[str, Any]]:
     def evals(who: str, seed: int) -> dict[str, dict[str, Any]]:
         return evals_of[(who, seed)]
 
-    def there(mine: str, theirs: str) -> tuple[str, str, list[int]]:
+    def there(mine: str, theirs: str) -> tuple[str, str, list[int], bool]:
         a, b = f"{mine} ({r.name})", f"{theirs} ({base.name})"
-        return a, b, [s for s in r.seeds(family, mine) if (b, s) in evals_of]
+        return a, b, [s for s in r.seeds(family, mine) if (b, s) in evals_of], mine != theirs
 
-    pairs = [(f"{WARM} ({r.name})", f"{WARM} ({base.name})", _warm_seeds(r, base, family))]
+    pairs = [(f"{WARM} ({r.name})", f"{WARM} ({base.name})", _warm_seeds(r, base, family), False)]
     pairs += [there(arm, arm) for arm in r.arms(family)]
     if "grpo" not in r.arms(family):
         pairs += [there(arm, "grpo") for arm in r.arms(family)]
     rows = []
-    for a, b, seeds in pairs:
+    for a, b, seeds, cross_arm in pairs:
         try:
             got = _paired_rows(a, b, seeds, evals)
         except ValueError as exc:
@@ -201,6 +201,7 @@ def against_rows(r: Runs, base: Runs, family: str) -> list[dict[str, Any]]:
         for row in got:
             step = str(row["step"])
             row["per_seed"] = [evals(a, s)[step]["success"] - evals(b, s)[step]["success"] for s in seeds]
+            row["cross_arm"] = cross_arm
         rows += got
     return rows
 
@@ -220,7 +221,9 @@ def against_lines(r: Runs, base: Runs, family: str) -> list[str]:
         same = f"different warm starts at seed(s) {', '.join(map(str, differ))}"
     else:
         same = f"the same warm start at every seed both evaluated ({', '.join(map(str, seeds))})"
-    grpo = "" if "grpo" in r.arms(family) else f", and minus {base.name}'s grpo, which this study did not run"
+    # said only when the table has such rows (none when `base` ran no grpo either)
+    grpo = (f", and minus {base.name}'s grpo, which this study did not run" if any(d["cross_arm"] for d in rows)
+            else "")
     lines = ["", f"Against study `{base.name}` (each run minus the same arm at the same seed there{grpo}, paired by "
                  f"seed and held-out task; {same}):", "",
              "| difference | step | seeds | tasks | mean [95% CI] | per seed |", "|---|---:|---:|---:|---|---|"]
