@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.bench_train_step import SMOKE
+from tests.train.conftest import as_sets
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = ROOT / "benchmarks"
 # the benchmarks whose smoke run lives in another test file
@@ -22,13 +25,8 @@ ELSEWHERE = {"gpu_suite.sh": "tests/benchmarks/test_gpu_suite.py", "bench_train_
              "bench_reliability.py": "tests/reliability/test_bench_reliability.py",
              # bench_reliability's pipeline and diskfull sections, driven by the tests of those faults
              "reliability_faults.py": "tests/pipeline/test_local_resume.py"}
-# the training tests' miniature of household-tiny (tests/train/conftest.py): its warm start is cached once for all
-SMALL = ["--set", "tasks_per_step=1", "--set", "group_size=2", "--set", "ppo.mini_batch_size=8",
-         "--set", "scoring.batch_size=16", "--set", "teacher.max_prompt_tokens=1536", "--set", "rollout.max_turns=3",
-         "--set", "rollout.max_prompt_tokens=1024", "--set", "rollout.max_response_tokens=12",
-         "--set", "rollout.env_workers=2", "--set", "warmstart.episodes=24", "--set", "warmstart.tokenizer_episodes=120",
-         "--set", "warmstart.epochs=1", "--set", "model.tiny_overrides={hidden_size: 64, intermediate_size: 128, "
-         "num_hidden_layers: 2, num_attention_heads: 2, num_key_value_heads: 1}"]
+# the miniature of household-tiny the training tests share (bench_train_step.py's SMOKE): its warm start is cached once
+SMALL = as_sets(SMOKE)
 NUMBER = re.compile(r"^[-+]?[\d,]*\.?\d+(?:e[-+]?\d+)?$")
 
 
@@ -280,6 +278,15 @@ def test_bench_train_step_on_a_local_checkpoint_directory(tmp_path, qwen2_checkp
 
 
 @pytest.mark.slow
+def test_every_smoke_run_is_the_one_miniature():
+    """bench_vs_trl.py keeps a copy of the miniature (bench_train_step.py's SMOKE, which the tests and bench_exit.py
+    import), so that editing one does not stale the other's tables: the two must stay the same size, or the smoke
+    runs would build a second warm start."""
+    from benchmarks import bench_vs_trl
+
+    assert {k: v for k, v in bench_vs_trl.SMOKE.items() if k != "warmstart.eval_tasks"} == SMOKE
+
+
 def test_bench_vs_trl(tmp_path):
     """TRL's GRPOTrainer and sdar's grpo interleaved on the tests' miniature: the same tasks at every step (what each
     side's rollout played), both sides' step figures, the settings table side by side, and held-out success of the

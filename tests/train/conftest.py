@@ -1,16 +1,18 @@
+import json
+
 import pytest
 
+from benchmarks.bench_train_step import SMOKE
 from sdar.config import load_config
 
-# a miniature of configs/household-tiny.yaml: a 2-layer model, short episodes, small batches
-SMALL = {
-    "steps": 2, "tasks_per_step": 2, "group_size": 2, "eval.every": 0, "eval.tasks": 4, "checkpoint.every": 1,
-    "ppo.mini_batch_size": 8, "scoring.batch_size": 16, "teacher.max_prompt_tokens": 1536,
-    "rollout.max_turns": 3, "rollout.max_prompt_tokens": 1024, "rollout.max_response_tokens": 12, "rollout.env_workers": 2,
-    "warmstart.episodes": 24, "warmstart.tokenizer_episodes": 120, "warmstart.epochs": 1,
-    "model.tiny_overrides": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-                             "num_attention_heads": 2, "num_key_value_heads": 1},
-}
+# the miniature of configs/household-tiny.yaml that the benchmarks' smoke runs use too (one cached warm start): a
+# 2-layer model, short episodes, small batches; two steps of 2 tasks here
+SMALL = {**SMOKE, "steps": 2, "tasks_per_step": 2, "eval.every": 0, "eval.tasks": 4, "checkpoint.every": 1}
+
+
+def as_sets(overrides: dict) -> list[str]:
+    """`overrides` as `sdar`'s command-line arguments, `--set key=value` each (a mapping as a YAML flow mapping)."""
+    return [a for k, v in overrides.items() for a in ("--set", f"{k}={json.dumps(v) if isinstance(v, dict) else v}")]
 
 
 def small_config(out, **overrides):

@@ -12,7 +12,7 @@ from sdar.train.checkpoint import (COMPLETE_FILE, LATEST_MARKER, STATE_FILE, che
 from sdar.train.guards import TrainingFailed
 from sdar.train.strategy import WEIGHTS_FILE
 
-from .conftest import make_trainer, small_config
+from .conftest import SMALL, as_sets, make_trainer, small_config
 
 
 def _weights(trainer):
@@ -46,19 +46,19 @@ def test_without_the_guard_the_same_update_breaks_the_next_rollout(tiny_ckpt, tm
         trainer.train_step(1)
 
 
-def test_a_run_whose_loss_is_never_finite_exits_non_zero(tiny_ckpt, tmp_path, mlflow_uri):
+def test_a_run_whose_updates_never_hold_exits_3_with_one_line(tiny_ckpt, tmp_path, mlflow_uri, capsys):
+    """Through `sdar train`: every update overflows the policy (lr 1e30), each is skipped, and the command exits 3
+    with the guard's message, no traceback; a non-finite setting is refused before any step (exit 2)."""
     from sdar.cli import main
 
-    rc = main(["train", "--config", "configs/household-tiny.yaml", "--output", str(tmp_path),
-               *[a for k, v in {"steps": 1, "tasks_per_step": 2, "group_size": 2, "eval.every": 0,
-                                "rollout.max_turns": 3, "rollout.max_response_tokens": 12,
-                                "warmstart.episodes": 24, "warmstart.tokenizer_episodes": 120, "warmstart.epochs": 1,
-                                "teacher.max_prompt_tokens": 1536, "rollout.max_prompt_tokens": 1024,
-                                "arm_overrides.kl_coef": ".nan",
-                                "model.tiny_overrides": "{hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2, "
-                                                        "num_attention_heads: 2, num_key_value_heads: 1}"}.items()
-                 for a in ("--set", f"{k}={v}")]])
-    assert rc != 0
+    sets = as_sets({**SMALL, "arm": "grpo", "optim.lr": 1e30})
+    assert main(["train", "--config", "configs/household-tiny.yaml", "--output", str(tmp_path), *sets]) == 3
+    err = capsys.readouterr().err
+    assert "updates were skipped" in err and "optim.max_skipped_update_frac" in err and "Traceback" not in err
+    assert main(["train", "--config", "configs/household-tiny.yaml", "--output", str(tmp_path / "nan"),
+                 *as_sets({**SMALL, "arm_overrides.kl_coef": ".nan"})]) == 2
+    assert "arm_overrides.kl_coef=nan is not a finite number" in capsys.readouterr().err
+    assert not (tmp_path / "nan").exists()
 
 
 def test_resume_passes_over_a_checkpoint_with_non_finite_weights(tiny_ckpt, tmp_path):
