@@ -19,6 +19,17 @@ def _functions(root: Path):
                 yield path.relative_to(ROOT), node.name, node.end_lineno - node.lineno + 1
 
 
+def test_make_tests_serial_part_collects_every_file_with_a_serial_test():
+    """`make test` runs the tests marked serial from SERIAL_TESTS alone (not collecting the whole suite twice): a
+    serial test in a file not listed there would never run."""
+    import re
+
+    listed = re.search(r"^SERIAL_TESTS := (.+)$", (ROOT / "Makefile").read_text(), re.M).group(1).split()
+    marked = re.compile(r"^\s*(@pytest\.mark\.serial|pytestmark\b.*\bmark\.serial)", re.M)
+    holding = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py") if marked.search(p.read_text()))
+    assert holding and set(holding) <= set(listed), (holding, listed)
+
+
 def test_no_function_is_over_80_lines():
     long = [f"{path}: {name} ({n} lines)" for root in ("src", "envs/src") for path, name, n in _functions(ROOT / root)
             if n > 80]
