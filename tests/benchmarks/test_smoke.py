@@ -277,7 +277,6 @@ def test_bench_train_step_on_a_local_checkpoint_directory(tmp_path, qwen2_checkp
     assert "or a local checkpoint directory as transformers saves one" in proc.stderr
 
 
-@pytest.mark.slow
 def test_every_smoke_run_is_the_one_miniature():
     """bench_vs_trl.py keeps a copy of the miniature (bench_train_step.py's SMOKE, which the tests and bench_exit.py
     import), so that editing one does not stale the other's tables: the two must stay the same size, or the smoke
@@ -287,6 +286,7 @@ def test_every_smoke_run_is_the_one_miniature():
     assert {k: v for k, v in bench_vs_trl.SMOKE.items() if k != "warmstart.eval_tasks"} == SMOKE
 
 
+@pytest.mark.slow
 def test_bench_vs_trl(tmp_path):
     """TRL's GRPOTrainer and sdar's grpo interleaved on the tests' miniature: the same tasks at every step (what each
     side's rollout played), both sides' step figures, the settings table side by side, and held-out success of the
