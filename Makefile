@@ -87,11 +87,12 @@ install: $(STAMP) browser
 # test at a time, the slow-marked first (tests/conftest.py), then the few marked serial (they time work against a
 # rate measured in the same run) alone; "no tests" (exit 5) is not a failure when PYTEST_ARGS picks files of one
 # kind. TEST_WORKERS=0 runs everything in one process. The serial part collects SERIAL_TESTS only, the files that hold
-# serial tests (tests/test_code_shape.py keeps the list whole), where collecting the whole suite again took 30 s.
+# serial tests (tests/test_code_shape.py keeps the list whole), where collecting the whole suite again took 30 s;
+# PYTEST_ARGS that name tests (tests/...) are collected instead.
 SERIAL_TESTS := tests/benchmarks/test_smoke.py
 test: $(STAMP) browser
 	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --maxschedchunk 1) -m "not serial" $(PYTEST_ARGS) || [ $$? -eq 5 ]
-	$(PY) -m pytest -m serial $(or $(PYTEST_ARGS),$(SERIAL_TESTS)) || [ $$? -eq 5 ]
+	$(PY) -m pytest -m serial $(PYTEST_ARGS) $(if $(filter tests% %.py,$(PYTEST_ARGS)),,$(SERIAL_TESTS)) || [ $$? -eq 5 ]
 
 # two pipeline runs at once on the store k8s/ deploys (mlflow server over PostgreSQL, artifacts in S3): not part of
 # `make test` (about 4 minutes on 2 cores, and PostgreSQL from apt); installs Debian's postgresql as root or with sudo
