@@ -303,6 +303,21 @@ def test_cli_status_and_only_filter(tmp_path, capsys):
     assert [(r["cell"], r["state"]) for r in rows] == [
         ("household/seed0/grpo", "pending"), ("household/seed0/sdar", "pending"),
         ("household/seed1/grpo", "pending"), ("household/seed1/sdar", "pending")]
+    # a run trained to a whole checkpoint, nothing evaluated yet (running, or where a rerun resumes): started at
+    # that step; an upload cut short (no COMPLETE marker) is not counted
+    from sdar.train.checkpoint import COMPLETE_FILE, checkpoint_path
+
+    for step, whole in ((2, True), (3, False)):
+        ckpt = tmp_path / "w" / "s" / "household" / "seed1" / "sdar" / checkpoint_path(step)
+        ckpt.mkdir(parents=True)
+        if whole:
+            (ckpt / COMPLETE_FILE).write_text("")
+    assert main(["study", "status", "--spec", str(spec), "--results", str(tmp_path / "r"),
+                 "--work", str(tmp_path / "w"), "--json"]) == 0
+    shown = capsys.readouterr().out
+    rows = json.loads(shown.strip().splitlines()[-1])
+    assert [(r["state"], r["checkpoint"]) for r in rows] == [("pending", None)] * 3 + [("started", 2)]
+    assert "step 2" in shown and "0/4 runs done" in shown
     keep = _only("arm=sdar,seed=0+1")
     assert [keep(Cell("household", a, s)) for a, s in (("sdar", 0), ("sdar", 1), ("grpo", 0))] == [True, True, False]
     with pytest.raises(SystemExit, match="keys family, arm, seed"):

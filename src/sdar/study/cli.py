@@ -99,10 +99,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
     runner = StudyRunner(load_spec(args.spec), args.results, args.work or _default_work())
     rows = runner.status()
     table = Table(title=f"study {runner.spec.name}: {sum(r['state'] == 'done' for r in rows)}/{len(rows)} runs done")
-    for col in ("run", "state", "evaluated at", "wall min"):
+    for col in ("run", "state", "evaluated at", "checkpoint at", "wall min"):
         table.add_column(col)
     for r in rows:
         table.add_row(r["cell"], r["state"], ",".join(map(str, r["evaluated"])) or "-",
+                      f"step {r['checkpoint']}" if r["checkpoint"] is not None else "-",
                       f"{r['wall_s'] / 60:.1f}" if r["wall_s"] else "-")
     make_console().print(table)
     if args.json:
@@ -152,7 +153,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "process); the same episodes either way")
     t.add_argument("--commit", action="store_true", help="git-commit each result file as it is written")
     t.set_defaults(func=_cmd_transfer)
-    st = s.add_parser("status", help="which runs of a study are done, partial or pending")
+    st = s.add_parser("status", help="which runs of a study are done, partial (some steps evaluated), started (trained to a checkpoint) or pending, with each run's newest checkpoint")
     st.add_argument("--spec", required=True)
     st.add_argument("--results", default=DEFAULT_RESULTS)
     st.add_argument("--work", default=None)

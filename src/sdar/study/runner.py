@@ -32,6 +32,7 @@ from typing import Any
 
 from sdar.config import drop_added_defaults, flat_layout
 from sdar.console import make_console
+from sdar.storage import open_store
 from sdar.study.spec import Cell, StudySpec
 from sdar.tracking import PIPELINE_JOB_TAG, Tracker, default_tracking_uri, prepare_sqlite_store
 
@@ -44,8 +45,7 @@ HISTORY_KEYS = (
 RESULT_VERSION = 1
 # settings that do not change what a run computes: a result made under other values is still valid
 _NOT_IDENTITY = ("steps", "output_dir", "experiment", "parent_run_id", "tracking", "report_to", "checkpoint_uri",
-                 "eval_every",
-                 "checkpoint_every",
+                 "eval_every", "checkpoint_every",
                  # shortcuts whose on/off runs give the same samples and statistics (tests/train/test_reference_parity.py),
                  # retired as settings (sdar.config.compat.RETIRED; identities keep them at True): the older ones stay
                  # in, the committed results' fingerprints were taken with them
@@ -58,13 +58,17 @@ class StaleResult(RuntimeError):
     """A committed result was made under another config than the spec now gives."""
 
 
+def run_dir(work: Path, cell: Cell) -> Path:  # the run's checkpoints, history and final policy
+    return work / cell.family / f"seed{cell.seed}" / cell.arm
+
+
 def cell_config(spec: StudySpec, cell: Cell, work: Path, steps: int | None = None, parent_run_id: str | None = None):
     """The TrainConfig of `cell`: the family's config, the study's overrides, the cell's arm and seed."""
     from sdar.config import load_config
 
     overrides = {**spec.overrides_for(cell.family), "arm": cell.arm, "seed": cell.seed,
                  "steps": steps or spec.steps, "eval.every": 0, "experiment": f"study-{spec.name}",
-                 "output_dir": str(work / cell.family / f"seed{cell.seed}" / cell.arm)}
+                 "output_dir": str(run_dir(work, cell))}
     if parent_run_id:
         overrides["parent_run_id"] = parent_run_id
     return load_config(spec.configs[cell.family], overrides)
@@ -173,17 +177,23 @@ class StudyRunner:
     def partial_path(self, cell: Cell) -> Path:
         return self.work / cell.family / f"seed{cell.seed}" / f"{cell.arm}.partial.json"
 
+
     # ---- state ----------------------------------------------------------------------------
     def status(self) -> list[dict[str, Any]]:
-        """Each cell: done / partial (evaluated steps so far) / pending, with its wall time when done."""
+        """Each cell: done / partial (some steps evaluated) / started (trained to a checkpoint: running, or where a
+        rerun resumes) / pending, with the step of its newest whole checkpoint and its wall time when done."""
+        from sdar.train.checkpoint import list_checkpoints
+
         out = []
         for cell in self.spec.cells():
-            done = _read_json(self.result_path(cell))
-            part = _read_json(self.partial_path(cell))
-            state = "done" if done and self.complete(done) else "partial" if (done or part) else "pending"
+            done, part = _read_json(self.result_path(cell)), _read_json(self.partial_path(cell))
+            out_dir = run_dir(self.work, cell)
+            ckpts = list_checkpoints(open_store(str(out_dir))) if out_dir.is_dir() else []
+            state = ("done" if done and self.complete(done) else "partial" if (done or part)
+                     else "started" if ckpts else "pending")
             rec = done or part or {}
             out.append({"cell": cell.name, "state": state, "evaluated": sorted(int(s) for s in rec.get("evals", {})),
-                        "wall_s": rec.get("wall_s", {}).get("total")})
+                        "checkpoint": ckpts[-1][0] if ckpts else None, "wall_s": rec.get("wall_s", {}).get("total")})
         return out
 
     def complete(self, rec: dict[str, Any]) -> bool:
@@ -463,8 +473,7 @@ class StudyRunner:
         return {"version": RESULT_VERSION, "family": cell.family, "seed": cell.seed, "step": step, "backend": backend,
                 "split": split, "student": {**eval_record(student), "failures": failure_modes(student.trajectories)},
                 "teacher": {**eval_record(teacher), "failures": failure_modes(teacher.trajectories)},
-                "wall_s": round(time.perf_counter() - t0, 1),
-                "env_workers": workers}
+                "wall_s": round(time.perf_counter() - t0, 1), "env_workers": workers}
 
     def _log_eval(self, run_id: str | None, ev, step: int) -> None:
         """The held-out evaluation into the cell's MLflow run (at the step it was taken)."""
