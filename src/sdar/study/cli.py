@@ -153,7 +153,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "process); the same episodes either way")
     t.add_argument("--commit", action="store_true", help="git-commit each result file as it is written")
     t.set_defaults(func=_cmd_transfer)
-    st = s.add_parser("status", help="which runs of a study are done, partial (some steps evaluated), started (trained to a checkpoint) or pending, with each run's newest checkpoint")
+    st = s.add_parser("status", help="which runs of a study are done, partial (some steps evaluated), started "
+                                     "(trained to a checkpoint) or pending, with each run's newest checkpoint")
     st.add_argument("--spec", required=True)
     st.add_argument("--results", default=DEFAULT_RESULTS)
     st.add_argument("--work", default=None)

@@ -177,7 +177,6 @@ class StudyRunner:
     def partial_path(self, cell: Cell) -> Path:
         return self.work / cell.family / f"seed{cell.seed}" / f"{cell.arm}.partial.json"
 
-
     # ---- state ----------------------------------------------------------------------------
     def status(self) -> list[dict[str, Any]]:
         """Each cell: done / partial (some steps evaluated) / started (trained to a checkpoint: running, or where a
